@@ -80,7 +80,12 @@ def test_later_override_wins() -> None:
 
 
 def test_int_override_accepted_for_float_field() -> None:
-    assert load_run_config(None, ["rollout_checkpointing.interval_s=3"]).rollout_checkpointing.interval_s == 3.0
+    assert (
+        load_run_config(
+            None, ["rollout_checkpointing.interval_s=3"]
+        ).rollout_checkpointing.interval_s
+        == 3.0
+    )
 
 
 def test_exponent_without_dot_is_a_float_in_files_too(tmp_path: Path) -> None:
@@ -196,12 +201,18 @@ def test_bad_enum_value_lists_choices_and_suggests() -> None:
         ("grpo.num_prompts_per_step=0", "grpo.num_prompts_per_step", ">= 1"),
         ("rollout.min_step_batch_fraction=0", "rollout.min_step_batch_fraction", "> 0.0"),
         ("rollout.min_step_batch_fraction=1.5", "rollout.min_step_batch_fraction", "<= 1.0"),
-        ("gate.simulated.transient_failure_rate=-0.1", "gate.simulated.transient_failure_rate", ">= 0.0"),
+        (
+            "gate.simulated.transient_failure_rate=-0.1",
+            "gate.simulated.transient_failure_rate",
+            ">= 0.0",
+        ),
         ("sampler.max_lookahead_versions=-1", "sampler.max_lookahead_versions", ">= 0"),
         ("logging.log_dir=''", "logging.log_dir", "length >= 1"),
     ],
 )
-def test_out_of_range_value_names_dotpath_and_bound(override: str, dotpath: str, bound: str) -> None:
+def test_out_of_range_value_names_dotpath_and_bound(
+    override: str, dotpath: str, bound: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         load_run_config(None, [override])
     assert f"{dotpath}:" in str(info.value)
@@ -222,7 +233,9 @@ def test_buffer_smaller_than_a_step_names_both_fields() -> None:
 
 
 def test_buffer_equal_to_a_step_is_allowed() -> None:
-    config = load_run_config(None, ["grpo.num_prompts_per_step=8", "rollout.max_buffered_rollouts=8"])
+    config = load_run_config(
+        None, ["grpo.num_prompts_per_step=8", "rollout.max_buffered_rollouts=8"]
+    )
     assert config.rollout.max_buffered_rollouts == 8
 
 
@@ -238,7 +251,9 @@ def test_every_cross_field_problem_is_reported_at_once() -> None:
         )
     message = str(info.value)
     assert "gate.simulated.median_response_tokens (1000)" in message
-    assert "gate.simulated.transient_failure_rate + gate.simulated.permanent_failure_rate" in message
+    assert (
+        "gate.simulated.transient_failure_rate + gate.simulated.permanent_failure_rate" in message
+    )
 
 
 def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:

@@ -19,7 +19,9 @@ from rollvault.controller.dataset import (
 
 
 def make(seed: int = 0, num_prompts: int = 32) -> SyntheticPromptDataset:
-    return SyntheticPromptDataset(num_prompts=num_prompts, prompt_tokens=12, vocab_size=97, seed=seed)
+    return SyntheticPromptDataset(
+        num_prompts=num_prompts, prompt_tokens=12, vocab_size=97, seed=seed
+    )
 
 
 def test_items_have_the_datum_shape() -> None:

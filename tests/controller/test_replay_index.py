@@ -134,7 +134,9 @@ def test_load_rejects_duplicates_naming_both_positions() -> None:
         entries=(entry("a"), entry("b"), entry("a", step=2)),
     )
     index = ReplayBufferIndex()
-    with pytest.raises(ReplayIndexError, match=r"entries\[2\]: duplicate group_id 'a' \(first at entries\[0\]\)"):
+    with pytest.raises(
+        ReplayIndexError, match=r"entries\[2\]: duplicate group_id 'a' \(first at entries\[0\]\)"
+    ):
         index.load_state_dict(state)
     assert len(index) == 0
 
@@ -173,15 +175,21 @@ def test_load_into_a_non_empty_index_is_refused() -> None:
 @pytest.mark.parametrize(
     ("raw", "path"),
     [
-        (b'{"schema_version":1,"entries":[{"group_id":"a","sample_id":"1","epoch":0,'
-         b'"start_weight_version":0,"end_weight_version":0,"target_step":"0"}]}',
-         r"\$\.entries\[0\]\.target_step"),
-        (b'{"schema_version":1,"entries":[{"group_id":"","sample_id":"1","epoch":0,'
-         b'"start_weight_version":0,"end_weight_version":0,"target_step":0}]}',
-         r"\$\.entries\[0\]\.group_id"),
-        (b'{"schema_version":1,"entries":[{"group_id":"a","sample_id":"1","epoch":0,'
-         b'"start_weight_version":0,"end_weight_version":0,"target_step":0,"x":1}]}',
-         r"unknown field `x`"),
+        (
+            b'{"schema_version":1,"entries":[{"group_id":"a","sample_id":"1","epoch":0,'
+            b'"start_weight_version":0,"end_weight_version":0,"target_step":"0"}]}',
+            r"\$\.entries\[0\]\.target_step",
+        ),
+        (
+            b'{"schema_version":1,"entries":[{"group_id":"","sample_id":"1","epoch":0,'
+            b'"start_weight_version":0,"end_weight_version":0,"target_step":0}]}',
+            r"\$\.entries\[0\]\.group_id",
+        ),
+        (
+            b'{"schema_version":1,"entries":[{"group_id":"a","sample_id":"1","epoch":0,'
+            b'"start_weight_version":0,"end_weight_version":0,"target_step":0,"x":1}]}',
+            r"unknown field `x`",
+        ),
         (b'{"schema_version":1}', r"missing required field `entries`"),
     ],
 )
@@ -232,5 +240,7 @@ class ReplayIndexMachine(RuleBasedStateMachine):
             assert self.index.count_for_step(step) == sum(e.target_step == step for e in self.model)
 
 
-ReplayIndexMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+ReplayIndexMachine.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=30, deadline=None
+)
 TestReplayIndexMachine = ReplayIndexMachine.TestCase

@@ -218,7 +218,9 @@ def test_spares_state_with_duplicates_is_rejected_naming_positions() -> None:
         prompts=(SparePrompt(0, 1), SparePrompt(0, 2), SparePrompt(0, 1)),
     )
     spares = SparePrompts()
-    with pytest.raises(SparePromptsError, match=r"prompts\[2\]: duplicate .* first at prompts\[0\]"):
+    with pytest.raises(
+        SparePromptsError, match=r"prompts\[2\]: duplicate .* first at prompts\[0\]"
+    ):
         spares.load_state_dict(state)
     assert len(spares) == 0
 
@@ -228,7 +230,9 @@ def test_spares_state_with_duplicates_is_rejected_naming_positions() -> None:
     [
         (SparePromptsState(schema_version=0, prompts=()), "schema_version 0"),
         (
-            SparePromptsState(schema_version=SPARE_PROMPTS_SCHEMA_VERSION, prompts=(SparePrompt(-1, 0),)),
+            SparePromptsState(
+                schema_version=SPARE_PROMPTS_SCHEMA_VERSION, prompts=(SparePrompt(-1, 0),)
+            ),
             r"\$\.prompts\[0\]\.epoch",
         ),
     ],

@@ -367,7 +367,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_keys(data: Mapping[str, Any], cls: type[msgspec.Struct], prefix: str, source: str) -> None:
+def _check_keys(
+    data: Mapping[str, Any], cls: type[msgspec.Struct], prefix: str, source: str
+) -> None:
     """Reject unknown keys anywhere in ``data``, naming the dotpath and a suggestion."""
     fields = _field_types(cls)
     for key, value in data.items():

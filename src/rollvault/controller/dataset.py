@@ -63,7 +63,9 @@ class SyntheticPromptDataset:
             ("vocab_size", vocab_size, 2),
         ):
             if value < minimum:
-                raise ValueError(f"SyntheticPromptDataset: {name} must be >= {minimum}, got {value}")
+                raise ValueError(
+                    f"SyntheticPromptDataset: {name} must be >= {minimum}, got {value}"
+                )
         self._num_prompts = num_prompts
         self._prompt_tokens = prompt_tokens
         self._vocab_size = vocab_size

@@ -148,7 +148,9 @@ class ReplayBufferIndex:
             self._insert(entry)
 
     def _entries_by_age(self, trainer_version: int) -> list[ReplayEntry]:
-        ahead = [e.group_id for e in self._entries.values() if e.start_weight_version > trainer_version]
+        ahead = [
+            e.group_id for e in self._entries.values() if e.start_weight_version > trainer_version
+        ]
         if ahead:
             raise ReplayIndexError(
                 f"groups {ahead} have start_weight_version ahead of trainer_version "

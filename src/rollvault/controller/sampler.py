@@ -274,9 +274,7 @@ class WindowedSampler(_Cursor):
 
     def admit(self, *, epoch: int, trainer_version: int) -> None:
         """Count one fresh group; windowed groups get no target step."""
-        _require_non_negative(
-            "WindowedSampler.admit", epoch=epoch, trainer_version=trainer_version
-        )
+        _require_non_negative("WindowedSampler.admit", epoch=epoch, trainer_version=trainer_version)
         self._count_dispatch(epoch)
 
     def restamp(self, target_step: int | None, *, epoch: int, trainer_version: int) -> None:

@@ -224,12 +224,12 @@ class SparePrompts:
 
 def _check_schema(name: str, found: int, supported: int, error: type[ValueError]) -> None:
     if found != supported:
-        raise error(f"{name}.schema_version {found} is not supported (this build reads {supported})")
+        raise error(
+            f"{name}.schema_version {found} is not supported (this build reads {supported})"
+        )
 
 
-def _revalidate(
-    state: msgspec.Struct, cls: type[msgspec.Struct], error: type[ValueError]
-) -> None:
+def _revalidate(state: msgspec.Struct, cls: type[msgspec.Struct], error: type[ValueError]) -> None:
     """Re-check field constraints of a state that was built in Python, not decoded."""
     try:
         msgspec.convert(msgspec.to_builtins(state), type=cls, strict=True)
