@@ -1,0 +1,19 @@
+"""Durable files: the filesystem contract of rollout snapshots.
+
+The bottom layer of rollvault; it uses the standard library and msgspec only
+and knows nothing of the ledger or the data plane. One job per module:
+
+- ``layout``: names of the directories and files on disk.
+- ``errors``: the ``SnapshotError`` family every failure here raises.
+- ``faults``: the explicit fault-injection hook the crash tests kill at.
+- ``fsync``: flushing files, directories and trees; small atomic writes.
+- ``manifest_schema``: the versioned, strictly decoded snapshot manifest.
+- ``snapshot_dirs``: sequence numbers, tmp/final paths, commit and retention.
+- ``publish``: prepare, write, commit in one call, cleaning up on failure.
+- ``compatibility``: the run's compatibility identity and its fingerprint.
+- ``bootstrap``: the trainer-version-zero anchor.
+- ``resolve``: choosing the newest usable committed snapshot.
+
+The spec-facing names are re-exported by
+:mod:`rollvault.rollout_checkpointing.manifest`.
+"""

@@ -1,0 +1,194 @@
+"""The bootstrap anchor: the trainer-version-zero home of early rollout snapshots.
+
+``<checkpoint_dir>/bootstrap/manifest.json`` stores the run's compatibility
+identity and its fingerprint. It is written once, atomically, and validated on
+every later start: a run whose identity differs is refused with every changed
+dotpath. Snapshots under ``bootstrap/rollout_snapshots`` are pruned once a
+durable trainer checkpoint exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from rollvault.durable.compatibility import (
+    BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION,
+    BootstrapCompatibilityIdentity,
+    _compatibility_differences,
+    _format_changed_value,
+)
+from rollvault.durable.config_paths import canonical_json
+from rollvault.durable.errors import IncompatibleRunError, SnapshotManifestError
+from rollvault.durable.faults import fault_point
+from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
+from rollvault.durable.layout import (
+    BOOTSTRAP_DIRNAME,
+    BOOTSTRAP_MANIFEST_FILENAME,
+    BOOTSTRAP_TRASH_DIRNAME,
+    ROLLOUT_SNAPSHOTS_DIRNAME,
+)
+from rollvault.durable.trash import remove_tree
+
+
+class _BootstrapAnchorManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The persisted form of ``bootstrap/manifest.json``."""
+
+    schema_version: int
+    excluded_paths: list[str]
+    config: dict[str, Any]
+    fingerprint: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+
+def _bootstrap_anchor_manifest(identity: BootstrapCompatibilityIdentity) -> dict[str, Any]:
+    """Build the bootstrap manifest from one self-consistent identity.
+
+    The fingerprint is computed from the very dict that is stored beside it.
+    """
+    stored = identity.to_dict()
+    return {**stored, "fingerprint": hashlib.sha256(canonical_json(stored)).hexdigest()}
+
+
+def _ensure_directory(path: Path) -> None:
+    if path.is_dir():
+        return
+    _ensure_directory(path.parent)
+    path.mkdir(exist_ok=True)
+    _fsync_directory(path.parent)
+
+
+def ensure_bootstrap_anchor(
+    checkpoint_dir: Path, *, identity: BootstrapCompatibilityIdentity
+) -> Path:
+    """Create or validate the lightweight trainer-version-zero anchor.
+
+    Creates ``<checkpoint_dir>/bootstrap/manifest.json`` atomically when it does
+    not exist, otherwise validates it against ``identity`` (raising
+    ``IncompatibleRunError`` listing every changed dotpath). Returns the anchor
+    directory ``<checkpoint_dir>/bootstrap``.
+    """
+    anchor = checkpoint_dir / BOOTSTRAP_DIRNAME
+    manifest_path = anchor / BOOTSTRAP_MANIFEST_FILENAME
+    if manifest_path.exists():
+        validate_bootstrap_anchor(anchor, identity=identity)
+        return anchor
+    _ensure_directory(anchor)
+    atomic_write_bytes(manifest_path, canonical_json(_bootstrap_anchor_manifest(identity)))
+    return anchor
+
+
+def _read_anchor_manifest(anchor: Path) -> _BootstrapAnchorManifest:
+    path = anchor / BOOTSTRAP_MANIFEST_FILENAME
+    try:
+        raw = msgspec.json.decode(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise SnapshotManifestError(f"{path}: missing; not a bootstrap anchor") from exc
+    except OSError as exc:
+        raise SnapshotManifestError(f"{path}: unreadable: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise SnapshotManifestError(f"{path}: not valid JSON: {exc}") from exc
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if isinstance(version, int) and version != BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION:
+        raise IncompatibleRunError(
+            anchor,
+            [
+                f"bootstrap compatibility schema version: {version} -> "
+                f"{BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION} (the anchor was written by "
+                "another rollvault version)"
+            ],
+        )
+    try:
+        manifest = msgspec.convert(raw, type=_BootstrapAnchorManifest, strict=True)
+    except msgspec.ValidationError as exc:
+        raise SnapshotManifestError(f"{path}: invalid bootstrap anchor manifest: {exc}") from exc
+    stored = _bootstrap_anchor_manifest(_stored_identity(manifest))
+    if stored["fingerprint"] != manifest.fingerprint:
+        raise SnapshotManifestError(
+            f"{path}: corrupt: its fingerprint does not match the identity stored beside it"
+        )
+    return manifest
+
+
+def _stored_identity(manifest: _BootstrapAnchorManifest) -> BootstrapCompatibilityIdentity:
+    return BootstrapCompatibilityIdentity(
+        schema_version=manifest.schema_version,
+        excluded_paths=tuple(manifest.excluded_paths),
+        config=manifest.config,
+    )
+
+
+def _identity_differences(
+    stored: BootstrapCompatibilityIdentity, identity: BootstrapCompatibilityIdentity
+) -> list[str]:
+    lines = []
+    if list(stored.excluded_paths) != list(identity.excluded_paths):
+        old = _format_changed_value(list(stored.excluded_paths))
+        new = _format_changed_value(list(identity.excluded_paths))
+        lines.append(f"excluded operational paths: {old} -> {new}")
+    lines += _compatibility_differences(stored.to_dict()["config"], identity.to_dict()["config"])
+    return lines
+
+
+def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityIdentity) -> None:
+    """Validate a bootstrap anchor without modifying checkpoint state.
+
+    Raises ``SnapshotManifestError`` when the anchor's manifest is missing or
+    corrupt, and ``IncompatibleRunError`` listing every changed dotpath (values
+    of secret-looking keys redacted) when ``identity`` differs from it.
+    """
+    manifest = _read_anchor_manifest(anchor)
+    if manifest.fingerprint == identity.fingerprint():
+        return
+    differences = _identity_differences(_stored_identity(manifest), identity)
+    if identity.schema_version != manifest.schema_version:
+        differences.insert(
+            0,
+            f"bootstrap compatibility schema version: {manifest.schema_version} -> "
+            f"{identity.schema_version}",
+        )
+    raise IncompatibleRunError(anchor, differences or ["fingerprint differs"])
+
+
+def prune_bootstrap_snapshots(checkpoint_dir: Path, *, durable_trainer_checkpoint: Path) -> bool:
+    """Remove trainer-version-zero snapshots once a trainer checkpoint exists.
+
+    Does nothing and returns False unless ``durable_trainer_checkpoint`` is an
+    existing directory outside the bootstrap anchor. Otherwise renames
+    ``bootstrap/rollout_snapshots`` to ``bootstrap/trash_rollout_snapshots``,
+    flushes the anchor, deletes the trash (finishing one a crashed earlier
+    prune left) and returns whether anything was removed. The anchor's
+    manifest is kept.
+    """
+    anchor = checkpoint_dir / BOOTSTRAP_DIRNAME
+    if _is_within(durable_trainer_checkpoint, anchor):
+        raise ValueError(
+            f"durable_trainer_checkpoint {durable_trainer_checkpoint} is inside the bootstrap "
+            f"anchor {anchor}; it must be a trainer checkpoint such as step_<N>"
+        )
+    if not durable_trainer_checkpoint.is_dir():
+        return False
+    snapshots = anchor / ROLLOUT_SNAPSHOTS_DIRNAME
+    trash = anchor / BOOTSTRAP_TRASH_DIRNAME
+    pruned = os.path.lexists(trash)
+    if os.path.lexists(snapshots):
+        remove_tree(trash)
+        fault_point("bootstrap_prune.before_rename")
+        os.rename(snapshots, trash)
+        fault_point("bootstrap_prune.after_rename")
+        _fsync_directory(anchor)
+        fault_point("bootstrap_prune.anchor_synced")
+        pruned = True
+    if pruned:
+        fault_point("bootstrap_prune.before_delete")
+        remove_tree(trash)
+        fault_point("bootstrap_prune.after_delete")
+    return pruned
+
+
+def _is_within(path: Path, parent: Path) -> bool:
+    resolved, resolved_parent = path.resolve(), parent.resolve()
+    return resolved == resolved_parent or resolved_parent in resolved.parents

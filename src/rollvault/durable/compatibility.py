@@ -1,0 +1,232 @@
+"""The run's compatibility identity: what must not change across a resume.
+
+The identity is the run's config with *operational* paths removed (where
+logs and checkpoints go, how often they are written, ports, cluster sizes,
+worker counts) and the reward block projected to the keys that change a
+reward. Everything else is semantic and fail-closed: a key nobody listed here
+takes part in the fingerprint, so a new setting can only make resume stricter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
+
+import msgspec
+
+from rollvault.durable.config_paths import (
+    ConfigPath,
+    _drop_excluded_paths,
+    canonical_config,
+    canonical_json,
+    format_dotpath,
+    parse_pattern,
+)
+from rollvault.durable.errors import IncompatibleRunError
+
+__all__ = [
+    "BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION",
+    "BootstrapCompatibilityIdentity",
+    "IncompatibleRunError",
+    "bootstrap_compatibility_identity",
+]
+
+BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION: Final = 7
+
+# The one list of operational paths, each with the reason it cannot change
+# what the run computes. Pattern syntax: see rollvault.durable.config_paths.
+_EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "logger": "metrics backends and logging intervals observe the run, never steer it",
+        "**.log_dir": "where logs are written",
+        "checkpointing.checkpoint_dir": "where checkpoints live; a moved run directory is the same run",
+        "checkpointing.save_period": (
+            "how often trainer checkpoints are written; a restore retrains the rolled-back "
+            "groups in the same steps whatever the period"
+        ),
+        "rollout_checkpointing.interval_s": "how often rollout snapshots are taken",
+        "rollout_checkpointing.keep_latest_k": "how many older snapshots are kept as fallbacks",
+        "**.restore_mode": "how this start resumes, not what the run computes",
+        "**.port": "network ports of servers and workers",
+        "**.host": "network addresses of servers and workers",
+        "cluster": "the machine layout the run happens to be placed on",
+        "**.num_nodes": "machine count: changes speed, not results",
+        "**.gpus_per_node": "accelerators per machine: changes speed, not results",
+        "**.num_workers": "process and actor counts: change speed, not results",
+    }
+)
+_BOOTSTRAP_FINGERPRINT_EXCLUDED_PATHS: Final = frozenset(_EXCLUDED_PATH_REASONS)
+
+# The config key of the reward settings, and the keys of it that change a
+# finalized reward. They are the projection the recovery sidecar stores and
+# restore compares; other keys of the block (log formatting, debug dumps) are
+# left out so they do not refuse a resume before that comparison runs.
+_REWARD_CONFIG_KEY: Final = "reward"
+_REWARD_SEMANTIC_KEYS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "function": "which environment function scores a response",
+        "scale": "multiplier applied to every raw reward",
+        "clip": "bounds every reward is clipped to",
+        "max_response_tokens": "length beyond which a response counts as overlong",
+        "overlong_penalty": "reward given to an overlong response",
+        "mask_overlong": "whether an overlong response is masked out of the loss instead",
+        "format_penalty": "reward given to a response that fails the format check",
+        "nonfinite_logprob_penalty": "reward given to a response with non-finite logprobs",
+    }
+)
+
+_MISSING: Final = object()
+_MAX_VALUE_CHARS: Final = 60
+# A key is secret when one of its words is one of these, or its last word is
+# token or key (so api_key and hf_token are secret, max_tokens is not).
+_SECRET_WORDS: Final = frozenset(
+    {"password", "passwd", "secret", "apikey", "credential", "credentials"}
+)
+_SECRET_LAST_WORDS: Final = frozenset({"token", "key"})
+_WORD_SPLIT_RE: Final = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+class BootstrapCompatibilityIdentity(msgspec.Struct, frozen=True):
+    """Rollout-semantic inputs that must match a trainer-version-zero cut.
+
+    ``config`` is the run's config without its operational paths;
+    ``excluded_paths`` lists the patterns that were removed (sorted), so a
+    change of that list changes the fingerprint too.
+    """
+
+    schema_version: int
+    excluded_paths: tuple[str, ...]
+    config: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data of the identity; a fresh copy, never aliasing ``config``."""
+        return {
+            "schema_version": self.schema_version,
+            "excluded_paths": list(self.excluded_paths),
+            "config": canonical_config(self.config),
+        }
+
+    def fingerprint(self) -> str:
+        """Return the canonical digest stored in snapshot manifests.
+
+        SHA-256 (hex) of the canonical JSON of ``to_dict()``: sorted keys, no
+        whitespace, ASCII; the same on every machine and every run.
+        """
+        return hashlib.sha256(canonical_json(self.to_dict())).hexdigest()
+
+
+def _excluded_path_patterns() -> tuple[ConfigPath, ...]:
+    return tuple(
+        parse_pattern(pattern) for pattern in sorted(_BOOTSTRAP_FINGERPRINT_EXCLUDED_PATHS)
+    )
+
+
+def _normalize_capture_reward_config(dumped: dict[str, Any]) -> None:
+    """Replace capture reward config with the projection sidecar restore compares.
+
+    Otherwise the bootstrap fingerprint would reject harmless reward-config
+    extras before the sidecar's semantic comparison ever ran. Keeps only the
+    keys of ``_REWARD_SEMANTIC_KEYS`` in ``dumped["reward"]``, in place; a
+    missing or non-mapping reward block is left as it is (and compared whole).
+    """
+    reward = dumped.get(_REWARD_CONFIG_KEY)
+    if isinstance(reward, Mapping):
+        dumped[_REWARD_CONFIG_KEY] = {
+            key: value for key, value in reward.items() if key in _REWARD_SEMANTIC_KEYS
+        }
+
+
+def bootstrap_compatibility_identity(config: Mapping[str, Any]) -> BootstrapCompatibilityIdentity:
+    """Remove explicitly operational paths from the fail-closed run identity.
+
+    ``config`` is the run's whole config as a nested mapping of JSON values;
+    raises ``TypeError``/``ValueError`` naming the dotpath of a value JSON
+    cannot hold. The input is not modified.
+    """
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping, got {type(config).__name__}")
+    dumped = canonical_config(config)
+    _normalize_capture_reward_config(dumped)
+    kept = _drop_excluded_paths(dumped, excluded_paths=_excluded_path_patterns())
+    return BootstrapCompatibilityIdentity(
+        schema_version=BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION,
+        excluded_paths=tuple(sorted(_BOOTSTRAP_FINGERPRINT_EXCLUDED_PATHS)),
+        config=kept,
+    )
+
+
+def _looks_secret(path: ConfigPath) -> bool:
+    for segment in path:
+        if segment.startswith("["):
+            continue
+        words = [word.lower() for word in _WORD_SPLIT_RE.split(segment) if word]
+        if any(word in _SECRET_WORDS for word in words):
+            return True
+        if words and words[-1] in _SECRET_LAST_WORDS:
+            return True
+    return False
+
+
+def _format_changed_value(value: Any, *, redact: bool = False) -> str:
+    """Format one redacted compatibility value without flooding an error.
+
+    ``<missing>`` for an absent key, ``<redacted>`` for a secret, otherwise
+    compact JSON shortened to about 60 characters with its full length noted.
+    """
+    if value is _MISSING:
+        return "<missing>"
+    if redact:
+        return "<redacted>"
+    try:
+        text = canonical_json(value).decode("ascii")
+    except (TypeError, ValueError):
+        text = repr(value)
+    if len(text) <= _MAX_VALUE_CHARS:
+        return text
+    return f"{text[: _MAX_VALUE_CHARS - 3]}... ({len(text)} chars)"
+
+
+def _same_leaf(checkpoint: Any, expected: Any) -> bool:
+    # Compared as the fingerprint sees them, so 1, 1.0, true and -0.0 vs 0.0
+    # are differences exactly when they change the fingerprint.
+    try:
+        return canonical_json(checkpoint) == canonical_json(expected)
+    except (TypeError, ValueError):
+        return bool(checkpoint == expected)
+
+
+def _compatibility_differences(
+    checkpoint: Any,
+    expected: Any,
+    *,
+    path: tuple[str, ...] = (),
+) -> list[str]:
+    """Describe changed compatibility leaves using user-facing dotpaths.
+
+    One line ``dotpath: checkpoint value -> this run's value`` per changed
+    leaf, per added or removed key (``<missing>`` on the absent side) and per
+    list element, as ``a.b[2]``. Empty exactly when both sides are equal.
+    """
+    if isinstance(checkpoint, Mapping) and isinstance(expected, Mapping):
+        lines: list[str] = []
+        for key in sorted(set(checkpoint) | set(expected), key=str):
+            lines += _compatibility_differences(
+                checkpoint.get(key, _MISSING), expected.get(key, _MISSING), path=(*path, str(key))
+            )
+        return lines
+    if isinstance(checkpoint, list | tuple) and isinstance(expected, list | tuple):
+        lines = []
+        for index in range(max(len(checkpoint), len(expected))):
+            old = checkpoint[index] if index < len(checkpoint) else _MISSING
+            new = expected[index] if index < len(expected) else _MISSING
+            lines += _compatibility_differences(old, new, path=(*path, f"[{index}]"))
+        return lines
+    if checkpoint is not _MISSING and expected is not _MISSING and _same_leaf(checkpoint, expected):
+        return []
+    redact = _looks_secret(path)
+    old_text = _format_changed_value(checkpoint, redact=redact)
+    new_text = _format_changed_value(expected, redact=redact)
+    return [f"{format_dotpath(path)}: {old_text} -> {new_text}"]

@@ -1,0 +1,113 @@
+"""Config trees as plain JSON data, addressed by segmented dotpaths.
+
+A *path* is a tuple of segments: a mapping key, or ``"[i]"`` for the i-th
+element of a list. A *pattern* is a path whose segments may also be ``*``
+(exactly one segment) or ``**`` (any number of segments, including none).
+``("**", "port")`` matches ``port``, ``server.port`` and ``envs[0].port``.
+Users see paths as dotpaths: ``grpo.lr``, ``envs[0].port``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+ConfigPath = tuple[str, ...]
+
+
+def parse_pattern(pattern: str) -> ConfigPath:
+    """Split a dotted pattern such as ``**.log_dir`` into its segments."""
+    segments = tuple(pattern.split("."))
+    if not pattern or any(not segment for segment in segments):
+        raise ValueError(f"config path pattern {pattern!r} has an empty segment")
+    return segments
+
+
+def format_dotpath(path: ConfigPath) -> str:
+    """User-facing form of a path: ``a.b[2].c``; ``<root>`` for the empty path."""
+    text = ""
+    for segment in path:
+        is_index = segment.startswith("[") and segment.endswith("]")
+        text += segment if is_index or not text else f".{segment}"
+    return text or "<root>"
+
+
+def _path_matches(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
+    """Return whether one segmented dotpath pattern matches a concrete path."""
+    if not pattern:
+        return not path
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_path_matches(rest, path[start:]) for start in range(len(path) + 1))
+    if not path:
+        return False
+    return head in ("*", path[0]) and _path_matches(rest, path[1:])
+
+
+def _drop_excluded_paths(
+    value: Any,
+    *,
+    excluded_paths: tuple[tuple[str, ...], ...],
+    path: tuple[str, ...] = (),
+) -> Any:
+    """Recursively remove denylisted mapping paths from a JSON config dump.
+
+    A mapping entry whose path matches a pattern is dropped with its whole
+    subtree. List elements are never dropped (that would shift the indices of
+    the rest), but mappings inside them are filtered. Returns new containers;
+    the input is not modified.
+    """
+    if isinstance(value, Mapping):
+        kept: dict[str, Any] = {}
+        for key, child in value.items():
+            child_path = (*path, str(key))
+            if any(_path_matches(pattern, child_path) for pattern in excluded_paths):
+                continue
+            kept[key] = _drop_excluded_paths(child, excluded_paths=excluded_paths, path=child_path)
+        return kept
+    if isinstance(value, list | tuple):
+        return [
+            _drop_excluded_paths(child, excluded_paths=excluded_paths, path=(*path, f"[{index}]"))
+            for index, child in enumerate(value)
+        ]
+    return value
+
+
+def canonical_config(value: Any, *, path: ConfigPath = ()) -> Any:
+    """Return a fresh plain-JSON copy of a config tree, refusing what JSON cannot hold.
+
+    Mappings become dicts (keys must be strings), tuples become lists. Raises
+    ``TypeError`` or ``ValueError`` naming the dotpath of the offending value.
+    """
+    if isinstance(value, Mapping):
+        copied: dict[str, Any] = {}
+        for key, child in value.items():
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"config key {key!r} at {format_dotpath(path)} must be a string, "
+                    f"got {type(key).__name__}"
+                )
+            copied[key] = canonical_config(child, path=(*path, key))
+        return copied
+    if isinstance(value, list | tuple):
+        return [canonical_config(child, path=(*path, f"[{i}]")) for i, child in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(
+            f"config value at {format_dotpath(path)} is {value!r}; JSON cannot hold it"
+        )
+    if value is None or isinstance(value, str | int | float):
+        return value
+    raise TypeError(
+        f"config value at {format_dotpath(path)} has type {type(value).__name__}; "
+        "only mappings, lists, strings, numbers, booleans and null are allowed"
+    )
+
+
+def canonical_json(value: Any) -> bytes:
+    """Canonical JSON bytes: sorted keys, no whitespace, ASCII only, no NaN."""
+    text = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+    return text.encode("ascii")

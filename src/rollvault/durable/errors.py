@@ -1,0 +1,63 @@
+"""Errors of the durable layer; every one is a ``SnapshotError``.
+
+Callers that must survive a failed snapshot (the periodic checkpointer) catch
+``SnapshotError``; callers that must refuse to resume catch
+``IncompatibleRunError`` and show its message, which lists every difference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class SnapshotError(Exception):
+    """Base of every error raised by the durable snapshot layer."""
+
+
+class SnapshotManifestError(SnapshotError, ValueError):
+    """A manifest (snapshot or bootstrap anchor) is missing, unreadable or malformed."""
+
+
+class SnapshotWriteError(SnapshotError):
+    """Writing, flushing or publishing a snapshot failed.
+
+    The temporary directory has been removed and every previously committed
+    snapshot is untouched, so the caller may log this and carry on.
+    """
+
+
+class SnapshotLayoutError(SnapshotError, ValueError):
+    """A path handed to the layer is not the kind of snapshot path it must be."""
+
+
+class IncompatibleRunError(SnapshotError):
+    """The run's compatibility identity differs from the one a checkpoint was made under.
+
+    ``differences`` holds one line per changed leaf (``dotpath: old -> new``).
+    """
+
+    def __init__(self, anchor: Path, differences: list[str]) -> None:
+        self.anchor = anchor
+        self.differences = list(differences)
+        listing = "\n".join(f"  - {line}" for line in self.differences)
+        super().__init__(
+            f"refusing to resume from {anchor}: the run's configuration differs from "
+            f"the one the checkpoint was made under in {len(self.differences)} "
+            f"place(s):\n{listing}"
+        )
+
+
+class NoUsableSnapshotError(SnapshotError):
+    """Committed snapshots exist under an anchor but none of them can be used.
+
+    ``rejected`` holds ``(path, reason)`` for every committed snapshot, newest first.
+    """
+
+    def __init__(self, anchor: Path, rejected: list[tuple[Path, str]]) -> None:
+        self.anchor = anchor
+        self.rejected = list(rejected)
+        listing = "\n".join(f"  - {path}: {reason}" for path, reason in self.rejected)
+        super().__init__(
+            f"no usable rollout snapshot under {anchor}: all {len(self.rejected)} "
+            f"committed snapshot(s) were rejected:\n{listing}"
+        )

@@ -1,0 +1,26 @@
+"""Names of the directories and files of a checkpoint directory.
+
+::
+
+    <checkpoint_dir>/
+      bootstrap/manifest.json            BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME
+      bootstrap/rollout_snapshots/       snapshots before the first trainer checkpoint
+      step_<N>/rollout_snapshots/        ROLLOUT_SNAPSHOTS_DIRNAME under a trainer checkpoint
+         tmp_snapshot_<seq>/             being written, never read
+         snapshot_<seq>/manifest.json    committed; ROLLOUT_SNAPSHOT_MANIFEST_FILENAME
+         trash_snapshot_<seq>/           pruned, deleted after the rename
+
+An *anchor* is the directory that owns a ``rollout_snapshots/`` directory:
+``bootstrap/`` or a trainer checkpoint ``step_<N>/``.
+"""
+
+from typing import Final
+
+BOOTSTRAP_DIRNAME: Final = "bootstrap"
+BOOTSTRAP_MANIFEST_FILENAME: Final = "manifest.json"
+ROLLOUT_SNAPSHOTS_DIRNAME: Final = "rollout_snapshots"
+ROLLOUT_SNAPSHOT_MANIFEST_FILENAME: Final = "manifest.json"
+
+# Where prune_bootstrap_snapshots parks the bootstrap snapshots between its
+# rename and its delete; never read, removed by the next prune.
+BOOTSTRAP_TRASH_DIRNAME: Final = "trash_rollout_snapshots"
