@@ -310,7 +310,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 def config_to_dict(config: RunConfig) -> dict[str, Any]:
     """The config as plain builtins (enums as their values), e.g. for the run fingerprint."""
     result = msgspec.to_builtins(config)
-    assert isinstance(result, dict)
+    if not isinstance(result, dict):
+        raise TypeError(f"config_to_dict expects a RunConfig, got {type(config).__name__}")
     return result
 
 
