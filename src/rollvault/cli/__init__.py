@@ -1,0 +1,1 @@
+"""The ``rollvault`` command line."""

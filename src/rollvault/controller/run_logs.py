@@ -1,0 +1,96 @@
+"""Append-only JSONL run logs: what was trained, and what every attempt became.
+
+``train_log.jsonl`` has one line per trained group and ``attempts.jsonl`` one
+line per attempt that reached a terminal status. They are the evidence the
+chaos harness checks exactly-once against, so each line is flushed as it is
+written. A SIGKILL can still tear the last line; readers drop a torn final line
+(and only a final one: a torn line in the middle means the file is damaged and
+is an error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Generic, TypeVar
+
+import msgspec
+
+TRAIN_LOG_FILENAME = "train_log.jsonl"
+ATTEMPTS_LOG_FILENAME = "attempts.jsonl"
+
+
+class TrainLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One trained prompt group."""
+
+    step: int
+    trainer_version: int
+    group_id: str
+    sample_id: str
+    epoch: int
+    rewards: list[float]
+    gate_rollout_ids: list[str]
+    target_step: int | None
+    incarnation: int
+
+
+class AttemptLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One attempt that reached sealed, failed or abandoned."""
+
+    gate_rollout_id: str
+    group_id: str
+    generation_index: int
+    status: str
+    num_tokens: int
+    incarnation: int
+    reason: str | None = None
+
+
+RecordT = TypeVar("RecordT", TrainLogRecord, AttemptLogRecord)
+
+
+class JsonlWriter(Generic[RecordT]):
+    """Appends records, one JSON line each, flushed per line."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._file: IO[bytes] = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self._encoder = msgspec.json.Encoder()
+        self._repair_torn_tail()
+
+    def _repair_torn_tail(self) -> None:
+        # A previous incarnation may have died mid-line. Cut its torn line off
+        # so that the file holds complete lines only, and a damaged line in the
+        # middle of a log always means real damage.
+        data = self._path.read_bytes()
+        complete = data.rfind(b"\n") + 1
+        if complete != len(data):
+            self._file.truncate(complete)
+
+    def write(self, record: RecordT) -> None:
+        self._file.write(self._encoder.encode(record) + b"\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_jsonl(path: Path, record_type: type[RecordT]) -> list[RecordT]:
+    """Read every complete record; tolerate a torn line only at the very end."""
+    return list(_iter_records(path, record_type))
+
+
+def _iter_records(path: Path, record_type: type[RecordT]) -> Iterator[RecordT]:
+    if not path.exists():
+        return
+    decoder = msgspec.json.Decoder(record_type)
+    lines = path.read_bytes().split(b"\n")
+    last = len(lines) - 1
+    for number, line in enumerate(lines):
+        if number == last:
+            return  # empty after the final newline, or a torn last line
+        try:
+            yield decoder.decode(line)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"{path}:{number + 1}: damaged log line: {exc}") from exc

@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import pytest
+
+from rollvault.controller.run_logs import (
+    AttemptLogRecord,
+    JsonlWriter,
+    TrainLogRecord,
+    read_jsonl,
+)
+
+
+def _record(step: int) -> TrainLogRecord:
+    return TrainLogRecord(
+        step=step,
+        trainer_version=step,
+        group_id=f"g{step}",
+        sample_id=str(step),
+        epoch=0,
+        rewards=[0.5, 1.0],
+        gate_rollout_ids=[f"g{step}_g0_a00", f"g{step}_g1_a00"],
+        target_step=step,
+        incarnation=1,
+    )
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "train_log.jsonl"
+    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path)
+    for step in range(3):
+        writer.write(_record(step))
+    writer.close()
+    assert read_jsonl(path, TrainLogRecord) == [_record(0), _record(1), _record(2)]
+
+
+def test_reader_drops_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "train_log.jsonl"
+    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path)
+    writer.write(_record(0))
+    writer.close()
+    with open(path, "ab") as f:
+        f.write(b'{"step": 1, "trainer_ver')
+    assert read_jsonl(path, TrainLogRecord) == [_record(0)]
+
+
+def test_next_writer_cuts_the_torn_line_off(tmp_path: Path) -> None:
+    path = tmp_path / "train_log.jsonl"
+    path.write_bytes(b"")
+    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path)
+    writer.write(_record(0))
+    writer.close()
+    with open(path, "ab") as f:
+        f.write(b'{"step": 1, "trai')
+    writer = JsonlWriter(path)
+    writer.write(_record(1))
+    writer.close()
+    assert read_jsonl(path, TrainLogRecord) == [_record(0), _record(1)]
+    assert path.read_bytes().count(b"\n") == 2
+
+
+def test_damage_in_the_middle_is_an_error_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "attempts.jsonl"
+    good = AttemptLogRecord(
+        gate_rollout_id="g_g0_a1", group_id="g", generation_index=0,
+        status="sealed", num_tokens=4, incarnation=1,
+    )
+    writer: JsonlWriter[AttemptLogRecord] = JsonlWriter(path)
+    writer.write(good)
+    writer.close()
+    with open(path, "ab") as f:
+        f.write(b"garbage\n")
+    writer = JsonlWriter(path)
+    writer.write(good)
+    writer.close()
+    with pytest.raises(ValueError, match=r"attempts.jsonl:2: damaged log line"):
+        read_jsonl(path, AttemptLogRecord)
+
+
+def test_missing_file_reads_as_empty(tmp_path: Path) -> None:
+    assert read_jsonl(tmp_path / "nope.jsonl", TrainLogRecord) == []
