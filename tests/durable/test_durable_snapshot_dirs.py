@@ -304,3 +304,45 @@ def test_publish_removes_the_tmp_dir_and_propagates_other_errors(
     with pytest.raises(KeyError, match="bug in the caller"):
         publish_snapshot(anchor, manifest=make_manifest(), write_payload=buggy, keep_latest_k=1)
     assert _names(anchor) == []
+
+
+def test_commit_flushes_everything_before_the_rename_and_the_parent_after(
+    anchor: Path,
+    commit_one: CommitOne,
+    make_manifest: MakeManifest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    commit_one(anchor)
+    tmp_path, final_path, _ = prepare_snapshot_paths(anchor)
+    (tmp_path / "data_plane").mkdir()
+    (tmp_path / "data_plane" / "rows.bin").write_bytes(b"rows")
+    write_snapshot_manifest(tmp_path, make_manifest())
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src: str | Path, dst: str | Path) -> None:
+        events.append(("rename", f"{src} -> {dst}"))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    commit_snapshot(tmp_path, final_path, keep_latest_k=1)
+    root = str(final_path.parent)
+    flushed_before = {path for kind, path in events[:3]}
+    assert flushed_before == {
+        str(tmp_path / "data_plane" / "rows.bin"),
+        str(tmp_path / "data_plane"),
+        str(tmp_path / "manifest.json"),
+    }
+    assert events[3:6] == [
+        ("fsync", str(tmp_path)),
+        ("rename", f"{tmp_path} -> {final_path}"),
+        ("fsync", root),
+    ]
+    old = final_path.parent / "snapshot_000001"
+    assert events[6:] == [("rename", f"{old} -> {root}/trash_snapshot_000001"), ("fsync", root)]
+    assert _names(anchor) == [final_path.name]

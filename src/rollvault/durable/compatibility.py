@@ -40,16 +40,20 @@ BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION: Final = 7
 # what the run computes. Pattern syntax: see rollvault.durable.config_paths.
 _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
     {
-        "logger": "metrics backends and logging intervals observe the run, never steer it",
+        "logging": "where logs go and whether progress is shown: observes the run, never steers it",
+        "logger": "metrics backends and logging intervals: observe the run, never steer it",
         "**.log_dir": "where logs are written",
         "checkpointing.checkpoint_dir": "where checkpoints live; a moved run directory is the same run",
         "checkpointing.save_period": (
             "how often trainer checkpoints are written; a restore retrains the rolled-back "
             "groups in the same steps whatever the period"
         ),
+        "rollout_checkpointing.enabled": "whether rollout snapshots are written at all",
         "rollout_checkpointing.interval_s": "how often rollout snapshots are taken",
         "rollout_checkpointing.keep_latest_k": "how many older snapshots are kept as fallbacks",
+        "rollout_checkpointing.force_fresh": "how this start treats an existing run directory",
         "**.restore_mode": "how this start resumes, not what the run computes",
+        "gate.simulated.latency_per_token_s": "simulated generation speed: timing, not tokens",
         "**.port": "network ports of servers and workers",
         "**.host": "network addresses of servers and workers",
         "cluster": "the machine layout the run happens to be placed on",
@@ -61,20 +65,22 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
 _BOOTSTRAP_FINGERPRINT_EXCLUDED_PATHS: Final = frozenset(_EXCLUDED_PATH_REASONS)
 
 # The config key of the reward settings, and the keys of it that change a
-# finalized reward. They are the projection the recovery sidecar stores and
-# restore compares; other keys of the block (log formatting, debug dumps) are
-# left out so they do not refuse a resume before that comparison runs.
+# finalized reward or advantage: the fields of the ledger's
+# CaptureRewardSettings (which the recovery sidecar stores and restore
+# compares) plus the controller's RewardConfig. Other keys of the block
+# (display, debug dumps) are left out so they cannot refuse a resume before
+# the sidecar's own comparison runs. A reward-changing key missing here would
+# escape the fingerprint: add it here when adding it to the config.
 _REWARD_CONFIG_KEY: Final = "reward"
 _REWARD_SEMANTIC_KEYS: Final[Mapping[str, str]] = MappingProxyType(
     {
-        "function": "which environment function scores a response",
-        "scale": "multiplier applied to every raw reward",
-        "clip": "bounds every reward is clipped to",
-        "max_response_tokens": "length beyond which a response counts as overlong",
-        "overlong_penalty": "reward given to an overlong response",
+        "overlong_penalty": "subtracted from the reward of an overlong response",
         "mask_overlong": "whether an overlong response is masked out of the loss instead",
-        "format_penalty": "reward given to a response that fails the format check",
-        "nonfinite_logprob_penalty": "reward given to a response with non-finite logprobs",
+        "max_response_tokens": "length from which a response counts as overlong",
+        "format_penalty": "subtracted from the reward of a response that fails the format check",
+        "mask_nonfinite_logprobs": "whether a response with non-finite logprobs is masked",
+        "normalize_advantages_by_std": "whether group advantages are divided by the reward std",
+        "advantage_epsilon": "added to the std before that division",
     }
 )
 
@@ -83,7 +89,7 @@ _MAX_VALUE_CHARS: Final = 60
 # A key is secret when one of its words is one of these, or its last word is
 # token or key (so api_key and hf_token are secret, max_tokens is not).
 _SECRET_WORDS: Final = frozenset(
-    {"password", "passwd", "secret", "apikey", "credential", "credentials"}
+    {"password", "passwords", "passwd", "secret", "secrets", "apikey", "credential", "credentials"}
 )
 _SECRET_LAST_WORDS: Final = frozenset({"token", "key"})
 _WORD_SPLIT_RE: Final = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")

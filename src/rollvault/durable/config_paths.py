@@ -55,7 +55,9 @@ def _drop_excluded_paths(
     """Recursively remove denylisted mapping paths from a JSON config dump.
 
     A mapping entry whose path matches a pattern is dropped with its whole
-    subtree. List elements are never dropped (that would shift the indices of
+    subtree, and so is a mapping that only held dropped entries (so adding a
+    section of operational settings, say ``server: {port: 80}``, changes
+    nothing). List elements are never dropped (that would shift the indices of
     the rest), but mappings inside them are filtered. Returns new containers;
     the input is not modified.
     """
@@ -65,7 +67,10 @@ def _drop_excluded_paths(
             child_path = (*path, str(key))
             if any(_path_matches(pattern, child_path) for pattern in excluded_paths):
                 continue
-            kept[key] = _drop_excluded_paths(child, excluded_paths=excluded_paths, path=child_path)
+            filtered = _drop_excluded_paths(child, excluded_paths=excluded_paths, path=child_path)
+            if isinstance(child, Mapping) and child and not filtered:
+                continue
+            kept[key] = filtered
         return kept
     if isinstance(value, list | tuple):
         return [
@@ -97,8 +102,12 @@ def canonical_config(value: Any, *, path: ConfigPath = ()) -> Any:
         raise ValueError(
             f"config value at {format_dotpath(path)} is {value!r}; JSON cannot hold it"
         )
-    if value is None or isinstance(value, str | int | float):
+    if value is None or isinstance(value, bool):
         return value
+    # Subclasses (StrEnum, IntEnum) become their plain value, as JSON sees them.
+    for plain in (str, int, float):
+        if isinstance(value, plain):
+            return plain(value)
     raise TypeError(
         f"config value at {format_dotpath(path)} has type {type(value).__name__}; "
         "only mappings, lists, strings, numbers, booleans and null are allowed"
