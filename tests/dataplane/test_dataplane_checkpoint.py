@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from dataplane_helpers import assert_rows_identical, sample_row
 
+import rollvault.dataplane.embedded as embedded_module
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane import (
     METADATA_FILENAME,
@@ -23,8 +25,10 @@ from rollvault.dataplane import (
     DataPlaneNotEmptyError,
     DataPlaneValidationError,
     EmbeddedDataPlane,
+    LoadedCheckpoint,
     Row,
     read_checkpoint,
+    read_checkpoint_metadata,
 )
 
 USER_METADATA: dict[str, Any] = {
@@ -127,6 +131,16 @@ def test_round_trip_is_exact(checkpoint: Path) -> None:
             for value in loaded[key].values():
                 if isinstance(value, np.ndarray):
                     assert not value.flags.writeable
+
+
+def test_metadata_alone_lists_rows_and_user_metadata(checkpoint: Path) -> None:
+    content = read_checkpoint_metadata(checkpoint)
+    assert content.user_metadata == USER_METADATA
+    listed = {entry.name: [row.key for row in entry.rows] for entry in content.partitions}
+    assert listed == {name: sorted(rows) for name, rows in saved_rows().items()}
+    (staging,) = [entry for entry in content.partitions if entry.name == STAGING_PARTITION]
+    assert staging.rows[0].arrays[0].length == 3
+    assert staging.rows[1].scalars[1].value == -(2**63)
 
 
 def test_each_loaded_array_owns_its_memory(checkpoint: Path) -> None:
@@ -333,6 +347,31 @@ def test_load_refuses_a_non_empty_store_and_changes_nothing(checkpoint: Path) ->
     asyncio.run(main())
 
 
+def test_a_put_while_the_files_are_read_makes_the_load_fail(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reading, may_finish = threading.Event(), threading.Event()
+
+    def read_when_allowed(directory: Path) -> LoadedCheckpoint:
+        reading.set()
+        may_finish.wait()
+        return read_checkpoint(directory)
+
+    monkeypatch.setattr(embedded_module, "read_checkpoint", read_when_allowed)
+
+    async def main() -> None:
+        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        load = asyncio.create_task(plane.load_checkpoint(checkpoint))
+        await asyncio.to_thread(reading.wait)
+        await plane.put("mine", {"k": sample_row(1)})
+        may_finish.set()
+        with pytest.raises(DataPlaneNotEmptyError, match="holds 1 rows"):
+            await load
+        assert plane.partitions() == ["mine"]
+
+    asyncio.run(main())
+
+
 def test_load_into_a_store_with_only_empty_partitions_replaces_them(checkpoint: Path) -> None:
     async def main() -> None:
         plane = EmbeddedDataPlane(DataPlaneMutationCut())
@@ -353,7 +392,7 @@ def test_save_refuses_a_non_empty_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("user_metadata", "message"),
     [
-        ([1, 2], "must be a dict"),
+        ([1, 2], "must be a mapping"),
         ({"t": (1, 2)}, r"\$\.t: \(1, 2\) \(tuple\) comes back as \[1, 2\]"),
         ({"x": {"nan": float("nan")}}, r"\$\.x\.nan: nan"),
         ({"n": np.int64(3)}, "not JSON-encodable"),

@@ -14,7 +14,11 @@ from rollvault.dataplane.checkpoint_format import (
     decode_metadata,
     partition_file_name,
 )
-from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint
+from rollvault.dataplane.checkpoint_io import (
+    LoadedCheckpoint,
+    read_checkpoint,
+    read_checkpoint_metadata,
+)
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.errors import (
     DataPlaneCheckpointError,
@@ -65,6 +69,7 @@ __all__ = [
     "parse_staging_key",
     "partition_file_name",
     "read_checkpoint",
+    "read_checkpoint_metadata",
     "staging_key",
     "train_key",
 ]

@@ -34,6 +34,7 @@ Nothing here executes code from the files: JSON and safetensors only.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -233,10 +234,11 @@ def check_user_metadata(user_metadata: object) -> dict[str, Any]:
     scalars, paths, ...) would come back different or not at all, so they are
     errors naming the first offending path.
     """
-    if not isinstance(user_metadata, dict):
+    if not isinstance(user_metadata, Mapping):
         raise DataPlaneValidationError(
-            f"user_metadata must be a dict (a JSON object), got {type(user_metadata).__name__}"
+            f"user_metadata must be a mapping (a JSON object), got {type(user_metadata).__name__}"
         )
+    user_metadata = dict(user_metadata)
     try:
         decoded = msgspec.json.decode(msgspec.json.encode(user_metadata), type=dict[str, Any])
     except (msgspec.MsgspecError, TypeError, ValueError) as exc:

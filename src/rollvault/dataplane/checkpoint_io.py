@@ -122,15 +122,22 @@ def read_checkpoint(directory: Path) -> LoadedCheckpoint:
     """
     if not directory.is_dir():
         raise DataPlaneCheckpointError(directory, "not a checkpoint directory (absent or a file)")
-    metadata_path = directory / METADATA_FILENAME
-    metadata = _read_file(metadata_path)
-    content = decode_metadata(metadata, metadata_path)
+    content = read_checkpoint_metadata(directory)
     _check_file_set(directory, content)
     partitions = {
         entry.name: _read_partition(directory / entry.file, entry, index)
         for index, entry in enumerate(content.partitions)
     }
     return LoadedCheckpoint(partitions=partitions, user_metadata=content.user_metadata)
+
+
+def read_checkpoint_metadata(directory: Path) -> DataPlaneCheckpointContent:
+    """Read and verify only ``metadata.json``: row listing and ``user_metadata``, no tensors.
+
+    For a cheap look (``inspect``, choosing a snapshot); :func:`read_checkpoint`
+    is the full verification.
+    """
+    return decode_metadata(_read_file(directory / METADATA_FILENAME), directory / METADATA_FILENAME)
 
 
 def _check_file_set(directory: Path, content: DataPlaneCheckpointContent) -> None:

@@ -18,6 +18,7 @@ from rollvault.dataplane.errors import (
     DataPlaneNotEmptyError,
     DataPlaneValidationError,
 )
+from rollvault.dataplane.interface import DataPlane
 from rollvault.dataplane.rows import (
     Row,
     RowInput,
@@ -39,7 +40,7 @@ def _string_sequence(values: object, what: str) -> list[str]:
     return list(values)
 
 
-class EmbeddedDataPlane:
+class EmbeddedDataPlane(DataPlane):
     """In-process :class:`~rollvault.dataplane.interface.DataPlane` on the controller's loop.
 
     Rows live in plain dicts on the event loop; stored rows and their arrays
