@@ -1,0 +1,842 @@
+"""The recovery ledger: the controller's source of truth for rollout ownership."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Iterable
+from typing import Any, Self
+
+import msgspec
+
+from rollvault.cut import DataPlaneMutationCut
+from rollvault.ledger.arguments import (
+    require_bool,
+    require_int,
+    require_optional_int,
+    require_optional_str,
+    require_str,
+)
+from rollvault.ledger.datum import DatumSpec, datum_task_name
+from rollvault.ledger.errors import (
+    CheckpointUnsafeError,
+    DuplicateGroupError,
+    ForeignCutError,
+    InvalidLedgerInputError,
+    LedgerError,
+    LedgerStateError,
+    LedgerTransitionError,
+    UnknownGroupError,
+)
+from rollvault.ledger.prompt_identity import _validate_prompt_identity
+from rollvault.ledger.records import (
+    PromptGroupRecoveryRecord,
+    PromptRef,
+    RolloutAttemptRecord,
+    RolloutSiblingRecord,
+    SiblingSealResult,
+    new_attempts,
+)
+from rollvault.ledger.recovery import (
+    abandon_entire_group,
+    abandon_unsealed_work,
+    redo_interrupted,
+    retry_incomplete,
+    retryable_siblings,
+)
+from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+from rollvault.ledger.sealing import (
+    SealValues,
+    apply_seal,
+    check_same_seal,
+    copy_receipt,
+    fenced_attempt,
+    seal_values,
+)
+from rollvault.ledger.state_checks import check_group_state
+from rollvault.ledger.state_convert import group_from_state, group_to_state
+from rollvault.ledger.state_schema import (
+    _LEDGER_STATE_FIELDS,
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    GroupState,
+    LedgerState,
+    RolloutRecoveryState,
+    read_versioned,
+)
+from rollvault.ledger.statuses import (
+    PromptGroupPhase,
+    PromptGroupStatus,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
+from rollvault.ledger.transitions import (
+    ALL_SEALED_STATUSES,
+    DISCARDABLE_STATUSES,
+    GENERATING_ONLY,
+    AttemptEvent,
+    GroupEvent,
+    PhaseEvent,
+    check_attempt_transition,
+    check_group_transition,
+    check_phase_transition,
+    require_group_status,
+    require_phase,
+)
+
+_SEALED = RolloutAttemptStatus.SEALED
+_RESERVED = RolloutAttemptStatus.RESERVED
+_ADMITTED_ONLY = frozenset({PromptGroupPhase.ADMITTED})
+_GRANULARITIES = frozenset(member.value for member in RecoveryGranularity)
+
+FinalizationInputs = tuple[
+    list[str],
+    list[str],
+    list[dict[str, Any] | None],
+    list[float],
+    list[bool],
+    list[RewardChecks | None],
+    list[RewardLogContext | None],
+]
+"""Logical ids, gate ids, receipts, rewards, mask flags, checks, log contexts."""
+
+
+class RolloutRecoveryLedger:
+    """In-memory source of truth for token-capture rollout ownership.
+
+    Controller-owned mutations require a live data-plane cut so lineage cannot
+    change outside the checkpoint barrier's consistent snapshot boundary:
+    every mutator takes the :class:`~rollvault.cut.DataPlaneMutationCut` as
+    its first argument and raises unless the calling task holds a mutation
+    section (or the exclusive checkpoint section) of it. The ledger binds to
+    the first cut it is given and refuses any other.
+
+    A failed call changes nothing. Records handed out (``get_group``,
+    ``groups``, ``reserve_group``, ...) are copies; the runtime prompt payload
+    in them is shared, not copied.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[str, PromptGroupRecoveryRecord] = {}
+        self._cut: DataPlaneMutationCut | None = None
+
+    # -- reading -------------------------------------------------------------------------
+
+    def groups(self) -> list[PromptGroupRecoveryRecord]:
+        """Copies of every group, in reservation order."""
+        return [self._copy_group(record) for record in self._groups.values()]
+
+    def get_group(self, group_id: str) -> PromptGroupRecoveryRecord:
+        """A copy of one group; raises :class:`UnknownGroupError` if absent."""
+        return self._copy_group(self._require_group(group_id))
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __contains__(self, group_id: object) -> bool:
+        return isinstance(group_id, str) and group_id in self._groups
+
+    def expected_staging_keys(self) -> set[str]:
+        """Return staged token rows still owned by sealed sibling attempts.
+
+        Only current attempts of groups still in the ledger count: a discarded
+        group's rows were cleaned, and a cohort discarded under ``prompt_group``
+        granularity no longer owns its rows.
+        """
+        keys: set[str] = set()
+        for record in self._groups.values():
+            for sibling in record.siblings:
+                attempt = sibling.attempts[-1]
+                if attempt.status is _SEALED:
+                    keys.update(attempt.staging_keys)
+        return keys
+
+    def finalization_inputs(self, group_id: str) -> FinalizationInputs:
+        """Return sealed finalization inputs in stable sibling order.
+
+        The tuple is (logical rollout ids, gate rollout ids, receipts (copies),
+        rewards, mask flags, reward checks, reward log contexts). Requires a
+        group whose every current attempt is sealed.
+        """
+        record = self._require_group(group_id)
+        require_group_status(
+            record, allowed=ALL_SEALED_STATUSES, transition="read finalization inputs"
+        )
+        receipts: list[dict[str, Any] | None] = []
+        rewards: list[float] = []
+        masks: list[bool] = []
+        checks: list[RewardChecks | None] = []
+        contexts: list[RewardLogContext | None] = []
+        for sibling in record.siblings:
+            attempt = sibling.attempts[-1]
+            if attempt.reward is None or attempt.mask_sample is None:
+                raise LedgerError(
+                    f"group {group_id!r} sibling {sibling.generation_index}: sealed attempt "
+                    f"{attempt.attempt_uuid.hex} has no reward or mask flag"
+                )
+            receipts.append(copy_receipt(attempt.receipt))
+            rewards.append(attempt.reward)
+            masks.append(attempt.mask_sample)
+            checks.append(attempt.reward_checks)
+            contexts.append(attempt.reward_log_context)
+        return (
+            record.logical_rollout_ids,
+            record.gate_rollout_ids,
+            receipts,
+            rewards,
+            masks,
+            checks,
+            contexts,
+        )
+
+    def assert_checkpoint_safe(self) -> None:
+        """Reject states whose canonical publication outcome is ambiguous.
+
+        A ``finalizing`` group may or may not have published its canonical rows;
+        a checkpoint taken now could not tell. The controller finishes the
+        publication (and discards the group) or marks it
+        ``finalization_unknown`` first.
+        """
+        finalizing = [
+            group_id
+            for group_id, record in self._groups.items()
+            if record.status is PromptGroupStatus.FINALIZING
+        ]
+        if finalizing:
+            shown = ", ".join(repr(group_id) for group_id in finalizing[:8])
+            more = f" and {len(finalizing) - 8} more" if len(finalizing) > 8 else ""
+            raise CheckpointUnsafeError(
+                f"{len(finalizing)} group(s) are 'finalizing', whose canonical publication "
+                f"outcome is ambiguous: {shown}{more}; finish publishing and discard them, or "
+                "mark_finalization_unknown(), before checkpointing"
+            )
+
+    # -- reservation and admission -------------------------------------------------------
+
+    def reserve_group(
+        self,
+        cut: DataPlaneMutationCut,
+        *,
+        prompt_id: str,
+        prompt_payload: DatumSpec,
+        expected_generations: int,
+        target_step: int | None,
+        start_weight_version: int,
+        task_source: str | None = None,
+        recovery_granularity: RecoveryGranularity = RecoveryGranularity.SIBLING,
+        admitted: bool = True,
+        group_id: str | None = None,
+        admission_id: str | None = None,
+        prompt_ref: PromptRef | None = None,
+    ) -> PromptGroupRecoveryRecord:
+        """Create one logical group and its first physical sibling attempts.
+
+        Each of the ``expected_generations`` siblings gets one ``reserved``
+        attempt; the group is ``generating``, in phase ``admitted`` (or
+        ``reserved`` when ``admitted`` is False). ``group_id`` and
+        ``admission_id`` default to fresh UUID hex strings; ``prompt_ref`` to
+        ``PromptRef(sample_id=prompt_id, task_name=payload.get("task_name"))``.
+        The payload must resolve to the ref (``_validate_prompt_identity``).
+        """
+        new_id = uuid.uuid4().hex if group_id is None else group_id
+        self._enter(cut, "reserve_group", new_id)
+        where = f"reserve_group(group {new_id!r})"
+        require_str(new_id, name="group_id", where=where)
+        if new_id in self._groups:
+            raise DuplicateGroupError(f"{where}: the ledger already holds group {new_id!r}")
+        require_str(prompt_id, name="prompt_id", where=where)
+        count = require_int(
+            expected_generations, name="expected_generations", where=where, minimum=1
+        )
+        require_optional_int(target_step, name="target_step", where=where)
+        require_int(start_weight_version, name="start_weight_version", where=where)
+        require_optional_str(task_source, name="task_source", where=where)
+        require_bool(admitted, name="admitted", where=where)
+        granularity = _granularity(recovery_granularity, where=where)
+        admission = uuid.uuid4().hex if admission_id is None else admission_id
+        require_str(admission, name="admission_id", where=where)
+        task_name = datum_task_name(prompt_payload, group_id=new_id)
+        ref = (
+            PromptRef(sample_id=prompt_id, task_name=task_name)
+            if prompt_ref is None
+            else prompt_ref
+        )
+        if not isinstance(ref, PromptRef):
+            raise InvalidLedgerInputError(
+                f"{where}: prompt_ref must be a PromptRef, got {type(ref).__name__}"
+            )
+        _validate_prompt_identity(ref, prompt_payload, group_id=new_id)
+        record = PromptGroupRecoveryRecord(
+            group_id=new_id,
+            admission_id=admission,
+            prompt_id=prompt_id,
+            prompt_ref=ref,
+            task_source=task_source,
+            recovery_granularity=granularity,
+            runtime_prompt_payload=prompt_payload,
+            expected_generations=count,
+            target_step=target_step,
+            start_weight_version=start_weight_version,
+            siblings=[
+                RolloutSiblingRecord(generation_index=index, attempts=[attempt])
+                for index, attempt in enumerate(new_attempts(count))
+            ],
+            phase=PromptGroupPhase.ADMITTED if admitted else PromptGroupPhase.RESERVED,
+            status=PromptGroupStatus.GENERATING,
+        )
+        self._groups[new_id] = record
+        return self._copy_group(record)
+
+    def mark_group_admitted(
+        self,
+        cut: DataPlaneMutationCut,
+        group_id: str,
+        *,
+        target_step: int | None,
+        start_weight_version: int,
+    ) -> None:
+        """Commit sampler admission without replacing sibling lineage (``reserved -> admitted``)."""
+        self._enter(cut, "mark_group_admitted", group_id)
+        record = self._require_group(group_id)
+        where = f"mark_group_admitted(group {group_id!r})"
+        require_optional_int(target_step, name="target_step", where=where)
+        require_int(start_weight_version, name="start_weight_version", where=where)
+        phase = check_phase_transition(record, PhaseEvent.ADMIT)
+        record.target_step = target_step
+        record.start_weight_version = start_weight_version
+        record.phase = phase
+
+    def bind_runtime_prompt(
+        self, cut: DataPlaneMutationCut, group_id: str, prompt_payload: DatumSpec
+    ) -> None:
+        """Attach a dataset-reconstructed prompt after identity validation."""
+        self._enter(cut, "bind_runtime_prompt", group_id)
+        record = self._require_group(group_id)
+        _validate_prompt_identity(record.prompt_ref, prompt_payload, group_id=group_id)
+        record.runtime_prompt_payload = prompt_payload
+
+    # -- generation ------------------------------------------------------------------------
+
+    def mark_group_dispatched(
+        self,
+        cut: DataPlaneMutationCut,
+        group_id: str,
+        *,
+        generation_indices: list[int] | None = None,
+    ) -> None:
+        """Move the selected current sibling attempts to dispatched.
+
+        ``None`` selects every sibling whose current attempt is ``reserved``
+        (after a retry, the ones minted for it). The group must be admitted and
+        ``generating``; every selected attempt must be ``reserved``.
+        """
+        self._enter(cut, "mark_group_dispatched", group_id)
+        record = self._require_group(group_id)
+        require_group_status(record, allowed=GENERATING_ONLY, transition="dispatch")
+        require_phase(record, allowed=_ADMITTED_ONLY, transition="dispatch")
+        if generation_indices is None:
+            indices = [
+                index
+                for index, sibling in enumerate(record.siblings)
+                if sibling.attempts[-1].status is _RESERVED
+            ]
+            if not indices:
+                raise LedgerTransitionError(
+                    f"group {group_id!r}: cannot dispatch: no sibling has a reserved current "
+                    "attempt (retry failed siblings with prepare_incomplete_retry first)",
+                    group_id=group_id,
+                    transition=AttemptEvent.DISPATCH.value,
+                    status=record.status.value,
+                )
+        else:
+            indices = self._distinct_indices(record, generation_indices)
+        targets = [
+            check_attempt_transition(
+                record.siblings[index].attempts[-1],
+                AttemptEvent.DISPATCH,
+                group_id=group_id,
+                generation_index=index,
+            )
+            for index in indices
+        ]
+        for index, target in zip(indices, targets, strict=True):
+            record.siblings[index].attempts[-1].status = target
+
+    def mark_sibling_sealed(
+        self,
+        cut: DataPlaneMutationCut,
+        group_id: str,
+        *,
+        generation_index: int,
+        gate_rollout_id: str,
+        receipt: dict[str, Any] | None,
+        reward: float,
+        mask_sample: bool,
+        reward_checks: RewardChecks | None = None,
+        reward_log_context: RewardLogContext | None = None,
+    ) -> None:
+        """Record one streamed sibling receipt as soon as the row arrives.
+
+        ``gate_rollout_id`` must name the sibling's current attempt (fencing)
+        and so must the receipt (see :mod:`rollvault.ledger.receipts` for its
+        shape). Sealing the last unsealed sibling makes the group
+        ``ready_to_finalize``. Repeating an identical seal is a no-op; a
+        different one raises :class:`SealConflictError`.
+        """
+        self._enter(cut, "mark_sibling_sealed", group_id)
+        record = self._require_group(group_id)
+        self._require_sibling(record, generation_index)
+        attempt = fenced_attempt(record, generation_index, gate_rollout_id)
+        values = seal_values(
+            record,
+            generation_index,
+            attempt,
+            gate_rollout_id=gate_rollout_id,
+            receipt=receipt,
+            reward=reward,
+            mask_sample=mask_sample,
+            reward_checks=reward_checks,
+            reward_log_context=reward_log_context,
+        )
+        if attempt.status is _SEALED:
+            check_same_seal(record, generation_index, attempt, values)
+            return
+        self._check_sealable(record, generation_index, attempt)
+        apply_seal(attempt, values)
+        self._complete_if_all_sealed(record)
+
+    def mark_group_sealed(
+        self,
+        cut: DataPlaneMutationCut,
+        group_id: str,
+        results: dict[int, SiblingSealResult],
+    ) -> None:
+        """Atomically seal one complete prompt-group-scoped physical cohort.
+
+        ``results`` maps every generation index of the group to its result.
+        Everything is checked before anything is applied, so either the whole
+        cohort is sealed (and the group becomes ``ready_to_finalize``) or
+        nothing changes. Results identical to an existing seal are no-ops.
+        """
+        self._enter(cut, "mark_group_sealed", group_id)
+        record = self._require_group(group_id)
+        self._check_complete_cohort(record, results)
+        pending: list[tuple[RolloutAttemptRecord, SealValues]] = []
+        for index in range(len(record.siblings)):
+            result = results[index]
+            attempt = fenced_attempt(record, index, result.gate_rollout_id)
+            values = seal_values(
+                record,
+                index,
+                attempt,
+                gate_rollout_id=result.gate_rollout_id,
+                receipt=result.receipt,
+                reward=result.reward,
+                mask_sample=result.mask_sample,
+                reward_checks=result.reward_checks,
+                reward_log_context=result.reward_log_context,
+            )
+            if attempt.status is _SEALED:
+                check_same_seal(record, index, attempt, values)
+                continue
+            self._check_sealable(record, index, attempt)
+            pending.append((attempt, values))
+        for attempt, values in pending:
+            apply_seal(attempt, values)
+        if pending:
+            self._complete_if_all_sealed(record)
+
+    def mark_sibling_failed(
+        self,
+        cut: DataPlaneMutationCut,
+        group_id: str,
+        *,
+        generation_index: int,
+        gate_rollout_id: str,
+        reason: str,
+    ) -> None:
+        """Record that the sibling's current (dispatched) attempt failed on the Gate.
+
+        Not in the reference API, which has no explicit failure mutator.
+        ``gate_rollout_id`` must name the current attempt (fencing); ``reason``
+        is persisted with the attempt. The controller then retries the sibling
+        with :meth:`prepare_incomplete_retry` or gives the group up.
+        """
+        self._enter(cut, "mark_sibling_failed", group_id)
+        record = self._require_group(group_id)
+        self._require_sibling(record, generation_index)
+        attempt = fenced_attempt(record, generation_index, gate_rollout_id)
+        where = f"group {group_id!r} sibling {generation_index} attempt {attempt.attempt_uuid.hex}"
+        require_str(reason, name="reason", where=where)
+        require_group_status(
+            record,
+            allowed=GENERATING_ONLY,
+            transition=AttemptEvent.FAIL.value,
+            generation_index=generation_index,
+            attempt=attempt,
+        )
+        status = check_attempt_transition(
+            attempt, AttemptEvent.FAIL, group_id=group_id, generation_index=generation_index
+        )
+        attempt.failure_reason = reason
+        attempt.status = status
+
+    # -- failure and recovery ------------------------------------------------------------
+
+    def abandon_unsealed(self, cut: DataPlaneMutationCut, group_id: str) -> None:
+        """Abandon failed work at the group's persisted recovery granularity.
+
+        ``sibling``: every reserved or dispatched current attempt is abandoned;
+        sealed siblings are kept. ``prompt_group``: every sibling is abandoned,
+        sealed ones included (``_abandon_entire_group``). No replacement is
+        minted; :meth:`prepare_incomplete_retry` does that.
+        """
+        self._enter(cut, "abandon_unsealed", group_id)
+        record = self._require_group(group_id)
+        require_group_status(record, allowed=GENERATING_ONLY, transition="abandon unsealed work")
+        abandon_unsealed_work(record)
+
+    def prepare_incomplete_retry(
+        self, cut: DataPlaneMutationCut, group_id: str
+    ) -> PromptGroupRecoveryRecord:
+        """Mint fresh physical attempts according to the persisted granularity.
+
+        ``sibling``: a fresh ``reserved`` attempt for every sibling whose
+        current attempt is failed or abandoned. ``prompt_group``: every sibling
+        is abandoned (sealed ones included) and gets a fresh attempt. At least
+        one sibling must be failed or abandoned. Returns a copy of the group.
+        """
+        self._enter(cut, "prepare_incomplete_retry", group_id)
+        record = self._require_group(group_id)
+        require_group_status(record, allowed=GENERATING_ONLY, transition="retry")
+        if not retryable_siblings(record):
+            raise LedgerTransitionError(
+                f"group {group_id!r}: cannot retry: no sibling's current attempt is failed or "
+                f"abandoned (current attempts: "
+                f"{[sibling.attempts[-1].status.value for sibling in record.siblings]})",
+                group_id=group_id,
+                transition="retry",
+                status=record.status.value,
+            )
+        retry_incomplete(record)
+        return self._copy_group(record)
+
+    def prepare_for_restart(self, cut: DataPlaneMutationCut) -> None:
+        """Apply each group's persisted restore policy to interrupted attempts.
+
+        Run once on a restored ledger, before the pumps start. For a
+        ``generating`` group, the reserved or dispatched current attempts are
+        abandoned and replaced by fresh reserved ones (``sibling``), or the
+        whole cohort is (``prompt_group``), so the group can be redispatched.
+        A ``finalizing`` group becomes ``finalization_unknown``: whether its
+        canonical rows were published is resolved by looking for them.
+        """
+        self._enter(cut, "prepare_for_restart")
+        for record in self._groups.values():
+            if record.status is PromptGroupStatus.FINALIZING:
+                record.status = check_group_transition(record, GroupEvent.FINALIZATION_UNKNOWN)
+            elif record.status is PromptGroupStatus.GENERATING:
+                redo_interrupted(record)
+
+    @staticmethod
+    def _abandon_entire_group(record: PromptGroupRecoveryRecord) -> None:
+        """Discard every current sibling when an incomplete group is atomic.
+
+        Sealed staging rows become unreferenced here. The controller's restore
+        inventory pass removes those rows from TQ before redispatch.
+        """
+        abandon_entire_group(record)
+
+    # -- finalization ----------------------------------------------------------------------
+
+    def mark_finalization_started(self, cut: DataPlaneMutationCut, group_id: str) -> None:
+        """``ready_to_finalize`` or ``finalization_unknown`` -> ``finalizing``."""
+        self._enter(cut, "mark_finalization_started", group_id)
+        record = self._require_group(group_id)
+        record.status = check_group_transition(record, GroupEvent.START_FINALIZATION)
+
+    def mark_finalization_unknown(self, cut: DataPlaneMutationCut, group_id: str) -> None:
+        """``finalizing`` -> ``finalization_unknown`` (publication outcome not known)."""
+        self._enter(cut, "mark_finalization_unknown", group_id)
+        record = self._require_group(group_id)
+        record.status = check_group_transition(record, GroupEvent.FINALIZATION_UNKNOWN)
+
+    def discard_group(self, cut: DataPlaneMutationCut, group_id: str) -> None:
+        """Drop a group only after its external TQ/Gate ownership is cleaned.
+
+        Allowed from ``finalizing`` or ``finalization_unknown``: the controller
+        published (or found) the canonical rows and cleared the staging rows.
+        """
+        self._enter(cut, "discard_group", group_id)
+        record = self._require_group(group_id)
+        require_group_status(record, allowed=DISCARDABLE_STATUSES, transition="discard")
+        del self._groups[group_id]
+
+    def discard_canonical_groups(self, cut: DataPlaneMutationCut, group_ids: set[str]) -> int:
+        """Prefer canonical TQ ownership over a stale unfinished sidecar row.
+
+        Drops every listed group the ledger holds, whatever its status (its
+        canonical rows exist, so the ledger row is stale). Returns how many
+        were dropped; ids the ledger does not hold are ignored.
+        """
+        self._enter(cut, "discard_canonical_groups")
+        ids = _group_id_collection(group_ids)
+        dropped = 0
+        for group_id in ids:
+            if self._groups.pop(group_id, None) is not None:
+                dropped += 1
+        return dropped
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the versioned metadata persisted in ``rollout_recovery.json``.
+
+        JSON-safe builtins (attempt UUIDs as 32 hex digits), sharing nothing
+        with the ledger. The runtime prompt payload is never included.
+        """
+        state: dict[str, Any] = msgspec.to_builtins(self._ledger_state())
+        return state
+
+    def _ledger_state(self, exclude: Collection[str] = ()) -> LedgerState:
+        return LedgerState(
+            schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+            groups=[
+                group_to_state(record)
+                for group_id, record in self._groups.items()
+                if group_id not in exclude
+            ],
+        )
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> Self:
+        """Restore and validate a ledger metadata envelope.
+
+        Rejects, naming the JSON path and group/sibling/attempt: a missing,
+        unknown or mistyped field; an unsupported schema version; duplicate
+        group ids or attempt UUIDs; non-contiguous generation indices; results
+        on attempts that are not sealed; a status that contradicts the siblings.
+        Restored groups have no runtime prompt payload (``bind_runtime_prompt``).
+        """
+        typed = read_versioned(
+            state, LedgerState, expected=_LEDGER_STATE_FIELDS, what="rollout recovery ledger state"
+        )
+        return cls._from_ledger_state(typed)
+
+    @classmethod
+    def _from_ledger_state(cls, typed: LedgerState, path: str = "$") -> Self:
+        ledger = cls()
+        seen_attempt_uuids: set[uuid.UUID] = set()
+        for position, raw_group in enumerate(typed.groups):
+            where = f"{path}.groups[{position}]"
+            if raw_group.group_id in ledger._groups:
+                raise LedgerStateError(
+                    f"rollout recovery ledger state: {where}: group id "
+                    f"{raw_group.group_id!r} appears more than once"
+                )
+            record = cls._group_from_state(
+                raw_group, seen_attempt_uuids=seen_attempt_uuids, where=where
+            )
+            ledger._groups[record.group_id] = record
+        return ledger
+
+    def load_state_dict(self, cut: DataPlaneMutationCut, state: RolloutRecoveryState) -> None:
+        """Replace this empty ledger from a validated checkpoint envelope."""
+        self._enter(cut, "load_state_dict")
+        if self._groups:
+            raise LedgerError(
+                f"load_state_dict needs an empty ledger; this one holds {len(self._groups)} "
+                "group(s)"
+            )
+        self._groups = type(self).from_state_dict(state)._groups
+
+    @classmethod
+    def _group_from_state(
+        cls,
+        raw_group: Any,
+        *,
+        seen_attempt_uuids: set[uuid.UUID],
+        where: str = "$.groups[?]",
+    ) -> PromptGroupRecoveryRecord:
+        """Check one persisted group (a ``GroupState`` or its builtins) and build its record.
+
+        Adds the group's attempt UUIDs to ``seen_attempt_uuids`` and raises if
+        one was already there (attempt UUIDs are unique across the ledger).
+        """
+        group = raw_group if isinstance(raw_group, GroupState) else _convert_group(raw_group, where)
+        group_hexes: set[str] = set()
+        check_group_state(group, where=where, seen_attempts=group_hexes)
+        hexes = [attempt.attempt_uuid for sibling in group.siblings for attempt in sibling.attempts]
+        uuids = msgspec.convert(hexes, list[uuid.UUID])
+        for attempt_hex, attempt_uuid in zip(hexes, uuids, strict=True):
+            if attempt_uuid in seen_attempt_uuids:
+                raise LedgerStateError(
+                    f"rollout recovery ledger state: {where} (group {group.group_id!r}): "
+                    f"duplicate attempt UUID {attempt_hex} (already used by another group)"
+                )
+            seen_attempt_uuids.add(attempt_uuid)
+        return group_from_state(group, dict(zip(hexes, uuids, strict=True)))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _enter(
+        self, cut: DataPlaneMutationCut, operation: str, group_id: str | None = None
+    ) -> None:
+        """Require the caller to hold ``cut`` and ``cut`` to be this ledger's cut."""
+        bound = self._cut
+        if cut.holds_mutation() and cut is bound:
+            return  # the hot path: no message to format
+        call = f"RolloutRecoveryLedger.{operation}" + (
+            "()" if group_id is None else f"(group {group_id!r})"
+        )
+        cut.require_mutation(call)
+        if bound is None:
+            self._cut = cut
+        elif cut is not bound:
+            raise ForeignCutError(
+                f"{call}: given a different "
+                "DataPlaneMutationCut than the one this ledger is bound to; a snapshot taken "
+                "under the bound cut would not see this mutation"
+            )
+
+    def _require_group(self, group_id: str) -> PromptGroupRecoveryRecord:
+        record = self._groups.get(group_id) if isinstance(group_id, str) else None
+        if record is None:
+            raise UnknownGroupError(f"the ledger holds no group {group_id!r}")
+        return record
+
+    @staticmethod
+    def _copy_group(record: PromptGroupRecoveryRecord) -> PromptGroupRecoveryRecord:
+        """Copy mutable lineage metadata without duplicating the prompt payload."""
+        replace = msgspec.structs.replace
+        return replace(
+            record,
+            siblings=[
+                replace(sibling, attempts=[_copy_attempt(attempt) for attempt in sibling.attempts])
+                for sibling in record.siblings
+            ],
+        )
+
+    @staticmethod
+    def _require_sibling(
+        record: PromptGroupRecoveryRecord, generation_index: int
+    ) -> RolloutSiblingRecord:
+        if (
+            isinstance(generation_index, bool)
+            or not isinstance(generation_index, int)
+            or not 0 <= generation_index < len(record.siblings)
+        ):
+            raise InvalidLedgerInputError(
+                f"group {record.group_id!r}: generation_index {generation_index!r} is not a "
+                f"sibling index (the group has {len(record.siblings)} siblings)"
+            )
+        return record.siblings[generation_index]
+
+    @staticmethod
+    def _require_group_status(
+        record: PromptGroupRecoveryRecord,
+        *,
+        allowed: set[PromptGroupStatus],
+        transition: str,
+    ) -> None:
+        require_group_status(record, allowed=allowed, transition=transition)
+
+    @staticmethod
+    def _check_sealable(
+        record: PromptGroupRecoveryRecord, generation_index: int, attempt: RolloutAttemptRecord
+    ) -> None:
+        require_group_status(
+            record,
+            allowed=GENERATING_ONLY,
+            transition=AttemptEvent.SEAL.value,
+            generation_index=generation_index,
+            attempt=attempt,
+        )
+        check_attempt_transition(
+            attempt, AttemptEvent.SEAL, group_id=record.group_id, generation_index=generation_index
+        )
+
+    @staticmethod
+    def _complete_if_all_sealed(record: PromptGroupRecoveryRecord) -> None:
+        for sibling in record.siblings:
+            if sibling.attempts[-1].status is not _SEALED:
+                return
+        record.status = check_group_transition(record, GroupEvent.ALL_SIBLINGS_SEALED)
+
+    def _distinct_indices(
+        self, record: PromptGroupRecoveryRecord, generation_indices: object
+    ) -> list[int]:
+        if not isinstance(generation_indices, list | tuple) or not generation_indices:
+            raise InvalidLedgerInputError(
+                f"group {record.group_id!r}: generation_indices must be a non-empty list of "
+                f"sibling indices or None, got {generation_indices!r}"
+            )
+        indices = [
+            self._require_sibling(record, index).generation_index for index in generation_indices
+        ]
+        if len(set(indices)) != len(indices):
+            raise InvalidLedgerInputError(
+                f"group {record.group_id!r}: generation_indices {generation_indices!r} repeats "
+                "an index"
+            )
+        return indices
+
+    @staticmethod
+    def _check_complete_cohort(record: PromptGroupRecoveryRecord, results: object) -> None:
+        if not isinstance(results, dict):
+            raise InvalidLedgerInputError(
+                f"group {record.group_id!r}: results must be a dict of generation index -> "
+                f"SiblingSealResult, got {type(results).__name__}"
+            )
+        expected = set(range(len(record.siblings)))
+        missing = sorted(expected - results.keys())
+        extra = sorted(repr(key) for key in results.keys() - expected)
+        if missing or extra:
+            raise InvalidLedgerInputError(
+                f"group {record.group_id!r}: mark_group_sealed needs exactly one result per "
+                f"sibling 0..{len(record.siblings) - 1}; missing {missing}, unexpected {extra}"
+            )
+        for index, result in results.items():
+            if not isinstance(result, SiblingSealResult):
+                raise InvalidLedgerInputError(
+                    f"group {record.group_id!r} sibling {index}: expected a SiblingSealResult, "
+                    f"got {type(result).__name__}"
+                )
+
+
+def _copy_attempt(attempt: RolloutAttemptRecord) -> RolloutAttemptRecord:
+    if attempt.receipt is None:
+        return msgspec.structs.replace(attempt, staging_keys=list(attempt.staging_keys))
+    return msgspec.structs.replace(
+        attempt,
+        staging_keys=list(attempt.staging_keys),
+        receipt=copy_receipt(attempt.receipt),
+    )
+
+
+def _granularity(value: object, *, where: str) -> RecoveryGranularity:
+    if isinstance(value, str) and value in _GRANULARITIES:
+        return RecoveryGranularity(value)
+    allowed = ", ".join(repr(member.value) for member in RecoveryGranularity)
+    raise InvalidLedgerInputError(
+        f"{where}: recovery_granularity must be one of {allowed}, got {value!r}"
+    )
+
+
+def _group_id_collection(group_ids: object) -> Iterable[str]:
+    if isinstance(group_ids, str) or not isinstance(group_ids, Collection):
+        raise InvalidLedgerInputError(
+            f"discard_canonical_groups: group_ids must be a collection of group ids (a set), "
+            f"got {type(group_ids).__name__}"
+        )
+    for group_id in group_ids:
+        if not isinstance(group_id, str):
+            raise InvalidLedgerInputError(
+                f"discard_canonical_groups: every group id must be a str, got {group_id!r}"
+            )
+    return group_ids
+
+
+def _convert_group(raw_group: object, where: str) -> GroupState:
+    try:
+        return msgspec.convert(raw_group, GroupState, strict=True)
+    except msgspec.ValidationError as exc:
+        raise LedgerStateError(f"rollout recovery ledger state: {where}: {exc}") from exc

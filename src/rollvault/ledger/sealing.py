@@ -1,0 +1,173 @@
+"""Recording a sibling's terminal result: fencing, validation and the seal.
+
+Split in check and apply so that a whole cohort can be checked before any of
+it is applied (``mark_group_sealed`` is atomic).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgspec
+
+from rollvault.ledger.arguments import require_bool, require_finite_float
+from rollvault.ledger.errors import (
+    InvalidLedgerInputError,
+    InvalidReceiptError,
+    SealConflictError,
+    StaleAttemptError,
+)
+from rollvault.ledger.receipts import receipt_to_dict, validate_receipt
+from rollvault.ledger.records import PromptGroupRecoveryRecord, RolloutAttemptRecord
+from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+from rollvault.ledger.statuses import RolloutAttemptStatus
+
+
+class SealValues(NamedTuple):
+    """A checked, normalised terminal result, ready to be applied to an attempt."""
+
+    receipt: dict[str, Any]
+    staging_keys: list[str]
+    reward: float
+    mask_sample: bool
+    reward_checks: RewardChecks | None
+    reward_log_context: RewardLogContext | None
+
+
+def fenced_attempt(
+    record: PromptGroupRecoveryRecord, generation_index: int, gate_rollout_id: object
+) -> RolloutAttemptRecord:
+    """The sibling's current attempt, if ``gate_rollout_id`` names it; else raise.
+
+    A result from a superseded attempt (a retry minted a new UUID) is refused.
+    """
+    attempt = record.siblings[generation_index].attempts[-1]
+    expected = f"{record.group_id}_g{generation_index}_a{attempt.attempt_uuid.hex}"
+    if gate_rollout_id != expected:
+        raise StaleAttemptError(
+            f"group {record.group_id!r} sibling {generation_index}: gate rollout id "
+            f"{gate_rollout_id!r} is not the current attempt's {expected!r} (current attempt "
+            f"{attempt.attempt_uuid.hex} is {attempt.status.value!r}); a result from a "
+            "superseded attempt is refused"
+        )
+    return attempt
+
+
+def seal_values(
+    record: PromptGroupRecoveryRecord,
+    generation_index: int,
+    attempt: RolloutAttemptRecord,
+    *,
+    gate_rollout_id: str,
+    receipt: object,
+    reward: object,
+    mask_sample: object,
+    reward_checks: object,
+    reward_log_context: object,
+) -> SealValues:
+    """Check one terminal result for ``attempt`` and return it normalised.
+
+    ``gate_rollout_id`` is the attempt's gate rollout id, already fenced.
+    """
+    try:
+        return _seal_values(
+            gate_rollout_id,
+            receipt=receipt,
+            reward=reward,
+            mask_sample=mask_sample,
+            reward_checks=reward_checks,
+            reward_log_context=reward_log_context,
+        )
+    except InvalidLedgerInputError as exc:
+        # The location is formatted only on failure: sealing is the hot path.
+        where = (
+            f"group {record.group_id!r} sibling {generation_index} "
+            f"attempt {attempt.attempt_uuid.hex}"
+        )
+        raise type(exc)(f"{where}: {exc}") from exc
+
+
+def _seal_values(
+    gate_rollout_id: str,
+    *,
+    receipt: object,
+    reward: object,
+    mask_sample: object,
+    reward_checks: object,
+    reward_log_context: object,
+) -> SealValues:
+    typed = validate_receipt(receipt)
+    if typed.gate_rollout_id != gate_rollout_id:
+        raise InvalidReceiptError(
+            f"receipt gate_rollout_id {typed.gate_rollout_id!r} is not the attempt's "
+            f"gate rollout id {gate_rollout_id!r}"
+        )
+    reward_value = require_finite_float(reward, name="reward", where="seal")
+    if typed.reward is not None and typed.reward != reward_value:
+        raise InvalidReceiptError(
+            f"receipt reward {typed.reward!r} differs from reward {reward_value!r}"
+        )
+    if reward_checks is not None and not isinstance(reward_checks, RewardChecks):
+        raise InvalidLedgerInputError(
+            f"reward_checks must be RewardChecks or None, got {type(reward_checks).__name__}"
+        )
+    if reward_log_context is not None and not isinstance(reward_log_context, RewardLogContext):
+        raise InvalidLedgerInputError(
+            "reward_log_context must be RewardLogContext or None, got "
+            f"{type(reward_log_context).__name__}"
+        )
+    return SealValues(
+        receipt=receipt_to_dict(typed),
+        staging_keys=list(typed.staging_keys),
+        reward=reward_value,
+        mask_sample=require_bool(mask_sample, name="mask_sample", where="seal"),
+        reward_checks=reward_checks,
+        reward_log_context=reward_log_context,
+    )
+
+
+def check_same_seal(
+    record: PromptGroupRecoveryRecord,
+    generation_index: int,
+    attempt: RolloutAttemptRecord,
+    values: SealValues,
+) -> None:
+    """Accept a repeated seal of a sealed attempt only when it is identical."""
+    differing = [
+        name for name in SealValues._fields if getattr(attempt, name) != getattr(values, name)
+    ]
+    if differing:
+        raise SealConflictError(
+            f"group {record.group_id!r} sibling {generation_index} attempt "
+            f"{attempt.attempt_uuid.hex} is already sealed with a different "
+            f"{', '.join(differing)}; a sealed result is never replaced"
+        )
+
+
+def apply_seal(attempt: RolloutAttemptRecord, values: SealValues) -> None:
+    """Record ``values`` on ``attempt`` and mark it sealed (transition already checked)."""
+    attempt.receipt = values.receipt
+    attempt.staging_keys = values.staging_keys
+    attempt.reward = values.reward
+    attempt.mask_sample = values.mask_sample
+    attempt.reward_checks = values.reward_checks
+    attempt.reward_log_context = values.reward_log_context
+    attempt.status = RolloutAttemptStatus.SEALED
+
+
+def clear_result(attempt: RolloutAttemptRecord) -> None:
+    """Drop a discarded sealed result: only a sealed attempt carries one."""
+    attempt.receipt = None
+    attempt.staging_keys = []
+    attempt.reward = None
+    attempt.mask_sample = None
+    attempt.reward_checks = None
+    attempt.reward_log_context = None
+
+
+def copy_receipt(receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A deep copy of a stored receipt (it holds only JSON builtins)."""
+    if receipt is None:
+        return None
+    copied: dict[str, Any] = msgspec.to_builtins(receipt)
+    return copied

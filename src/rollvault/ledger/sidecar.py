@@ -1,0 +1,283 @@
+"""The ledger sidecar: the complete versioned recovery state of one snapshot.
+
+The envelope holds the ledger's state and the controller state that must be
+restored with it (per-step batch shortfall, whether the sampler stamps target
+steps, per-group finalizer metrics and rewards, reward settings). It is
+persisted as deterministic JSON bytes (sorted keys, msgspec), never pickle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from typing import Any, Final
+
+import msgspec
+
+from rollvault.ledger.errors import InvalidLedgerInputError, LedgerStateError
+from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.ledger.reward_penalties import CaptureRewardSettings, FinalizedReward
+from rollvault.ledger.state_checks import check_ledger_state
+from rollvault.ledger.state_schema import (
+    _SIDECAR_STATE_FIELDS,
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    RolloutRecoveryState,
+    SidecarState,
+    check_schema_version,
+    read_versioned,
+)
+
+ROLLOUT_RECOVERY_STATE_FILENAME: Final = "rollout_recovery.json"
+"""Name of the sidecar file in a snapshot directory.
+
+The reference system writes ``rollout_recovery.pt``, a torch pickle. Loading a
+pickle runs whatever code it names, and loading a checkpoint must never run
+code from it, so rollvault keeps the constant's name but writes JSON.
+"""
+
+_WHAT: Final = "rollout recovery sidecar"
+_ENCODER: Final = msgspec.json.Encoder(order="sorted")
+
+
+class ParsedRolloutRecoveryState(msgspec.Struct, frozen=True, kw_only=True):
+    """Validated controller and ledger state loaded from one checkpoint sidecar.
+
+    Nothing in it aliases the state it was parsed from.
+    """
+
+    ledger_state: RolloutRecoveryState
+    """For :meth:`RolloutRecoveryLedger.from_state_dict` / ``load_state_dict``."""
+    batch_shortfall: dict[int, int]
+    """Target step -> prompt groups permanently lost at that step."""
+    sampler_stamps_target_steps: bool | None
+    finalizer_metrics_by_group: dict[str, dict[str, float]]
+    finalizer_rewards_by_group: dict[str, list[FinalizedReward]]
+    reward_settings: CaptureRewardSettings | None
+
+
+class _VersionProbe(msgspec.Struct):
+    schema_version: Any = None
+
+
+def _validate_batch_shortfall(value: object) -> dict[int, int]:
+    """Return a defensive copy of per-step permanent rollout losses.
+
+    Keys are target steps: ints, or canonical decimal strings (JSON object keys
+    are strings). Values are non-negative group counts. Sorted by step.
+    """
+    if not isinstance(value, Mapping):
+        raise LedgerStateError(
+            f"batch_shortfall: expected a dict of step -> lost group count, got "
+            f"{type(value).__name__}"
+        )
+    result: dict[int, int] = {}
+    for key, count in value.items():
+        step = _step_key(key)
+        if step in result:
+            raise LedgerStateError(f"batch_shortfall: step {step} appears more than once")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise LedgerStateError(
+                f"batch_shortfall[{key!r}]: expected a non-negative int group count, got {count!r}"
+            )
+        result[step] = count
+    return dict(sorted(result.items()))
+
+
+def _step_key(key: object) -> int:
+    if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+        return key
+    if isinstance(key, str) and key.isascii() and key.isdigit() and str(int(key)) == key:
+        return int(key)
+    raise LedgerStateError(
+        f"batch_shortfall: key {key!r} is not a target step (a non-negative int, or its "
+        "canonical decimal string)"
+    )
+
+
+def _validate_finalizer_metrics(value: object) -> dict[str, dict[str, float]]:
+    """Copy checkpoint-owned per-group finalizer metrics (group id -> name -> finite number)."""
+    if not isinstance(value, Mapping):
+        raise LedgerStateError(
+            f"finalizer_metrics_by_group: expected a dict, got {type(value).__name__}"
+        )
+    result: dict[str, dict[str, float]] = {}
+    for group_id, metrics in value.items():
+        where = f"finalizer_metrics_by_group[{group_id!r}]"
+        if not isinstance(group_id, str) or not group_id:
+            raise LedgerStateError(f"{where}: group ids must be non-empty str")
+        if not isinstance(metrics, Mapping):
+            raise LedgerStateError(f"{where}: expected a dict, got {type(metrics).__name__}")
+        copied: dict[str, float] = {}
+        for name, number in metrics.items():
+            if not isinstance(name, str):
+                raise LedgerStateError(f"{where}: metric names must be str, got {name!r}")
+            copied[name] = _finite(number, where=f"{where}[{name!r}]")
+        result[group_id] = copied
+    return result
+
+
+def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward]]:
+    """Validate per-group observations without retaining checkpoint aliases.
+
+    Accepts ``FinalizedReward`` instances or their dicts; returns fresh lists.
+    """
+    if not isinstance(value, Mapping):
+        raise LedgerStateError(
+            f"finalizer_rewards_by_group: expected a dict, got {type(value).__name__}"
+        )
+    try:
+        typed = msgspec.convert(
+            msgspec.to_builtins(value), dict[str, list[FinalizedReward]], strict=True
+        )
+    except (msgspec.ValidationError, TypeError) as exc:
+        raise LedgerStateError(f"finalizer_rewards_by_group: {exc}") from exc
+    for group_id, rewards in typed.items():
+        if not group_id:
+            raise LedgerStateError("finalizer_rewards_by_group: group ids must be non-empty str")
+        for index, reward in enumerate(rewards):
+            where = f"finalizer_rewards_by_group[{group_id!r}][{index}]"
+            _finite(reward.raw_reward, where=f"{where}.raw_reward")
+            _finite(reward.reward, where=f"{where}.reward")
+    return typed
+
+
+def _validate_reward_settings(value: object) -> CaptureRewardSettings | None:
+    if value is None or isinstance(value, CaptureRewardSettings):
+        settings = value
+    else:
+        try:
+            settings = msgspec.convert(value, CaptureRewardSettings, strict=True)
+        except msgspec.ValidationError as exc:
+            raise LedgerStateError(f"reward_settings: {exc}") from exc
+    if settings is not None:
+        _finite(settings.overlong_penalty, where="reward_settings.overlong_penalty")
+        _finite(settings.format_penalty, where="reward_settings.format_penalty")
+    return settings
+
+
+def _finite(number: object, *, where: str) -> float:
+    if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
+        raise LedgerStateError(f"{where}: expected a finite number, got {number!r}")
+    return float(number)
+
+
+def build_rollout_recovery_state(
+    ledger: RolloutRecoveryLedger,
+    *,
+    batch_shortfall: dict[int, int],
+    sampler_stamps_target_steps: bool,
+    finalizer_metrics_by_group: dict[str, dict[str, float]] | None = None,
+    finalizer_rewards_by_group: dict[str, list[FinalizedReward]] | None = None,
+    reward_settings: CaptureRewardSettings | None = None,
+    canonical_group_ids: set[str] | None = None,
+) -> RolloutRecoveryState:
+    """Build the complete versioned sidecar from ledger and controller state.
+
+    Groups in ``canonical_group_ids`` (their canonical rows are already
+    published) are left out of the ledger part. The result is JSON-safe
+    builtins and shares nothing with its inputs. Call it inside the
+    checkpoint section, after ``ledger.assert_checkpoint_safe()``.
+    """
+    if not isinstance(ledger, RolloutRecoveryLedger):
+        raise InvalidLedgerInputError(
+            f"build_rollout_recovery_state: expected a RolloutRecoveryLedger, got "
+            f"{type(ledger).__name__}"
+        )
+    if not isinstance(sampler_stamps_target_steps, bool):
+        raise InvalidLedgerInputError(
+            "build_rollout_recovery_state: sampler_stamps_target_steps must be a bool, got "
+            f"{sampler_stamps_target_steps!r}"
+        )
+    excluded = _canonical_ids(canonical_group_ids)
+    sidecar = SidecarState(
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+        ledger=ledger._ledger_state(exclude=excluded),
+        batch_shortfall={
+            str(step): count for step, count in _validate_batch_shortfall(batch_shortfall).items()
+        },
+        sampler_stamps_target_steps=sampler_stamps_target_steps,
+        finalizer_metrics_by_group=_validate_finalizer_metrics(finalizer_metrics_by_group or {}),
+        finalizer_rewards_by_group=_validate_finalizer_rewards(finalizer_rewards_by_group or {}),
+        reward_settings=_validate_reward_settings(reward_settings),
+    )
+    state: RolloutRecoveryState = msgspec.to_builtins(sidecar)
+    return state
+
+
+def _canonical_ids(canonical_group_ids: object) -> frozenset[str]:
+    if canonical_group_ids is None:
+        return frozenset()
+    if isinstance(canonical_group_ids, str) or not isinstance(canonical_group_ids, Collection):
+        raise InvalidLedgerInputError(
+            "build_rollout_recovery_state: canonical_group_ids must be a set of group ids, got "
+            f"{type(canonical_group_ids).__name__}"
+        )
+    return frozenset(canonical_group_ids)
+
+
+def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
+    """Validate and split a complete checkpoint sidecar by runtime owner.
+
+    Strict: unknown, missing or mistyped fields, an unsupported schema version
+    and every semantic rule of the ledger state are rejected with the JSON
+    path of the offending value. The result shares nothing with ``state``.
+    """
+    typed = read_versioned(state, SidecarState, expected=_SIDECAR_STATE_FIELDS, what=_WHAT)
+    return _split(typed)
+
+
+def _split(typed: SidecarState) -> ParsedRolloutRecoveryState:
+    check_schema_version(typed.ledger.schema_version, context=f"{_WHAT} $.ledger")
+    check_ledger_state(typed.ledger, path="$.ledger")
+    ledger_state: RolloutRecoveryState = msgspec.to_builtins(typed.ledger)
+    return ParsedRolloutRecoveryState(
+        ledger_state=ledger_state,
+        batch_shortfall=_validate_batch_shortfall(typed.batch_shortfall),
+        sampler_stamps_target_steps=typed.sampler_stamps_target_steps,
+        finalizer_metrics_by_group=_validate_finalizer_metrics(typed.finalizer_metrics_by_group),
+        finalizer_rewards_by_group=_validate_finalizer_rewards(typed.finalizer_rewards_by_group),
+        reward_settings=_validate_reward_settings(typed.reward_settings),
+    )
+
+
+def encode_rollout_recovery_state(state: RolloutRecoveryState) -> bytes:
+    """Serialize a sidecar (from :func:`build_rollout_recovery_state`) to deterministic JSON.
+
+    The state is fully validated first, so an invalid state is never written.
+    Object keys are sorted: equal states give identical bytes.
+    """
+    typed = read_versioned(state, SidecarState, expected=_SIDECAR_STATE_FIELDS, what=_WHAT)
+    _split(typed)
+    return _ENCODER.encode(typed)
+
+
+def decode_rollout_recovery_state(data: bytes) -> ParsedRolloutRecoveryState:
+    """Parse the bytes of a sidecar file; the same checks as :func:`parse_rollout_recovery_state`.
+
+    Only data is read: no code from the file ever runs.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise LedgerStateError(
+            f"{ROLLOUT_RECOVERY_STATE_FILENAME}: expected bytes, got {type(data).__name__}"
+        )
+    try:
+        typed = msgspec.json.decode(data, type=SidecarState, strict=True)
+    except msgspec.ValidationError as exc:
+        _raise_unsupported_version(data)
+        raise LedgerStateError(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise LedgerStateError(
+            f"{ROLLOUT_RECOVERY_STATE_FILENAME}: not valid JSON ({exc})"
+        ) from exc
+    check_schema_version(typed.schema_version, context=f"{ROLLOUT_RECOVERY_STATE_FILENAME} $")
+    return _split(typed)
+
+
+def _raise_unsupported_version(data: bytes | bytearray | memoryview) -> None:
+    """A newer writer's fields are not errors to report: its version is."""
+    try:
+        probe = msgspec.json.decode(data, type=_VersionProbe)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return
+    if probe.schema_version is not None:
+        check_schema_version(probe.schema_version, context=f"{ROLLOUT_RECOVERY_STATE_FILENAME} $")

@@ -1,0 +1,191 @@
+"""Semantic checks of a persisted ledger state, beyond what its types say.
+
+The strict decoder guarantees shapes and types; these checks guarantee that
+the lineage is one the ledger's state machines could have produced, so a
+restore never starts from an impossible state. Every message names the JSON
+path and the group, sibling and attempt it is about.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from rollvault.ledger.errors import InvalidReceiptError, LedgerStateError
+from rollvault.ledger.receipts import GateReceipt, check_receipt_semantics
+from rollvault.ledger.state_schema import AttemptState, GroupState, LedgerState
+from rollvault.ledger.statuses import PromptGroupPhase, PromptGroupStatus, RolloutAttemptStatus
+from rollvault.ledger.transitions import ALL_SEALED_STATUSES, RETRYABLE_ATTEMPT_STATUSES
+
+_SEALED = RolloutAttemptStatus.SEALED
+_FAILED = RolloutAttemptStatus.FAILED
+# Before admission nothing may have been dispatched (dispatch requires admission).
+_PRE_ADMISSION_ATTEMPT_STATUSES = frozenset(
+    {RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.ABANDONED}
+)
+_RESULT_FIELDS = ("receipt", "reward", "mask_sample", "reward_checks", "reward_log_context")
+
+
+def _fail(where: str, message: str) -> LedgerStateError:
+    return LedgerStateError(f"rollout recovery ledger state: {where}: {message}")
+
+
+def check_ledger_state(state: LedgerState, *, path: str = "$") -> None:
+    """Check every group of ``state`` and the uniqueness rules across groups."""
+    seen_groups: set[str] = set()
+    seen_attempts: set[str] = set()
+    for position, group in enumerate(state.groups):
+        where = f"{path}.groups[{position}]"
+        if group.group_id in seen_groups:
+            raise _fail(where, f"group id {group.group_id!r} appears more than once")
+        seen_groups.add(group.group_id)
+        check_group_state(group, where=where, seen_attempts=seen_attempts)
+
+
+def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str]) -> None:
+    """Check one group; adds its attempt ids to ``seen_attempts`` (ledger-wide uniqueness)."""
+    group_id = group.group_id
+    if len(group.siblings) != group.expected_generations:
+        raise _fail(
+            f"{where} (group {group_id!r})",
+            f"expected_generations is {group.expected_generations} but the group has "
+            f"{len(group.siblings)} siblings",
+        )
+    unsealed: tuple[int, AttemptState] | None = None
+    for position, sibling in enumerate(group.siblings):
+        if sibling.generation_index != position:
+            raise _fail(
+                f"{where}.siblings[{position}] (group {group_id!r})",
+                f"non-contiguous generation indices: generation_index is "
+                f"{sibling.generation_index}, expected {position} (siblings are 0..N-1 in order)",
+            )
+        last = len(sibling.attempts) - 1
+        for number, attempt in enumerate(sibling.attempts):
+            attempt_where = (
+                f"{where}.siblings[{position}].attempts[{number}] (group {group_id!r} "
+                f"sibling {position} attempt {attempt.attempt_uuid})"
+            )
+            _check_attempt(
+                attempt,
+                where=attempt_where,
+                gate_rollout_id=f"{group_id}_g{position}_a{attempt.attempt_uuid}",
+                current=number == last,
+                seen_attempts=seen_attempts,
+            )
+            if group.phase is PromptGroupPhase.RESERVED and (
+                attempt.status not in _PRE_ADMISSION_ATTEMPT_STATUSES
+            ):
+                raise _fail(
+                    attempt_where,
+                    f"attempt status {attempt.status.value!r} contradicts the group's phase "
+                    "'reserved': a group is dispatched only after admission",
+                )
+        if unsealed is None and sibling.attempts[last].status is not _SEALED:
+            unsealed = (position, sibling.attempts[last])
+    _check_group_status(group, where=where, unsealed=unsealed)
+
+
+def _check_group_status(
+    group: GroupState, *, where: str, unsealed: tuple[int, AttemptState] | None
+) -> None:
+    status = group.status
+    if status is PromptGroupStatus.GENERATING and unsealed is None:
+        raise _fail(
+            f"{where}.status (group {group.group_id!r})",
+            "status 'generating' contradicts its siblings: every current attempt is sealed, "
+            "so the group is 'ready_to_finalize' or later",
+        )
+    if status in ALL_SEALED_STATUSES and unsealed is not None:
+        position, attempt = unsealed
+        raise _fail(
+            f"{where}.status (group {group.group_id!r})",
+            f"status {status.value!r} contradicts sibling {position}, whose current attempt "
+            f"{attempt.attempt_uuid} is {attempt.status.value!r} (every current attempt must "
+            "be sealed)",
+        )
+    if group.phase is PromptGroupPhase.RESERVED and status is not PromptGroupStatus.GENERATING:
+        raise _fail(
+            f"{where}.status (group {group.group_id!r})",
+            f"status {status.value!r} contradicts the group's phase 'reserved'",
+        )
+
+
+def _check_attempt(
+    attempt: AttemptState,
+    *,
+    where: str,
+    gate_rollout_id: str,
+    current: bool,
+    seen_attempts: set[str],
+) -> None:
+    if attempt.attempt_uuid in seen_attempts:
+        raise _fail(where, f"duplicate attempt UUID {attempt.attempt_uuid} (already used above)")
+    seen_attempts.add(attempt.attempt_uuid)
+    if not current and attempt.status not in RETRYABLE_ATTEMPT_STATUSES:
+        raise _fail(
+            where,
+            f"a superseded attempt must be 'failed' or 'abandoned', not "
+            f"{attempt.status.value!r} (only the current attempt may be live or sealed)",
+        )
+    if attempt.status is _SEALED:
+        _check_sealed(attempt, where=where, gate_rollout_id=gate_rollout_id)
+    else:
+        _check_unsealed(attempt, where=where)
+
+
+def _check_sealed(attempt: AttemptState, *, where: str, gate_rollout_id: str) -> None:
+    for name in ("receipt", "mask_sample"):
+        if getattr(attempt, name) is None:
+            raise _fail(f"{where}.{name}", f"a sealed attempt needs a {name}, got null")
+    reward = attempt.reward
+    if reward is None:
+        raise _fail(f"{where}.reward", "a sealed attempt needs a reward, got null")
+    if not math.isfinite(reward):
+        raise _fail(f"{where}.reward", f"reward must be finite, got {reward!r}")
+    try:
+        receipt = msgspec.convert(attempt.receipt, GateReceipt, strict=True)
+        check_receipt_semantics(receipt, where="receipt")
+    except (msgspec.ValidationError, InvalidReceiptError) as exc:
+        raise _fail(f"{where}.receipt", f"invalid Gate receipt: {exc}") from exc
+    if receipt.gate_rollout_id != gate_rollout_id:
+        raise _fail(
+            f"{where}.receipt.gate_rollout_id",
+            f"{receipt.gate_rollout_id!r} is not this attempt's gate rollout id {gate_rollout_id!r}",
+        )
+    if receipt.staging_keys != attempt.staging_keys:
+        raise _fail(
+            f"{where}.staging_keys",
+            f"{attempt.staging_keys!r} differ from the receipt's staging_keys "
+            f"{receipt.staging_keys!r}",
+        )
+    if receipt.reward is not None and receipt.reward != attempt.reward:
+        raise _fail(
+            f"{where}.reward",
+            f"{attempt.reward!r} differs from the receipt's reward {receipt.reward!r}",
+        )
+    if attempt.failure_reason is not None:
+        raise _fail(f"{where}.failure_reason", "a sealed attempt has no failure_reason")
+
+
+def _check_unsealed(attempt: AttemptState, *, where: str) -> None:
+    status = attempt.status.value
+    for name in _RESULT_FIELDS:
+        if getattr(attempt, name) is not None:
+            raise _fail(
+                f"{where}.{name}",
+                f"only a sealed attempt carries a {name}; this attempt is {status!r}",
+            )
+    if attempt.staging_keys:
+        raise _fail(
+            f"{where}.staging_keys",
+            f"only a sealed attempt owns staging keys; this attempt is {status!r}",
+        )
+    if attempt.status is _FAILED:
+        if not attempt.failure_reason:
+            raise _fail(f"{where}.failure_reason", "a failed attempt needs a non-empty reason")
+    elif attempt.failure_reason is not None:
+        raise _fail(
+            f"{where}.failure_reason",
+            f"only a failed attempt carries a failure_reason; this attempt is {status!r}",
+        )
