@@ -13,7 +13,9 @@ helper that mutates too. A waiting checkpoint blocks *new* outer mutations, so
 a steady stream of short mutations cannot starve it.
 
 ``mutation_version`` increases when an outer mutation section ends, so a
-periodic checkpointer can skip a snapshot when nothing changed.
+periodic checkpointer can skip a snapshot when nothing changed. That includes
+a mutation section opened by the holder of the exclusive section (restore
+changes state that way); the exclusive section itself does not count.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class DataPlaneMutationCut:
         self._mutation_depth: dict[asyncio.Task[object], int] = {}
         self._exclusive_owner: asyncio.Task[object] | None = None
         self._exclusive_depth = 0
+        self._owner_mutation_depth = 0
         self._checkpoints_waiting = 0
         self._mutation_version = 0
 
@@ -101,8 +104,15 @@ class DataPlaneMutationCut:
         """Enter a mutation section; reentrant for the task that holds one."""
         task = _current_task("DataPlaneMutationCut.mutation()")
         if task is self._exclusive_owner:
-            # The checkpoint holder (for example restore) mutates freely.
-            yield
+            # The checkpoint holder (for example restore) mutates without waiting,
+            # and its outer mutation section counts like any other.
+            self._owner_mutation_depth += 1
+            try:
+                yield
+            finally:
+                self._owner_mutation_depth -= 1
+                if not self._owner_mutation_depth:
+                    self._mutation_version += 1
             return
         depth = self._mutation_depth.get(task, 0)
         if depth:
