@@ -155,6 +155,10 @@ class RewardConfig(_Section, frozen=True):
     mask_overlong: bool = True
     # Responses of this many tokens or more count as overlong.
     max_response_tokens: PositiveInt = 256
+    # Subtracted from the reward of a response whose format check failed.
+    format_penalty: NonNegativeFloat = 0.0
+    # Mask a response whose generation logprobs are not all finite.
+    mask_nonfinite_logprobs: bool = True
     # Divide group-relative advantages by the group's reward std (plus epsilon).
     normalize_advantages_by_std: bool = True
     # Keeps the std division finite when every sibling got the same reward.

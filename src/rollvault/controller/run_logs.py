@@ -16,8 +16,11 @@ from typing import IO, Generic, TypeVar
 
 import msgspec
 
+from rollvault.ledger.statuses import RolloutAttemptStatus
+
 TRAIN_LOG_FILENAME = "train_log.jsonl"
 ATTEMPTS_LOG_FILENAME = "attempts.jsonl"
+DROPS_LOG_FILENAME = "drops.jsonl"
 
 
 class TrainLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -40,13 +43,25 @@ class AttemptLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     gate_rollout_id: str
     group_id: str
     generation_index: int
-    status: str
+    status: RolloutAttemptStatus
     num_tokens: int
     incarnation: int
     reason: str | None = None
 
 
-RecordT = TypeVar("RecordT", TrainLogRecord, AttemptLogRecord)
+class DropLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One prompt group given up for good (retry budget exhausted)."""
+
+    group_id: str
+    sample_id: str
+    epoch: int
+    target_step: int | None
+    replaced: bool
+    """Whether a spare prompt took its place (``replace``) or its step shrank."""
+    incarnation: int
+
+
+RecordT = TypeVar("RecordT", TrainLogRecord, AttemptLogRecord, DropLogRecord)
 
 
 class JsonlWriter(Generic[RecordT]):

@@ -570,6 +570,33 @@ class RolloutRecoveryLedger:
         require_group_status(record, allowed=DISCARDABLE_STATUSES, transition="discard")
         del self._groups[group_id]
 
+    def drop_group(self, cut: DataPlaneMutationCut, group_id: str) -> None:
+        """Give a ``generating`` group up for good: its retry budget is spent.
+
+        Not in the reference API, which has no way to lose a prompt. The
+        group must have no attempt in flight (every current attempt sealed,
+        failed or abandoned), and the controller clears its staged rows and
+        records the loss (shortfall or replacement) in the same mutation.
+        """
+        self._enter(cut, "drop_group", group_id)
+        record = self._require_group(group_id)
+        require_group_status(record, allowed=GENERATING_ONLY, transition="drop")
+        in_flight = [
+            sibling.generation_index
+            for sibling in record.siblings
+            if sibling.attempts[-1].status
+            in (RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED)
+        ]
+        if in_flight:
+            raise LedgerTransitionError(
+                f"group {group_id!r}: cannot drop: siblings {in_flight} still have a reserved "
+                "or dispatched attempt; abandon them first (abandon_unsealed)",
+                group_id=group_id,
+                transition="drop",
+                status=record.status.value,
+            )
+        del self._groups[group_id]
+
     def discard_canonical_groups(self, cut: DataPlaneMutationCut, group_ids: set[str]) -> int:
         """Prefer canonical TQ ownership over a stale unfinished sidecar row.
 

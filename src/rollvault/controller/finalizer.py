@@ -1,0 +1,229 @@
+"""Turns a sealed prompt group into exactly N canonical training rows.
+
+For a ``ready_to_finalize`` group the finalizer reads the staged rows each
+sealed receipt names, checks them against the receipt (row present, token
+count and digest as the gate reported, finite logprobs), applies the reward
+checks and penalties, computes group-relative advantages and publishes one
+canonical row per sibling; an invalid sibling becomes a masked row, so a
+group always has N rows.
+
+Publication is one mutation section: mark finalizing, put the canonical rows,
+clear the staging rows, discard the group from the ledger, add it to the
+replay index. A snapshot therefore sees the group either sealed or published.
+With an external data plane whose put can be interrupted, the window between
+publishing and the ledger update is where ``finalization_unknown`` comes from;
+restore resolves it by looking for the canonical rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import msgspec
+import numpy as np
+
+from rollvault.controller.advantages import group_advantages
+from rollvault.controller.config import RewardConfig
+from rollvault.controller.gate import staged_row_digest
+from rollvault.controller.parts import RolloutParts
+from rollvault.controller.replay_index import ReplayEntry
+from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
+from rollvault.dataplane.rows import Row, RowView
+from rollvault.ledger.receipts import validate_receipt
+from rollvault.ledger.reward_penalties import (
+    CaptureRewardSettings,
+    FinalizedReward,
+    RewardChecks,
+    RewardLogContext,
+)
+
+_ARRAY_FIELDS = ("input_ids", "generation_logprobs", "token_mask")
+
+
+def capture_reward_settings(config: RewardConfig) -> CaptureRewardSettings:
+    """The reward-penalty settings a sidecar records and a restore compares."""
+    return CaptureRewardSettings(
+        overlong_penalty=config.overlong_penalty,
+        mask_overlong=config.mask_overlong,
+        format_penalty=config.format_penalty,
+        mask_nonfinite_logprobs=config.mask_nonfinite_logprobs,
+    )
+
+
+class SiblingVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    """One sibling after checks: its canonical arrays and finalized reward."""
+
+    arrays: dict[str, np.ndarray]
+    reward: FinalizedReward
+    problem: str | None
+
+
+class Finalizer:
+    """Finalizes sealed groups of one run (see the module docstring)."""
+
+    def __init__(self, parts: RolloutParts, *, end_weight_version: dict[str, int]) -> None:
+        self._parts = parts
+        self._config = parts.config.reward
+        self._settings = capture_reward_settings(parts.config.reward)
+        self._end_weight_version = end_weight_version
+
+    async def finalize(self, group_id: str) -> ReplayEntry:
+        """Publish the canonical rows of a sealed group and index it for training."""
+        parts = self._parts
+        inputs = parts.ledger.finalization_inputs(group_id)
+        _, gate_rollout_ids, receipts, rewards, masks, checks, contexts = inputs
+        keys_per_sibling = [list(validate_receipt(r).staging_keys) for r in receipts]
+        staged = await self._staged_rows(keys_per_sibling)
+        verdicts = [
+            self._judge(receipts[i], keys_per_sibling[i], staged, rewards[i], masks[i],
+                        checks[i], contexts[i])
+            for i in range(len(receipts))
+        ]
+        advantages = group_advantages(
+            [v.reward.reward for v in verdicts],
+            [not v.reward.masked for v in verdicts],
+            normalize_by_std=self._config.normalize_advantages_by_std,
+            epsilon=self._config.advantage_epsilon,
+        )
+        canonical = {
+            train_key(group_id, i): _canonical_row(v, float(advantages[i]))
+            for i, v in enumerate(verdicts)
+        }
+        return await self._publish(group_id, canonical, verdicts, keys_per_sibling, gate_rollout_ids)
+
+    async def _staged_rows(self, keys_per_sibling: list[list[str]]) -> dict[str, RowView]:
+        data_plane = self._parts.data_plane
+        wanted = [key for keys in keys_per_sibling for key in keys]
+        present = [key for key in wanted if data_plane.has(STAGING_PARTITION, key)]
+        rows: dict[str, RowView] = dict(await data_plane.get(STAGING_PARTITION, present))
+        return rows
+
+    def _judge(
+        self,
+        receipt: Mapping[str, object] | None,
+        keys: list[str],
+        staged: Mapping[str, RowView],
+        reward: float,
+        mask_sample: bool,
+        checks: RewardChecks | None,
+        context: RewardLogContext | None,
+    ) -> SiblingVerdict:
+        problem = _row_problem(receipt, keys, staged)
+        arrays = _concatenate([staged[key] for key in keys]) if problem is None else _empty_arrays()
+        response_length = int(arrays["token_mask"].sum())
+        finite = bool(np.isfinite(arrays["generation_logprobs"]).all())
+        overlong = response_length >= self._config.max_response_tokens or bool(
+            checks is not None and checks.overlong
+        )
+        masked = (
+            mask_sample
+            or problem is not None
+            or (overlong and self._settings.mask_overlong)
+            or (not finite and self._settings.mask_nonfinite_logprobs)
+        )
+        adjusted = reward
+        if overlong and not self._settings.mask_overlong:
+            adjusted -= self._settings.overlong_penalty
+        if checks is not None and not checks.format_ok:
+            adjusted -= self._settings.format_penalty
+        if problem is None and not finite:
+            problem = "non-finite generation logprobs"
+        del context  # logged with the attempt; not needed to finalize
+        return SiblingVerdict(
+            arrays=arrays,
+            reward=FinalizedReward(raw_reward=reward, reward=adjusted, masked=masked),
+            problem=problem,
+        )
+
+    async def _publish(
+        self,
+        group_id: str,
+        canonical: dict[str, Row],
+        verdicts: Sequence[SiblingVerdict],
+        keys_per_sibling: list[list[str]],
+        gate_rollout_ids: list[str],
+    ) -> ReplayEntry:
+        parts = self._parts
+        record = parts.ledger.get_group(group_id)
+        origin = parts.origins[group_id]
+        entry = ReplayEntry(
+            group_id=group_id,
+            sample_id=record.prompt_id,
+            epoch=origin.epoch,
+            start_weight_version=record.start_weight_version,
+            end_weight_version=self._end_weight_version.pop(group_id, record.start_weight_version),
+            target_step=record.target_step,
+        )
+        async with parts.cut.mutation():
+            parts.ledger.mark_finalization_started(parts.cut, group_id)
+            await parts.data_plane.put(TRAIN_PARTITION, canonical)
+            await parts.data_plane.clear(
+                STAGING_PARTITION, [key for keys in keys_per_sibling for key in keys]
+            )
+            parts.ledger.discard_group(parts.cut, group_id)
+            parts.replay.add(entry)
+            parts.finalizer_rewards[group_id] = [v.reward for v in verdicts]
+            parts.finalizer_metrics[group_id] = _metrics(verdicts)
+            parts.canonical_attempts[group_id] = list(gate_rollout_ids)
+        await parts.notify()
+        return entry
+
+
+def _row_problem(
+    receipt: Mapping[str, object] | None, keys: list[str], staged: Mapping[str, RowView]
+) -> str | None:
+    missing = [key for key in keys if key not in staged]
+    if missing:
+        return f"staged rows missing: {missing}"
+    digests = validate_receipt(receipt).row_digests
+    if digests is None:
+        return None
+    for key, expected in zip(keys, digests, strict=True):
+        row = staged[key]
+        length = int(np.asarray(row["token_mask"]).sum())
+        if length != expected.length:
+            return f"row {key!r} has {length} response tokens, receipt says {expected.length}"
+        if staged_row_digest(row) != expected.digest:
+            return f"row {key!r} does not match the digest in its receipt"
+    return None
+
+
+def _concatenate(rows: list[RowView]) -> dict[str, np.ndarray]:
+    return {name: np.concatenate([np.asarray(row[name]) for row in rows]) for name in _ARRAY_FIELDS}
+
+
+def _empty_arrays() -> dict[str, np.ndarray]:
+    return {
+        "input_ids": np.zeros(0, dtype=np.int64),
+        "generation_logprobs": np.zeros(0, dtype=np.float32),
+        "token_mask": np.zeros(0, dtype=np.int8),
+    }
+
+
+def _canonical_row(verdict: SiblingVerdict, advantage: float) -> Row:
+    arrays = verdict.arrays
+    masked = verdict.reward.masked
+    token_mask = np.zeros_like(arrays["token_mask"]) if masked else arrays["token_mask"]
+    logprobs = arrays["generation_logprobs"]
+    if masked:
+        # A masked row contributes nothing; keep it finite so no NaN leaks into a loss.
+        logprobs = np.where(np.isfinite(logprobs), logprobs, 0.0).astype(np.float32)
+    advantages = np.where(token_mask > 0, advantage, 0.0).astype(np.float32)
+    return {
+        "input_ids": arrays["input_ids"],
+        "generation_logprobs": logprobs,
+        "token_mask": token_mask,
+        "advantages": advantages,
+        "reward": float(verdict.reward.reward),
+        "sample_mask": not masked,
+    }
+
+
+def _metrics(verdicts: Sequence[SiblingVerdict]) -> dict[str, float]:
+    rewards = [v.reward.reward for v in verdicts]
+    return {
+        "reward_mean": float(np.mean(rewards)) if rewards else math.nan,
+        "masked": float(sum(v.reward.masked for v in verdicts)),
+        "invalid": float(sum(v.problem is not None for v in verdicts)),
+    }

@@ -1,0 +1,85 @@
+"""The controller's shared parts: everything the pumps mutate and a snapshot captures.
+
+One instance per run, created on the controller's event loop. Every mutation
+of these parts happens inside a mutation section of ``cut``; the pumps wait
+on ``changed`` (notified after each mutation that can unblock someone) rather
+than polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import msgspec
+
+from rollvault.controller.config import RunConfig
+from rollvault.controller.dataloader import PromptDataLoader
+from rollvault.controller.dataset import PromptDataset
+from rollvault.controller.replay_index import ReplayBufferIndex
+from rollvault.controller.run_logs import (
+    AttemptLogRecord,
+    DropLogRecord,
+    JsonlWriter,
+    TrainLogRecord,
+)
+from rollvault.controller.sampler import Sampler
+from rollvault.controller.shortfall import BatchShortfall, SparePrompts
+from rollvault.cut import DataPlaneMutationCut
+from rollvault.dataplane.interface import DataPlane
+from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.ledger.reward_penalties import FinalizedReward
+
+
+class GroupOrigin(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Where a prompt group's prompt came from in the dataloader's order."""
+
+    epoch: int
+    dataset_idx: int
+
+
+@dataclass
+class RunLogs:
+    """The run's append-only evidence (see :mod:`rollvault.controller.run_logs`)."""
+
+    train: JsonlWriter[TrainLogRecord]
+    attempts: JsonlWriter[AttemptLogRecord]
+    drops: JsonlWriter[DropLogRecord]
+    incarnation: int
+
+    def close(self) -> None:
+        self.train.close()
+        self.attempts.close()
+        self.drops.close()
+
+
+@dataclass
+class RolloutParts:
+    """State shared by the rollout pump, the finalizer, the train pump and snapshots."""
+
+    config: RunConfig
+    cut: DataPlaneMutationCut
+    ledger: RolloutRecoveryLedger
+    data_plane: DataPlane
+    dataset: PromptDataset
+    dataloader: PromptDataLoader
+    sampler: Sampler
+    replay: ReplayBufferIndex
+    shortfall: BatchShortfall
+    spares: SparePrompts
+    logs: RunLogs
+    trainer_version: int = 0
+    origins: dict[str, GroupOrigin] = field(default_factory=dict)
+    """Every group in the ledger or the replay index, by group id."""
+    finalizer_rewards: dict[str, list[FinalizedReward]] = field(default_factory=dict)
+    finalizer_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    canonical_attempts: dict[str, list[str]] = field(default_factory=dict)
+    """Per canonical group, the gate rollout id of each sibling's published attempt."""
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    reservation_finished: bool = False
+    """No more prompts will be reserved (data exhausted or step budget stamped)."""
+
+    async def notify(self) -> None:
+        """Wake every task waiting on ``changed``."""
+        async with self.changed:
+            self.changed.notify_all()

@@ -1,0 +1,141 @@
+"""One run of the asynchronous pipeline: build the parts, run both pumps.
+
+The rollout pump and the train pump run concurrently in one TaskGroup on one
+event loop. The run ends when the train pump has trained the step budget or
+no step is left; the rollout pump is then cancelled (groups still in flight
+stay in the ledger, which is what a later snapshot would keep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from rollvault.controller.config import RunConfig
+from rollvault.controller.dataloader import PromptDataLoader
+from rollvault.controller.dataset import PromptDataset, build_dataset
+from rollvault.controller.finalizer import Finalizer
+from rollvault.controller.gate import FailureKind, Gate
+from rollvault.controller.parts import RolloutParts, RunLogs
+from rollvault.controller.replay_index import ReplayBufferIndex
+from rollvault.controller.rollout_pump import RolloutPump
+from rollvault.controller.run_logs import (
+    ATTEMPTS_LOG_FILENAME,
+    DROPS_LOG_FILENAME,
+    TRAIN_LOG_FILENAME,
+    JsonlWriter,
+)
+from rollvault.controller.sampler import build_sampler
+from rollvault.controller.shortfall import BatchShortfall, SparePrompts
+from rollvault.controller.train_pump import TrainPump
+from rollvault.controller.trainer import Trainer
+from rollvault.cut import DataPlaneMutationCut
+from rollvault.dataplane.embedded import EmbeddedDataPlane
+from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
+from rollvault.durable.fsync import atomic_write_bytes
+from rollvault.ledger.ledger import RolloutRecoveryLedger
+
+INCARNATION_FILENAME = "incarnation"
+
+GateFactory = Callable[[DataPlane], Gate]
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What one run did, for the command line's summary and for tests."""
+
+    incarnation: int
+    trainer_version: int
+    trained_groups: int
+    dropped_groups: int
+    shortfall: dict[int, int]
+    infra_failures: int
+    data_failures: int
+    groups_in_flight: int
+    staging_rows_left: int
+
+
+def next_incarnation(log_dir: Path) -> int:
+    """Count this start of the run: 1 for the first, +1 for each restart."""
+    path = log_dir / INCARNATION_FILENAME
+    previous = int(path.read_text()) if path.exists() else 0
+    log_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, str(previous + 1).encode())
+    return previous + 1
+
+
+def build_parts(
+    config: RunConfig, *, dataset: PromptDataset | None = None
+) -> RolloutParts:
+    """Fresh parts for a run; call on the event loop that will run it."""
+    log_dir = Path(config.logging.log_dir)
+    incarnation = next_incarnation(log_dir)
+    cut = DataPlaneMutationCut()
+    data = dataset or build_dataset(
+        config.dataset, vocab_size=config.gate.simulated.vocab_size, seed=config.seed
+    )
+    return RolloutParts(
+        config=config,
+        cut=cut,
+        ledger=RolloutRecoveryLedger(),
+        data_plane=EmbeddedDataPlane(cut),
+        dataset=data,
+        dataloader=PromptDataLoader(data, shuffle=config.sampler.shuffle, seed=config.seed),
+        sampler=build_sampler(config.sampler, num_prompts_per_step=config.grpo.num_prompts_per_step),
+        replay=ReplayBufferIndex(),
+        shortfall=BatchShortfall(),
+        spares=SparePrompts(),
+        logs=RunLogs(
+            train=JsonlWriter(log_dir / TRAIN_LOG_FILENAME),
+            attempts=JsonlWriter(log_dir / ATTEMPTS_LOG_FILENAME),
+            drops=JsonlWriter(log_dir / DROPS_LOG_FILENAME),
+            incarnation=incarnation,
+        ),
+    )
+
+
+async def run_pipeline(
+    parts: RolloutParts,
+    *,
+    gate_factory: GateFactory,
+    trainer: Trainer,
+    on_step: StepCallback | None = None,
+) -> RunSummary:
+    """Run both pumps until the train pump is done; return what happened."""
+    config = parts.config
+    gate = gate_factory(parts.data_plane)
+    inflight = asyncio.Semaphore(config.rollout.max_inflight_prompts)
+    capacity = asyncio.Semaphore(config.rollout.max_buffered_rollouts)
+    dispatch_open = asyncio.Event()
+    dispatch_open.set()
+    end_weight_version: dict[str, int] = {}
+    finalizer = Finalizer(parts, end_weight_version=end_weight_version)
+    rollout = RolloutPump(
+        parts, gate, finalizer, inflight=inflight, capacity=capacity,
+        dispatch_open=dispatch_open, end_weight_version=end_weight_version,
+    )
+    train = TrainPump(
+        parts, trainer, gate, capacity=capacity, dispatch_open=dispatch_open, on_step=on_step
+    )
+    try:
+        async with asyncio.TaskGroup() as group:
+            rollout_task = group.create_task(rollout.run())
+            await train.run()
+            rollout_task.cancel()
+    finally:
+        await gate.close()
+        parts.logs.close()
+    return RunSummary(
+        incarnation=parts.logs.incarnation,
+        trainer_version=parts.trainer_version,
+        trained_groups=train.trained_groups,
+        dropped_groups=rollout.dropped_groups,
+        shortfall=parts.shortfall.as_dict(),
+        infra_failures=rollout.failures[FailureKind.INFRA],
+        data_failures=rollout.failures[FailureKind.DATA],
+        groups_in_flight=len(parts.ledger),
+        staging_rows_left=len(parts.data_plane.keys(STAGING_PARTITION)),
+    )

@@ -1,0 +1,347 @@
+"""The rollout pump: prompts -> ledger -> gate -> sealed groups -> finalizer.
+
+Each admitted prompt group owns a *slot*: one in-flight permit (released when
+the group is finalized or given up) and one replay-capacity permit (released
+by the train pump when the group is trained, or here when the group is lost
+without replacement). A slot runs its group's attempts on the gate, retries
+failures within budget, and either finalizes the group or gives it up, in
+which case a spare prompt takes its place (``replace``) or its step shrinks
+(``shrink``).
+
+Every ledger transition, data-plane put and clear, and each dataloader
+advance with its reservation runs inside a mutation section of the cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from rollvault.controller.config import OnDroppedPrompt
+from rollvault.controller.finalizer import Finalizer
+from rollvault.controller.gate import (
+    AttemptOutcome,
+    AttemptRequest,
+    FailureKind,
+    Gate,
+    GateAttemptError,
+)
+from rollvault.controller.parts import GroupOrigin, RolloutParts
+from rollvault.controller.run_logs import AttemptLogRecord, DropLogRecord
+from rollvault.controller.sampler import InOrderSampler
+from rollvault.dataplane.interface import STAGING_PARTITION
+from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.statuses import RolloutAttemptStatus
+
+
+class RolloutPump:
+    """Reserves, admits and generates prompt groups until the data runs out."""
+
+    def __init__(
+        self,
+        parts: RolloutParts,
+        gate: Gate,
+        finalizer: Finalizer,
+        *,
+        inflight: asyncio.Semaphore,
+        capacity: asyncio.Semaphore,
+        dispatch_open: asyncio.Event,
+        end_weight_version: dict[str, int],
+    ) -> None:
+        self._parts = parts
+        self._gate = gate
+        self._finalizer = finalizer
+        self._inflight = inflight
+        self._capacity = capacity
+        self._dispatch_open = dispatch_open
+        self._end_weight_version = end_weight_version
+        self.failures = Counter[FailureKind]()
+        self.dropped_groups = 0
+
+    async def run(self, restored_group_ids: list[str] | None = None) -> None:
+        """Generate restored groups first, then fresh ones, until no prompt is left."""
+        async with asyncio.TaskGroup() as slots:
+            for restored in restored_group_ids or []:
+                await self._inflight.acquire()
+                slots.create_task(self._own_slot(restored))
+            while True:
+                await self._inflight.acquire()
+                await self._capacity.acquire()
+                fresh = await self._reserve_next()
+                if fresh is None:
+                    self._inflight.release()
+                    self._capacity.release()
+                    break
+                slots.create_task(self._own_slot(fresh))
+            self._parts.reservation_finished = True
+            await self._parts.notify()
+
+    # -- reservation -----------------------------------------------------------------
+
+    async def _reserve_next(self) -> str | None:
+        parts = self._parts
+        async with parts.changed:
+            await parts.changed.wait_for(
+                lambda: self._out_of_steps() or parts.sampler.ready_to_admit(parts.trainer_version)
+            )
+        async with parts.cut.mutation():
+            if self._out_of_steps():
+                return None
+            source = self._next_prompt_source()
+            if source is None:
+                return None
+            epoch, dataset_idx = source
+            target_step = parts.sampler.admit(epoch=epoch, trainer_version=parts.trainer_version)
+            self._refill_spares()
+            return self._reserve(epoch, dataset_idx, target_step)
+
+    def _out_of_steps(self) -> bool:
+        # Only a stamping sampler knows which step a fresh group would train in;
+        # a windowed run stops reserving when the train pump finishes.
+        sampler = self._parts.sampler
+        return (
+            isinstance(sampler, InOrderSampler)
+            and sampler.next_target_step >= self._parts.config.grpo.max_num_steps
+        )
+
+    def _next_prompt_source(self) -> tuple[int, int] | None:
+        """The dataloader's next prompt; once it is exhausted, the spares drain."""
+        parts = self._parts
+        if not parts.dataloader.exhausted(parts.config.grpo.max_num_epochs):
+            return parts.dataloader.next_index()
+        if len(parts.spares):
+            return parts.spares.pop()
+        return None
+
+    def _refill_spares(self) -> None:
+        parts = self._parts
+        wanted = parts.spares.refill_count(parts.config.rollout.num_spare_prompts)
+        for _ in range(wanted):
+            if parts.dataloader.exhausted(parts.config.grpo.max_num_epochs):
+                return
+            parts.spares.push(*parts.dataloader.next_index())
+
+    def _reserve(self, epoch: int, dataset_idx: int, target_step: int | None) -> str:
+        parts = self._parts
+        config = parts.config
+        record = parts.ledger.reserve_group(
+            parts.cut,
+            prompt_id=str(dataset_idx),
+            prompt_payload=parts.dataset[dataset_idx],
+            expected_generations=config.grpo.num_generations_per_prompt,
+            target_step=target_step,
+            start_weight_version=parts.trainer_version,
+            recovery_granularity=config.rollout.recovery_granularity,
+        )
+        parts.origins[record.group_id] = GroupOrigin(epoch=epoch, dataset_idx=dataset_idx)
+        return record.group_id
+
+    # -- one slot ----------------------------------------------------------------------
+
+    async def _own_slot(self, group_id: str) -> None:
+        current: str | None = group_id
+        try:
+            while current is not None:
+                if await self._generate(current):
+                    await self._finalizer.finalize(current)
+                    return
+                current = await self._give_up(current)
+        finally:
+            self._inflight.release()
+
+    async def _generate(self, group_id: str) -> bool:
+        """Run the group's attempts until it is sealed (True) or out of budget (False)."""
+        rollout = self._parts.config.rollout
+        sibling_failures = Counter[int]()
+        group_failures = 0
+        while True:
+            requests = await self._dispatch(group_id)
+            async with asyncio.TaskGroup() as attempts:
+                runs = [attempts.create_task(self._run_attempt(r)) for r in requests]
+            failed = [
+                (request, error)
+                for request, run in zip(requests, runs, strict=True)
+                if (error := run.result()) is not None
+            ]
+            if not failed:
+                return True
+            if any(error.kind is FailureKind.DATA for _, error in failed):
+                group_failures += 1
+            for request, error in failed:
+                if error.kind is FailureKind.INFRA:
+                    sibling_failures[request.generation_index] += 1
+            over_budget = group_failures > rollout.max_group_retries or any(
+                count > rollout.max_sibling_retries for count in sibling_failures.values()
+            )
+            if over_budget:
+                return False
+            await self._retry(group_id)
+
+    async def _dispatch(self, group_id: str) -> list[AttemptRequest]:
+        parts = self._parts
+        await self._dispatch_open.wait()
+        async with parts.cut.mutation():
+            record = parts.ledger.get_group(group_id)
+            indices = [
+                sibling.generation_index
+                for sibling in record.siblings
+                if sibling.current_attempt.status is RolloutAttemptStatus.RESERVED
+            ]
+            parts.ledger.mark_group_dispatched(parts.cut, group_id, generation_indices=indices)
+        payload = dict(record.prompt_payload)
+        return [
+            AttemptRequest(
+                group_id=group_id,
+                generation_index=index,
+                gate_rollout_id=record.gate_rollout_id(index),
+                prompt=payload,
+                weight_version=parts.trainer_version,
+            )
+            for index in indices
+        ]
+
+    async def _run_attempt(self, request: AttemptRequest) -> GateAttemptError | None:
+        parts = self._parts
+        try:
+            outcome = await self._gate.run_attempt(request)
+        except GateAttemptError as error:
+            self.failures[error.kind] += 1
+            async with parts.cut.mutation():
+                parts.ledger.mark_sibling_failed(
+                    parts.cut,
+                    request.group_id,
+                    generation_index=request.generation_index,
+                    gate_rollout_id=request.gate_rollout_id,
+                    reason=f"{error.kind.value}: {error.reason}",
+                )
+                self._log_attempt(request, RolloutAttemptStatus.FAILED, 0, error.reason)
+            return error
+        async with parts.cut.mutation():
+            self._seal(request, outcome)
+        return None
+
+    def _seal(self, request: AttemptRequest, outcome: AttemptOutcome) -> None:
+        parts = self._parts
+        parts.ledger.mark_sibling_sealed(
+            parts.cut,
+            request.group_id,
+            generation_index=request.generation_index,
+            gate_rollout_id=request.gate_rollout_id,
+            receipt=outcome.receipt,
+            reward=outcome.reward,
+            mask_sample=False,
+            reward_checks=outcome.reward_checks,
+            reward_log_context=outcome.reward_log_context,
+        )
+        previous = self._end_weight_version.get(request.group_id, outcome.weight_version)
+        self._end_weight_version[request.group_id] = max(previous, outcome.weight_version)
+        self._log_attempt(request, RolloutAttemptStatus.SEALED, outcome.num_tokens, None)
+
+    async def _retry(self, group_id: str) -> None:
+        """Mint fresh attempts; under ``prompt_group`` this also drops the sealed rows."""
+        parts = self._parts
+        async with parts.cut.mutation():
+            before = parts.ledger.get_group(group_id)
+            after = parts.ledger.prepare_incomplete_retry(parts.cut, group_id)
+            await parts.data_plane.clear(
+                STAGING_PARTITION, _sealed_keys(before) - _sealed_keys(after)
+            )
+            for sibling in before.siblings:
+                attempt = sibling.current_attempt
+                if attempt.status is RolloutAttemptStatus.SEALED and (
+                    after.siblings[sibling.generation_index].current_attempt.attempt_uuid
+                    != attempt.attempt_uuid
+                ):
+                    self._log_abandoned(before, sibling.generation_index)
+
+    # -- giving a group up ---------------------------------------------------------------
+
+    async def _give_up(self, group_id: str) -> str | None:
+        """Drop a group for good; returns the replacement group's id, if any."""
+        parts = self._parts
+        rollout = parts.config.rollout
+        per_step = parts.config.grpo.num_prompts_per_step
+        self.dropped_groups += 1
+        async with parts.cut.mutation():
+            record = parts.ledger.get_group(group_id)
+            await parts.data_plane.clear(STAGING_PARTITION, _sealed_keys(record))
+            parts.ledger.drop_group(parts.cut, group_id)
+            for sibling in record.siblings:
+                if sibling.current_attempt.status is RolloutAttemptStatus.SEALED:
+                    self._log_abandoned(record, sibling.generation_index)
+            origin = parts.origins.pop(group_id)
+            step = record.target_step
+            must_replace = step is not None and not parts.shortfall.can_shrink(
+                step, per_step, rollout.min_step_batch_fraction
+            )
+            source = None
+            if rollout.on_dropped_prompt is OnDroppedPrompt.REPLACE or must_replace:
+                source = self._next_prompt_source()
+            replacement = None
+            if source is not None:
+                target = parts.sampler.restamp(
+                    step, epoch=source[0], trainer_version=parts.trainer_version
+                )
+                replacement = self._reserve(source[0], source[1], target)
+            elif step is not None:
+                parts.shortfall.record_loss(step)
+            parts.logs.drops.write(
+                DropLogRecord(
+                    group_id=group_id,
+                    sample_id=record.prompt_id,
+                    epoch=origin.epoch,
+                    target_step=step,
+                    replaced=replacement is not None,
+                    incarnation=parts.logs.incarnation,
+                )
+            )
+        if replacement is None:
+            self._capacity.release()
+        await parts.notify()
+        return replacement
+
+    # -- evidence ----------------------------------------------------------------------
+
+    def _log_attempt(
+        self,
+        request: AttemptRequest,
+        status: RolloutAttemptStatus,
+        num_tokens: int,
+        reason: str | None,
+    ) -> None:
+        self._parts.logs.attempts.write(
+            AttemptLogRecord(
+                gate_rollout_id=request.gate_rollout_id,
+                group_id=request.group_id,
+                generation_index=request.generation_index,
+                status=status,
+                num_tokens=num_tokens,
+                incarnation=self._parts.logs.incarnation,
+                reason=reason,
+            )
+        )
+
+    def _log_abandoned(self, record: PromptGroupRecoveryRecord, generation_index: int) -> None:
+        attempt = record.siblings[generation_index].current_attempt
+        context = attempt.reward_log_context
+        self._parts.logs.attempts.write(
+            AttemptLogRecord(
+                gate_rollout_id=record.gate_rollout_id(generation_index),
+                group_id=record.group_id,
+                generation_index=generation_index,
+                status=RolloutAttemptStatus.ABANDONED,
+                num_tokens=context.response_length if context is not None else 0,
+                incarnation=self._parts.logs.incarnation,
+                reason="sealed work discarded",
+            )
+        )
+
+
+def _sealed_keys(record: PromptGroupRecoveryRecord) -> set[str]:
+    return {
+        key
+        for sibling in record.siblings
+        if sibling.current_attempt.status is RolloutAttemptStatus.SEALED
+        for key in sibling.current_attempt.staging_keys
+    }
+

@@ -1,0 +1,185 @@
+"""The train pump: take the groups of the current step, train, sync weights.
+
+Step S trains once every group the sampler assigned to S is canonical: with
+``in_order``, the groups stamped S (all of S's slots handed out, minus the
+groups recorded lost from S); with ``windowed``, the oldest
+``num_prompts_per_step`` groups within ``max_staleness_versions`` of the
+trainer. A windowed group that goes stale when the trainer version moves is
+lost from the step it went stale at. After the optimizer step the trainer
+version increases and the gate gets the new weight version; new dispatches
+wait meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from rollvault.controller.gate import Gate
+from rollvault.controller.parts import RolloutParts
+from rollvault.controller.replay_index import ReplayEntry
+from rollvault.controller.run_logs import DropLogRecord, TrainLogRecord
+from rollvault.controller.sampler import InOrderSampler, WindowedSampler
+from rollvault.controller.trainer import TrainBatch, Trainer
+from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
+
+
+class TrainPump:
+    """Trains step after step until the step budget or the data runs out."""
+
+    def __init__(
+        self,
+        parts: RolloutParts,
+        trainer: Trainer,
+        gate: Gate,
+        *,
+        capacity: asyncio.Semaphore,
+        dispatch_open: asyncio.Event,
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
+        self._parts = parts
+        self._trainer = trainer
+        self._gate = gate
+        self._capacity = capacity
+        self._dispatch_open = dispatch_open
+        self._on_step = on_step
+        self.trained_groups = 0
+
+    async def run(self) -> None:
+        parts = self._parts
+        while parts.trainer_version < parts.config.grpo.max_num_steps:
+            async with parts.changed:
+                await parts.changed.wait_for(lambda: self._batch_ready() is not None)
+            if not self._batch_ready():
+                return  # no step is left: the data ran out
+            metrics = await self._train()
+            await self._sync_weights()
+            if self._on_step is not None:
+                self._on_step(parts.trainer_version, metrics)
+
+    # -- readiness (pure: called under the condition's lock) ------------------------------
+
+    def _batch_ready(self) -> bool | None:
+        """True: a batch can be taken; False: no step is left; None: wait."""
+        sampler = self._parts.sampler
+        if isinstance(sampler, InOrderSampler):
+            return self._in_order_ready(sampler)
+        return self._windowed_ready()
+
+    def _in_order_ready(self, sampler: InOrderSampler) -> bool | None:
+        parts = self._parts
+        step = parts.trainer_version
+        per_step = parts.config.grpo.num_prompts_per_step
+        stamped = min(max(sampler.next_stamp_index - step * per_step, 0), per_step)
+        if stamped < per_step and not parts.reservation_finished:
+            return None
+        if stamped == 0:
+            return False
+        expected = stamped - parts.shortfall.lost(step)
+        return True if parts.replay.count_for_step(step) >= expected else None
+
+    def _windowed_ready(self) -> bool | None:
+        parts = self._parts
+        available = len(parts.replay)
+        if available >= parts.config.grpo.num_prompts_per_step:
+            return True
+        if parts.reservation_finished and len(parts.ledger) == 0:
+            return available > 0
+        return None
+
+    # -- one step -----------------------------------------------------------------------
+
+    async def _train(self) -> dict[str, float]:
+        parts = self._parts
+        per_group = parts.config.grpo.num_generations_per_prompt
+        step = parts.trainer_version
+        async with parts.cut.mutation():
+            entries = self._take_batch()
+        keys = [train_key(e.group_id, i) for e in entries for i in range(per_group)]
+        rows = await parts.data_plane.get(TRAIN_PARTITION, keys)
+        metrics: dict[str, float] = {}
+        if entries:
+            batch = TrainBatch(step=step, groups=entries, rows=rows, generations_per_group=per_group)
+            metrics = await self._trainer.train_step(batch)
+        async with parts.cut.mutation():
+            await parts.data_plane.clear(TRAIN_PARTITION, keys)
+            for entry in entries:
+                self._log_trained(step, entry)
+            parts.trainer_version += 1
+            released = len(entries) + await self._drop_stale()
+        for _ in range(released):
+            self._capacity.release()
+        self.trained_groups += len(entries)
+        return metrics
+
+    def _take_batch(self) -> list[ReplayEntry]:
+        parts = self._parts
+        sampler = parts.sampler
+        if isinstance(sampler, InOrderSampler):
+            return parts.replay.take_step(parts.trainer_version)
+        assert isinstance(sampler, WindowedSampler)
+        return parts.replay.take_window(
+            parts.trainer_version,
+            sampler.max_staleness_versions,
+            parts.config.grpo.num_prompts_per_step,
+        )
+
+    async def _drop_stale(self) -> int:
+        """Windowed only: groups too old for the new trainer version are lost."""
+        parts = self._parts
+        sampler = parts.sampler
+        if not isinstance(sampler, WindowedSampler):
+            return 0
+        version = parts.trainer_version
+        stale = parts.replay.take_stale(version, sampler.max_staleness_versions)
+        per_group = parts.config.grpo.num_generations_per_prompt
+        for entry in stale:
+            keys = [train_key(entry.group_id, i) for i in range(per_group)]
+            await parts.data_plane.clear(TRAIN_PARTITION, keys)
+            parts.shortfall.record_loss(version)
+            self._forget(entry.group_id)
+            parts.logs.drops.write(
+                DropLogRecord(
+                    group_id=entry.group_id,
+                    sample_id=entry.sample_id,
+                    epoch=entry.epoch,
+                    target_step=None,
+                    replaced=False,
+                    incarnation=parts.logs.incarnation,
+                )
+            )
+        return len(stale)
+
+    def _log_trained(self, step: int, entry: ReplayEntry) -> None:
+        parts = self._parts
+        rewards = parts.finalizer_rewards[entry.group_id]
+        gate_rollout_ids = parts.canonical_attempts[entry.group_id]
+        self._forget(entry.group_id)
+        parts.logs.train.write(
+            TrainLogRecord(
+                step=step,
+                trainer_version=step,
+                group_id=entry.group_id,
+                sample_id=entry.sample_id,
+                epoch=entry.epoch,
+                rewards=[reward.reward for reward in rewards],
+                gate_rollout_ids=gate_rollout_ids,
+                target_step=entry.target_step,
+                incarnation=parts.logs.incarnation,
+            )
+        )
+
+    def _forget(self, group_id: str) -> None:
+        parts = self._parts
+        parts.finalizer_rewards.pop(group_id, None)
+        parts.finalizer_metrics.pop(group_id, None)
+        parts.canonical_attempts.pop(group_id, None)
+        parts.origins.pop(group_id, None)
+
+    async def _sync_weights(self) -> None:
+        self._dispatch_open.clear()
+        try:
+            await self._gate.update_weights(self._parts.trainer_version)
+        finally:
+            self._dispatch_open.set()
+        await self._parts.notify()

@@ -1,0 +1,1 @@
+"""Gates: what executes an attempt (generation, environment, reward)."""
