@@ -7,9 +7,11 @@ and knows nothing of the ledger or the data plane. One job per module:
 - ``errors``: the ``SnapshotError`` family every failure here raises.
 - ``faults``: the explicit fault-injection hook the crash tests kill at.
 - ``fsync``: flushing files, directories and trees; small atomic writes.
+- ``trash``: deleting ``tmp_``/``trash_`` trees that are never read again.
 - ``manifest_schema``: the versioned, strictly decoded snapshot manifest.
 - ``snapshot_dirs``: sequence numbers, tmp/final paths, commit and retention.
 - ``publish``: prepare, write, commit in one call, cleaning up on failure.
+- ``config_paths``: config trees as JSON data, dotpaths and path patterns.
 - ``compatibility``: the run's compatibility identity and its fingerprint.
 - ``bootstrap``: the trainer-version-zero anchor.
 - ``resolve``: choosing the newest usable committed snapshot.

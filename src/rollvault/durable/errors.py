@@ -1,8 +1,12 @@
-"""Errors of the durable layer; every one is a ``SnapshotError``.
+"""Errors of the durable layer.
 
+Every failure of the filesystem contract (a bad or missing manifest, a failed
+write, an incompatible run, no usable snapshot) is a ``SnapshotError``.
 Callers that must survive a failed snapshot (the periodic checkpointer) catch
-``SnapshotError``; callers that must refuse to resume catch
-``IncompatibleRunError`` and show its message, which lists every difference.
+it; callers that must refuse to resume catch ``IncompatibleRunError`` and show
+its message, which lists every difference. Misuse of an argument (a
+``keep_latest_k`` of 0, a config value JSON cannot hold) raises ``ValueError``
+or ``TypeError`` instead: it is a bug to fix, not a condition to survive.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class IncompatibleRunError(SnapshotError):
         super().__init__(
             f"refusing to resume from {anchor}: the run's configuration differs from "
             f"the one the checkpoint was made under in {len(self.differences)} "
-            f"place(s):\n{listing}"
+            f"place(s) (checkpoint value -> this run's value):\n{listing}"
         )
 
 
