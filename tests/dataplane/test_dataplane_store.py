@@ -260,3 +260,20 @@ def test_mutating_a_returned_row_dict_does_not_change_the_store() -> None:
         assert_rows_identical((await plane.get(TRAIN_PARTITION, ["k"]))["k"], sample_row(1))
 
     run(scenario)
+
+
+def test_capture_without_drops_only_the_named_keys() -> None:
+    async def main() -> None:
+        cut = DataPlaneMutationCut()
+        store = EmbeddedDataPlane(cut)
+        row = {"input_ids": np.arange(3, dtype=np.int64)}
+        await store.put("train", {"a": row, "b": row})
+        await store.put("rollout_staging", {"a": row})
+        capture = store.capture()
+        trimmed = capture.without("train", ["a", "absent"])
+        assert trimmed.keys("train") == ["b"]
+        assert trimmed.keys("rollout_staging") == ["a"]
+        assert capture.keys("train") == ["a", "b"]
+        assert trimmed.mutation_version == capture.mutation_version
+
+    asyncio.run(main())

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from pathlib import Path
 
 from rollvault.controller.config import RunConfig, load_run_config
-from rollvault.controller.pipeline import RunSummary, build_parts, run_pipeline
+from rollvault.controller.gate import AttemptOutcome, AttemptRequest
+from rollvault.controller.pipeline import RunSummary, run
 from rollvault.controller.replay_index import ReplayEntry
 from rollvault.controller.run_logs import (
     ATTEMPTS_LOG_FILENAME,
@@ -18,10 +20,11 @@ from rollvault.controller.run_logs import (
     TrainLogRecord,
     read_jsonl,
 )
-from rollvault.controller.trainer import RecordingTrainer, TrainBatch
+from rollvault.controller.trainer import TrainBatch
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.training.recording import RecordingTrainer
 
 
 class BatchKeepingTrainer(RecordingTrainer):
@@ -58,18 +61,20 @@ def small_config(tmp_path: Path, *overrides: str) -> RunConfig:
 def run_simulated(config: RunConfig) -> tuple[RunSummary, BatchKeepingTrainer]:
     trainer = BatchKeepingTrainer()
 
+    def gate(data_plane: DataPlane) -> SimulatedGate:
+        return SimulatedGate(
+            config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
+        )
+
     async def main() -> RunSummary:
-        parts = build_parts(config)
-
-        def gate(data_plane: DataPlane) -> SimulatedGate:
-            return SimulatedGate(config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed)
-
-        return await run_pipeline(parts, gate_factory=gate, trainer=trainer)
+        return await run(config, gate_factory=gate, trainer=trainer)
 
     return asyncio.run(main()), trainer
 
 
-def logs(config: RunConfig) -> tuple[list[TrainLogRecord], list[DropLogRecord], list[AttemptLogRecord]]:
+def logs(
+    config: RunConfig,
+) -> tuple[list[TrainLogRecord], list[DropLogRecord], list[AttemptLogRecord]]:
     log_dir = Path(config.logging.log_dir)
     return (
         read_jsonl(log_dir / TRAIN_LOG_FILENAME, TrainLogRecord),
@@ -87,3 +92,71 @@ def prompt_outcomes(config: RunConfig) -> Counter[tuple[int, str]]:
     for drop in dropped:
         counts[(drop.epoch, drop.sample_id)] += 1
     return counts
+
+
+class CrashingTrainer(BatchKeepingTrainer):
+    """Raises after training ``crash_after_step``: the run dies there, like a kill."""
+
+    def __init__(self, crash_after_step: int) -> None:
+        super().__init__()
+        self.crash_after_step = crash_after_step
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        metrics = await super().train_step(batch)
+        if batch.step == self.crash_after_step:
+            raise SimulatedCrash(f"crash after step {batch.step}")
+        return metrics
+
+
+class SimulatedCrash(RuntimeError):
+    pass
+
+
+def run_until_crash(config: RunConfig, crash_after_step: int) -> None:
+    """Run ``config`` and let it die after ``crash_after_step``."""
+    trainer = CrashingTrainer(crash_after_step)
+
+    def gate(data_plane: DataPlane) -> SimulatedGate:
+        return SimulatedGate(
+            config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
+        )
+
+    crashed = False
+    try:
+        asyncio.run(run(config, gate_factory=gate, trainer=trainer))
+    except* SimulatedCrash:
+        crashed = True
+    assert crashed, f"the run finished before step {crash_after_step}"
+
+
+def expected_prompts(num_prompts: int, epochs: int) -> set[tuple[int, str]]:
+    return {(epoch, str(idx)) for epoch in range(epochs) for idx in range(num_prompts)}
+
+
+class StallingGate(SimulatedGate):
+    """Never finishes attempts of one sibling slot: a stuck worker, deterministic."""
+
+    def __init__(self, *args: object, stalled_index: int, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._stalled_index = stalled_index
+
+    async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
+        if request.generation_index == self._stalled_index:
+            await asyncio.Event().wait()  # never set: the attempt hangs until cancelled
+        return await super().run_attempt(request)
+
+
+def run_stalled_then_kill(config: RunConfig, *, stalled_index: int, seconds: float) -> None:
+    """Run with one sibling slot stuck, long enough for snapshots, then cancel the run."""
+
+    def gate(data_plane: DataPlane) -> SimulatedGate:
+        return StallingGate(
+            config.gate.simulated, data_plane, ParityEnvironment(),
+            seed=config.seed, stalled_index=stalled_index,
+        )
+
+    async def main() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run(config, gate_factory=gate, trainer=RecordingTrainer()), seconds)
+
+    asyncio.run(main())

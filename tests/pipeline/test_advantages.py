@@ -17,7 +17,9 @@ def test_divided_by_std_plus_epsilon() -> None:
 
 
 def test_masked_sibling_gets_zero_and_does_not_move_the_baseline() -> None:
-    adv = group_advantages([1.0, 100.0, 0.0], [True, False, True], normalize_by_std=False, epsilon=1e-6)
+    adv = group_advantages(
+        [1.0, 100.0, 0.0], [True, False, True], normalize_by_std=False, epsilon=1e-6
+    )
     np.testing.assert_allclose(adv, [0.5, 0.0, -0.5])
 
 

@@ -1,10 +1,12 @@
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from rollvault.controller.run_logs import (
     AttemptLogRecord,
     JsonlWriter,
+    LogSequence,
     TrainLogRecord,
     read_jsonl,
 )
@@ -24,52 +26,60 @@ def _record(step: int) -> TrainLogRecord:
     )
 
 
+def _stamped(step: int, seq: int) -> TrainLogRecord:
+    return msgspec.structs.replace(_record(step), seq=seq)
+
+
 def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "train_log.jsonl"
-    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path)
+    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path, LogSequence())
     for step in range(3):
         writer.write(_record(step))
     writer.close()
-    assert read_jsonl(path, TrainLogRecord) == [_record(0), _record(1), _record(2)]
+    assert read_jsonl(path, TrainLogRecord) == [_stamped(0, 1), _stamped(1, 2), _stamped(2, 3)]
 
 
 def test_reader_drops_a_torn_last_line(tmp_path: Path) -> None:
     path = tmp_path / "train_log.jsonl"
-    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path)
+    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path, LogSequence())
     writer.write(_record(0))
     writer.close()
     with open(path, "ab") as f:
         f.write(b'{"step": 1, "trainer_ver')
-    assert read_jsonl(path, TrainLogRecord) == [_record(0)]
+    assert read_jsonl(path, TrainLogRecord) == [_stamped(0, 1)]
 
 
 def test_next_writer_cuts_the_torn_line_off(tmp_path: Path) -> None:
     path = tmp_path / "train_log.jsonl"
     path.write_bytes(b"")
-    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path)
+    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path, LogSequence())
     writer.write(_record(0))
     writer.close()
     with open(path, "ab") as f:
         f.write(b'{"step": 1, "trai')
-    writer = JsonlWriter(path)
+    writer = JsonlWriter(path, LogSequence())
     writer.write(_record(1))
     writer.close()
-    assert read_jsonl(path, TrainLogRecord) == [_record(0), _record(1)]
+    assert read_jsonl(path, TrainLogRecord) == [_stamped(0, 1), _stamped(1, 1)]
     assert path.read_bytes().count(b"\n") == 2
 
 
 def test_damage_in_the_middle_is_an_error_naming_the_line(tmp_path: Path) -> None:
     path = tmp_path / "attempts.jsonl"
     good = AttemptLogRecord(
-        gate_rollout_id="g_g0_a1", group_id="g", generation_index=0,
-        status="sealed", num_tokens=4, incarnation=1,
+        gate_rollout_id="g_g0_a1",
+        group_id="g",
+        generation_index=0,
+        status="sealed",
+        num_tokens=4,
+        incarnation=1,
     )
-    writer: JsonlWriter[AttemptLogRecord] = JsonlWriter(path)
+    writer: JsonlWriter[AttemptLogRecord] = JsonlWriter(path, LogSequence())
     writer.write(good)
     writer.close()
     with open(path, "ab") as f:
         f.write(b"garbage\n")
-    writer = JsonlWriter(path)
+    writer = JsonlWriter(path, LogSequence())
     writer.write(good)
     writer.close()
     with pytest.raises(ValueError, match=r"attempts.jsonl:2: damaged log line"):
@@ -78,3 +88,17 @@ def test_damage_in_the_middle_is_an_error_naming_the_line(tmp_path: Path) -> Non
 
 def test_missing_file_reads_as_empty(tmp_path: Path) -> None:
     assert read_jsonl(tmp_path / "nope.jsonl", TrainLogRecord) == []
+
+
+def test_writers_sharing_a_sequence_number_lines_run_wide(tmp_path: Path) -> None:
+    sequence = LogSequence(10)
+    train: JsonlWriter[TrainLogRecord] = JsonlWriter(tmp_path / "t.jsonl", sequence)
+    drops: JsonlWriter[TrainLogRecord] = JsonlWriter(tmp_path / "d.jsonl", sequence)
+    train.write(_record(0))
+    drops.write(_record(1))
+    train.write(_record(2))
+    train.close()
+    drops.close()
+    assert [r.seq for r in read_jsonl(tmp_path / "t.jsonl", TrainLogRecord)] == [11, 13]
+    assert [r.seq for r in read_jsonl(tmp_path / "d.jsonl", TrainLogRecord)] == [12]
+    assert sequence.value == 13

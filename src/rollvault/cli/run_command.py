@@ -10,24 +10,30 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollvault.controller.config import RunConfig
 from rollvault.controller.parts import RolloutParts
-from rollvault.controller.pipeline import RunSummary, build_parts, run_pipeline
-from rollvault.controller.trainer import RecordingTrainer
+from rollvault.controller.pipeline import RunSummary, run
+from rollvault.controller.restorer import RestoreError
+from rollvault.controller.resume import RunExistsError
 from rollvault.dataplane.interface import DataPlane
+from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
 from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.training.recording import RecordingTrainer
 
 
 def run_command(config: RunConfig) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
-    summary = asyncio.run(_run(config, console))
+    try:
+        summary = asyncio.run(_run(config, console))
+    except (IncompatibleRunError, RunExistsError, NoUsableSnapshotError, RestoreError) as error:
+        console.print(f"rollvault run: cannot start: {error}", markup=False, highlight=False)
+        return 2
     elapsed = time.perf_counter() - started
     _print_summary(console, config, summary, elapsed)
     return 0
 
 
 async def _run(config: RunConfig, console: Console) -> RunSummary:
-    parts = build_parts(config)
 
     def simulated_gate(data_plane: DataPlane) -> SimulatedGate:
         return SimulatedGate(
@@ -45,12 +51,12 @@ async def _run(config: RunConfig, console: Console) -> RunSummary:
     )
     task = progress.add_task("", total=config.grpo.max_num_steps)
 
-    def on_step(trainer_version: int, metrics: dict[str, float]) -> None:
-        progress.update(task, completed=trainer_version, description=_status(parts))
+    def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
+        progress.update(task, completed=parts.trainer_version, description=_status(parts))
 
     with progress:
-        return await run_pipeline(
-            parts, gate_factory=simulated_gate, trainer=RecordingTrainer(), on_step=on_step
+        return await run(
+            config, gate_factory=simulated_gate, trainer=RecordingTrainer(), on_step=on_step
         )
 
 
@@ -70,4 +76,8 @@ def _print_summary(
         f"{summary.dropped_groups} dropped, failures infra={summary.infra_failures} "
         f"data={summary.data_failures}, in {elapsed:.1f}s"
     )
-    console.print(f"logs: {config.logging.log_dir}")
+    console.print(
+        f"checkpoints: {config.checkpointing.checkpoint_dir} ({summary.snapshots_written} "
+        f"rollout snapshots, {summary.trainer_checkpoints} trainer checkpoints this start); "
+        f"logs: {config.logging.log_dir}"
+    )

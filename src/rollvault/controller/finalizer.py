@@ -76,8 +76,15 @@ class Finalizer:
         keys_per_sibling = [list(validate_receipt(r).staging_keys) for r in receipts]
         staged = await self._staged_rows(keys_per_sibling)
         verdicts = [
-            self._judge(receipts[i], keys_per_sibling[i], staged, rewards[i], masks[i],
-                        checks[i], contexts[i])
+            self._judge(
+                receipts[i],
+                keys_per_sibling[i],
+                staged,
+                rewards[i],
+                masks[i],
+                checks[i],
+                contexts[i],
+            )
             for i in range(len(receipts))
         ]
         advantages = group_advantages(
@@ -90,7 +97,9 @@ class Finalizer:
             train_key(group_id, i): _canonical_row(v, float(advantages[i]))
             for i, v in enumerate(verdicts)
         }
-        return await self._publish(group_id, canonical, verdicts, keys_per_sibling, gate_rollout_ids)
+        return await self._publish(
+            group_id, canonical, verdicts, keys_per_sibling, gate_rollout_ids
+        )
 
     async def _staged_rows(self, keys_per_sibling: list[list[str]]) -> dict[str, RowView]:
         data_plane = self._parts.data_plane
@@ -152,7 +161,13 @@ class Finalizer:
             sample_id=record.prompt_id,
             epoch=origin.epoch,
             start_weight_version=record.start_weight_version,
-            end_weight_version=self._end_weight_version.pop(group_id, record.start_weight_version),
+            # Never below the start: after a restore rolled the trainer back, a
+            # group admitted under a later (rolled back) version is finished
+            # with older weights.
+            end_weight_version=max(
+                record.start_weight_version,
+                self._end_weight_version.pop(group_id, record.start_weight_version),
+            ),
             target_step=record.target_step,
         )
         async with parts.cut.mutation():

@@ -16,11 +16,13 @@ import msgspec
 from rollvault.controller.config import RunConfig
 from rollvault.controller.dataloader import PromptDataLoader
 from rollvault.controller.dataset import PromptDataset
-from rollvault.controller.replay_index import ReplayBufferIndex
+from rollvault.controller.replay_index import ReplayBufferIndex, ReplayEntry
 from rollvault.controller.run_logs import (
     AttemptLogRecord,
     DropLogRecord,
     JsonlWriter,
+    LogSequence,
+    RestoreLogRecord,
     TrainLogRecord,
 )
 from rollvault.controller.sampler import Sampler
@@ -45,12 +47,15 @@ class RunLogs:
     train: JsonlWriter[TrainLogRecord]
     attempts: JsonlWriter[AttemptLogRecord]
     drops: JsonlWriter[DropLogRecord]
+    restores: JsonlWriter[RestoreLogRecord]
+    sequence: LogSequence
     incarnation: int
 
     def close(self) -> None:
         self.train.close()
         self.attempts.close()
         self.drops.close()
+        self.restores.close()
 
 
 @dataclass
@@ -75,6 +80,12 @@ class RolloutParts:
     finalizer_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     canonical_attempts: dict[str, list[str]] = field(default_factory=dict)
     """Per canonical group, the gate rollout id of each sibling's published attempt."""
+    base_step: int = 0
+    """Trainer version of the last durable trainer checkpoint (0: the bootstrap anchor)."""
+    trained_since_checkpoint: list[ReplayEntry] = field(default_factory=list)
+    """Groups trained after ``base_step``, in training order. Their rows, rewards
+    and attempt ids are kept until the next trainer checkpoint, so that a
+    restore to ``base_step`` can train them again in the same steps."""
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     reservation_finished: bool = False
     """No more prompts will be reserved (data exhausted or step budget stamped)."""

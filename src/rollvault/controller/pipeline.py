@@ -14,6 +14,8 @@ from pathlib import Path
 
 import msgspec
 
+from rollvault.controller.capacity import ReplayCapacity
+from rollvault.controller.checkpointer import Checkpointer
 from rollvault.controller.config import RunConfig
 from rollvault.controller.dataloader import PromptDataLoader
 from rollvault.controller.dataset import PromptDataset, build_dataset
@@ -21,12 +23,16 @@ from rollvault.controller.finalizer import Finalizer
 from rollvault.controller.gate import FailureKind, Gate
 from rollvault.controller.parts import RolloutParts, RunLogs
 from rollvault.controller.replay_index import ReplayBufferIndex
+from rollvault.controller.restorer import RolloutRestorer
+from rollvault.controller.resume import ResumeSource, prepare_checkpoint_dir, run_fingerprint
 from rollvault.controller.rollout_pump import RolloutPump
 from rollvault.controller.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     DROPS_LOG_FILENAME,
+    RESTORES_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
     JsonlWriter,
+    LogSequence,
 )
 from rollvault.controller.sampler import build_sampler
 from rollvault.controller.shortfall import BatchShortfall, SparePrompts
@@ -41,7 +47,7 @@ from rollvault.ledger.ledger import RolloutRecoveryLedger
 INCARNATION_FILENAME = "incarnation"
 
 GateFactory = Callable[[DataPlane], Gate]
-StepCallback = Callable[[int, dict[str, float]], None]
+StepCallback = Callable[[RolloutParts, dict[str, float]], None]
 
 
 class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +62,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     data_failures: int
     groups_in_flight: int
     staging_rows_left: int
+    snapshots_written: int
+    trainer_checkpoints: int
 
 
 def next_incarnation(log_dir: Path) -> int:
@@ -67,13 +75,12 @@ def next_incarnation(log_dir: Path) -> int:
     return previous + 1
 
 
-def build_parts(
-    config: RunConfig, *, dataset: PromptDataset | None = None
-) -> RolloutParts:
+def build_parts(config: RunConfig, *, dataset: PromptDataset | None = None) -> RolloutParts:
     """Fresh parts for a run; call on the event loop that will run it."""
     log_dir = Path(config.logging.log_dir)
     incarnation = next_incarnation(log_dir)
     cut = DataPlaneMutationCut()
+    sequence = LogSequence()
     data = dataset or build_dataset(
         config.dataset, vocab_size=config.gate.simulated.vocab_size, seed=config.seed
     )
@@ -84,16 +91,46 @@ def build_parts(
         data_plane=EmbeddedDataPlane(cut),
         dataset=data,
         dataloader=PromptDataLoader(data, shuffle=config.sampler.shuffle, seed=config.seed),
-        sampler=build_sampler(config.sampler, num_prompts_per_step=config.grpo.num_prompts_per_step),
+        sampler=build_sampler(
+            config.sampler, num_prompts_per_step=config.grpo.num_prompts_per_step
+        ),
         replay=ReplayBufferIndex(),
         shortfall=BatchShortfall(),
         spares=SparePrompts(),
         logs=RunLogs(
-            train=JsonlWriter(log_dir / TRAIN_LOG_FILENAME),
-            attempts=JsonlWriter(log_dir / ATTEMPTS_LOG_FILENAME),
-            drops=JsonlWriter(log_dir / DROPS_LOG_FILENAME),
+            train=JsonlWriter(log_dir / TRAIN_LOG_FILENAME, sequence),
+            attempts=JsonlWriter(log_dir / ATTEMPTS_LOG_FILENAME, sequence),
+            drops=JsonlWriter(log_dir / DROPS_LOG_FILENAME, sequence),
+            restores=JsonlWriter(log_dir / RESTORES_LOG_FILENAME, sequence),
+            sequence=sequence,
             incarnation=incarnation,
         ),
+    )
+
+
+async def run(
+    config: RunConfig,
+    *,
+    gate_factory: GateFactory,
+    trainer: Trainer,
+    on_step: StepCallback | None = None,
+    dataset: PromptDataset | None = None,
+) -> RunSummary:
+    """Start or resume the run ``config`` describes, and run it to the end.
+
+    Raises ``IncompatibleRunError`` (config changed), ``RunExistsError``
+    (``restore_mode=none`` on an existing run) or ``NoUsableSnapshotError``
+    before anything runs.
+    """
+    resume = prepare_checkpoint_dir(config)
+    parts = build_parts(config, dataset=dataset)
+    return await run_pipeline(
+        parts,
+        gate_factory=gate_factory,
+        trainer=trainer,
+        on_step=on_step,
+        resume=resume,
+        fingerprint=run_fingerprint(config),
     )
 
 
@@ -103,28 +140,63 @@ async def run_pipeline(
     gate_factory: GateFactory,
     trainer: Trainer,
     on_step: StepCallback | None = None,
+    resume: ResumeSource | None = None,
+    fingerprint: str | None = None,
 ) -> RunSummary:
-    """Run both pumps until the train pump is done; return what happened."""
+    """Restore (when resuming), then run both pumps until the train pump is done.
+
+    With rollout checkpointing enabled, snapshots are written every
+    ``interval_s`` meanwhile and once more at the end, and trainer
+    checkpoints every ``save_period`` steps.
+    """
     config = parts.config
     gate = gate_factory(parts.data_plane)
     inflight = asyncio.Semaphore(config.rollout.max_inflight_prompts)
-    capacity = asyncio.Semaphore(config.rollout.max_buffered_rollouts)
+    capacity = ReplayCapacity(config.rollout.max_buffered_rollouts)
     dispatch_open = asyncio.Event()
     dispatch_open.set()
     end_weight_version: dict[str, int] = {}
     finalizer = Finalizer(parts, end_weight_version=end_weight_version)
     rollout = RolloutPump(
-        parts, gate, finalizer, inflight=inflight, capacity=capacity,
-        dispatch_open=dispatch_open, end_weight_version=end_weight_version,
+        parts,
+        gate,
+        finalizer,
+        inflight=inflight,
+        capacity=capacity,
+        dispatch_open=dispatch_open,
+        end_weight_version=end_weight_version,
+    )
+    checkpointer = (
+        Checkpointer(parts, trainer, fingerprint=fingerprint)
+        if config.rollout_checkpointing.enabled
+        else None
     )
     train = TrainPump(
-        parts, trainer, gate, capacity=capacity, dispatch_open=dispatch_open, on_step=on_step
+        parts,
+        trainer,
+        gate,
+        capacity=capacity,
+        dispatch_open=dispatch_open,
+        on_step=on_step,
+        checkpointer=checkpointer,
     )
     try:
+        restorer = None
+        if resume is not None:
+            restorer = RolloutRestorer(
+                parts, trainer=trainer, buffer_capacity=capacity, resume=resume
+            )
+            await restorer.restore()
+            await gate.update_weights(parts.trainer_version)
         async with asyncio.TaskGroup() as group:
-            rollout_task = group.create_task(rollout.run())
+            rollout_task = group.create_task(rollout.run(restorer))
+            periodic = group.create_task(checkpointer.run_periodic()) if checkpointer else None
             await train.run()
             rollout_task.cancel()
+            if periodic is not None:
+                periodic.cancel()
+        if checkpointer is not None:
+            await checkpointer.snapshot_if_changed()
     finally:
         await gate.close()
         parts.logs.close()
@@ -138,4 +210,6 @@ async def run_pipeline(
         data_failures=rollout.failures[FailureKind.DATA],
         groups_in_flight=len(parts.ledger),
         staging_rows_left=len(parts.data_plane.keys(STAGING_PARTITION)),
+        snapshots_written=checkpointer.stats.snapshots if checkpointer else 0,
+        trainer_checkpoints=checkpointer.stats.trainer_checkpoints if checkpointer else 0,
     )

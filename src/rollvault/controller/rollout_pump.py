@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from rollvault.controller.capacity import ReplayCapacity
 from rollvault.controller.config import OnDroppedPrompt
 from rollvault.controller.finalizer import Finalizer
 from rollvault.controller.gate import (
@@ -27,11 +28,19 @@ from rollvault.controller.gate import (
     GateAttemptError,
 )
 from rollvault.controller.parts import GroupOrigin, RolloutParts
+from rollvault.controller.restorer import RestoreError, RolloutRestorer
 from rollvault.controller.run_logs import AttemptLogRecord, DropLogRecord
 from rollvault.controller.sampler import InOrderSampler
 from rollvault.dataplane.interface import STAGING_PARTITION
+from rollvault.ledger.datum import DatumSpec
 from rollvault.ledger.records import PromptGroupRecoveryRecord
-from rollvault.ledger.statuses import RolloutAttemptStatus
+from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
+
+_FINALIZABLE = frozenset(
+    {PromptGroupStatus.READY_TO_FINALIZE, PromptGroupStatus.FINALIZATION_UNKNOWN}
+)
+
+_RETRYABLE = frozenset({RolloutAttemptStatus.FAILED, RolloutAttemptStatus.ABANDONED})
 
 
 class RolloutPump:
@@ -44,7 +53,7 @@ class RolloutPump:
         finalizer: Finalizer,
         *,
         inflight: asyncio.Semaphore,
-        capacity: asyncio.Semaphore,
+        capacity: ReplayCapacity,
         dispatch_open: asyncio.Event,
         end_weight_version: dict[str, int],
     ) -> None:
@@ -58,12 +67,19 @@ class RolloutPump:
         self.failures = Counter[FailureKind]()
         self.dropped_groups = 0
 
-    async def run(self, restored_group_ids: list[str] | None = None) -> None:
+    async def run(self, restorer: RolloutRestorer | None = None) -> None:
         """Generate restored groups first, then fresh ones, until no prompt is left."""
         async with asyncio.TaskGroup() as slots:
-            for restored in restored_group_ids or []:
-                await self._inflight.acquire()
-                slots.create_task(self._own_slot(restored))
+            if restorer is not None:
+
+                async def launch(
+                    payload: DatumSpec, target_step: int | None, group_id: str
+                ) -> None:
+                    # Restored groups already hold replay capacity (the restorer took it).
+                    await self._inflight.acquire()
+                    slots.create_task(self._own_slot(group_id))
+
+                await restorer.redispatch_restored(launch, _refuse_unadmitted)
             while True:
                 await self._inflight.acquire()
                 await self._capacity.acquire()
@@ -142,12 +158,23 @@ class RolloutPump:
         current: str | None = group_id
         try:
             while current is not None:
-                if await self._generate(current):
+                if await self._sealed(current) or await self._generate(current):
                     await self._finalizer.finalize(current)
                     return
                 current = await self._give_up(current)
         finally:
             self._inflight.release()
+
+    async def _sealed(self, group_id: str) -> bool:
+        """Whether a (restored) group needs no generation; readies one that needs a retry."""
+        record = self._parts.ledger.get_group(group_id)
+        if record.status in _FINALIZABLE:
+            return True
+        current = {sibling.current_attempt.status for sibling in record.siblings}
+        if current & _RETRYABLE:
+            # Restored with failed siblings whose retry was not minted yet.
+            await self._retry(group_id)
+        return False
 
     async def _generate(self, group_id: str) -> bool:
         """Run the group's attempts until it is sealed (True) or out of budget (False)."""
@@ -337,6 +364,15 @@ class RolloutPump:
         )
 
 
+async def _refuse_unadmitted(group_ids: list[str]) -> None:
+    """This pump reserves and admits in one mutation, so its snapshots never hold
+    groups in phase ``reserved``; a snapshot that does was not written by it."""
+    raise RestoreError(
+        f"restored groups {group_ids[:5]} are reserved but not admitted; this rollout pump "
+        "cannot admit groups it did not reserve"
+    )
+
+
 def _sealed_keys(record: PromptGroupRecoveryRecord) -> set[str]:
     return {
         key
@@ -344,4 +380,3 @@ def _sealed_keys(record: PromptGroupRecoveryRecord) -> set[str]:
         if sibling.current_attempt.status is RolloutAttemptStatus.SEALED
         for key in sibling.current_attempt.staging_keys
     }
-

@@ -1,11 +1,17 @@
 """Append-only JSONL run logs: what was trained, and what every attempt became.
 
-``train_log.jsonl`` has one line per trained group and ``attempts.jsonl`` one
-line per attempt that reached a terminal status. They are the evidence the
-chaos harness checks exactly-once against, so each line is flushed as it is
-written. A SIGKILL can still tear the last line; readers drop a torn final line
-(and only a final one: a torn line in the middle means the file is damaged and
-is an error).
+``train_log.jsonl`` has one line per trained group, ``attempts.jsonl`` one
+line per attempt that reached a terminal status, ``drops.jsonl`` one line per
+prompt group given up, ``restores.jsonl`` one line per restore. They are the
+evidence the chaos harness checks exactly-once against, so each line is
+flushed as it is written. A SIGKILL can still tear the last line; readers drop
+a torn final line (and only a final one: a torn line in the middle means the
+file is damaged and is an error).
+
+Every line carries ``seq``, a run-wide counter that rollout snapshots capture.
+A restore from a snapshot taken at ``seq = S`` rolls back whatever earlier
+incarnations logged after ``S``; its ``restores.jsonl`` line says so, which is
+how a reader computes the run's effective history.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from rollvault.ledger.statuses import RolloutAttemptStatus
 TRAIN_LOG_FILENAME = "train_log.jsonl"
 ATTEMPTS_LOG_FILENAME = "attempts.jsonl"
 DROPS_LOG_FILENAME = "drops.jsonl"
+RESTORES_LOG_FILENAME = "restores.jsonl"
 
 
 class TrainLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -35,6 +42,7 @@ class TrainLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     gate_rollout_ids: list[str]
     target_step: int | None
     incarnation: int
+    seq: int = 0
 
 
 class AttemptLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -47,6 +55,7 @@ class AttemptLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     num_tokens: int
     incarnation: int
     reason: str | None = None
+    seq: int = 0
 
 
 class DropLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -59,17 +68,50 @@ class DropLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     replaced: bool
     """Whether a spare prompt took its place (``replace``) or its step shrank."""
     incarnation: int
+    seq: int = 0
 
 
-RecordT = TypeVar("RecordT", TrainLogRecord, AttemptLogRecord, DropLogRecord)
+class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One start that resumed a run, and what it kept."""
+
+    incarnation: int
+    restore_mode: str
+    snapshot: str | None
+    """The snapshot directory restored from (None: nothing to restore)."""
+    restored_seq: int
+    """Log lines of earlier incarnations with a larger ``seq`` were rolled back."""
+    base_train_step: int
+    canonical_group_ids: list[str]
+    """Groups restored already finalized: they must train as they are, not regenerated."""
+    siblings_reused: int
+    attempts_redispatched: int
+    groups_regenerated: int
+    rows_dropped: int
+    seconds: float
+    seq: int = 0
+
+
+RecordT = TypeVar("RecordT", TrainLogRecord, AttemptLogRecord, DropLogRecord, RestoreLogRecord)
+
+
+class LogSequence:
+    """The run-wide line counter shared by every log of one run."""
+
+    def __init__(self, value: int = 0) -> None:
+        self.value = value
+
+    def next(self) -> int:
+        self.value += 1
+        return self.value
 
 
 class JsonlWriter(Generic[RecordT]):
-    """Appends records, one JSON line each, flushed per line."""
+    """Appends records, one JSON line each, flushed per line, stamped with ``seq``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sequence: LogSequence) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
+        self._sequence = sequence
         self._file: IO[bytes] = open(path, "ab")  # noqa: SIM115 - closed in close()
         self._encoder = msgspec.json.Encoder()
         self._repair_torn_tail()
@@ -84,7 +126,8 @@ class JsonlWriter(Generic[RecordT]):
             self._file.truncate(complete)
 
     def write(self, record: RecordT) -> None:
-        self._file.write(self._encoder.encode(record) + b"\n")
+        stamped = msgspec.structs.replace(record, seq=self._sequence.next())
+        self._file.write(self._encoder.encode(stamped) + b"\n")
         self._file.flush()
 
     def close(self) -> None:

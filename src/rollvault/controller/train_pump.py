@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from rollvault.controller.capacity import ReplayCapacity
+from rollvault.controller.checkpointer import Checkpointer
 from rollvault.controller.gate import Gate
 from rollvault.controller.parts import RolloutParts
 from rollvault.controller.replay_index import ReplayEntry
@@ -33,9 +35,10 @@ class TrainPump:
         trainer: Trainer,
         gate: Gate,
         *,
-        capacity: asyncio.Semaphore,
+        capacity: ReplayCapacity,
         dispatch_open: asyncio.Event,
-        on_step: Callable[[int, dict[str, float]], None] | None = None,
+        on_step: Callable[[RolloutParts, dict[str, float]], None] | None = None,
+        checkpointer: Checkpointer | None = None,
     ) -> None:
         self._parts = parts
         self._trainer = trainer
@@ -43,6 +46,7 @@ class TrainPump:
         self._capacity = capacity
         self._dispatch_open = dispatch_open
         self._on_step = on_step
+        self._checkpointer = checkpointer
         self.trained_groups = 0
 
     async def run(self) -> None:
@@ -54,8 +58,10 @@ class TrainPump:
                 return  # no step is left: the data ran out
             metrics = await self._train()
             await self._sync_weights()
+            if self._checkpointer and self._checkpointer.due_for_trainer_checkpoint():
+                await self._checkpointer.trainer_checkpoint()
             if self._on_step is not None:
-                self._on_step(parts.trainer_version, metrics)
+                self._on_step(parts, metrics)
 
     # -- readiness (pure: called under the condition's lock) ------------------------------
 
@@ -99,12 +105,19 @@ class TrainPump:
         rows = await parts.data_plane.get(TRAIN_PARTITION, keys)
         metrics: dict[str, float] = {}
         if entries:
-            batch = TrainBatch(step=step, groups=entries, rows=rows, generations_per_group=per_group)
+            batch = TrainBatch(
+                step=step, groups=entries, rows=rows, generations_per_group=per_group
+            )
             metrics = await self._trainer.train_step(batch)
+        # No attempt may start between the version bump and the gate's weight
+        # sync: it would generate with the old weights under the new version.
+        self._dispatch_open.clear()
         async with parts.cut.mutation():
-            await parts.data_plane.clear(TRAIN_PARTITION, keys)
             for entry in entries:
                 self._log_trained(step, entry)
+            # Rows stay until the next trainer checkpoint: a restore to the last
+            # one trains these groups again, in the same steps.
+            parts.trained_since_checkpoint.extend(entries)
             parts.trainer_version += 1
             released = len(entries) + await self._drop_stale()
         for _ in range(released):
@@ -154,7 +167,6 @@ class TrainPump:
         parts = self._parts
         rewards = parts.finalizer_rewards[entry.group_id]
         gate_rollout_ids = parts.canonical_attempts[entry.group_id]
-        self._forget(entry.group_id)
         parts.logs.train.write(
             TrainLogRecord(
                 step=step,
@@ -177,7 +189,6 @@ class TrainPump:
         parts.origins.pop(group_id, None)
 
     async def _sync_weights(self) -> None:
-        self._dispatch_open.clear()
         try:
             await self._gate.update_weights(self._parts.trainer_version)
         finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from rollvault.dataplane.errors import DataPlaneKeyError
@@ -59,3 +59,15 @@ class DataPlaneCapture:
     def row_count(self) -> int:
         """Number of captured rows over all partitions."""
         return sum(len(rows) for rows in self._partitions.values())
+
+    def without(self, partition: str, keys: Iterable[str]) -> DataPlaneCapture:
+        """A capture like this one but without ``keys`` of ``partition``.
+
+        Copies references only; call it after the cut is released.
+        """
+        dropped = set(keys)
+        partitions = {
+            name: {key: row for key, row in rows.items() if name != partition or key not in dropped}
+            for name, rows in self._partitions.items()
+        }
+        return DataPlaneCapture(partitions, self._mutation_version)

@@ -66,6 +66,11 @@ FAULT_POINTS: Final = frozenset(
         "bootstrap_prune.anchor_synced",
         "bootstrap_prune.before_delete",
         "bootstrap_prune.after_delete",
+        # trainer_checkpoints.py
+        "trainer_checkpoint.tree_synced",
+        "trainer_checkpoint.after_rename",
+        "trainer_checkpoint.parent_synced",
+        "trainer_prune.after_trash_rename",
     }
 )
 

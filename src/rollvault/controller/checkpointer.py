@@ -1,0 +1,248 @@
+"""The checkpointer: periodic rollout snapshots and trainer checkpoints.
+
+A snapshot is taken in two phases. Inside the exclusive section of the
+mutation cut, :func:`capture_rollout_state` copies the in-memory state (the
+ledger sidecar, the replay index, spares, cursors, shortfall, and a
+reference view of the live data-plane rows): no file I/O, no encoding of
+rows. After the cut is released, a worker thread encodes and writes the
+files and the durable layer commits them atomically.
+
+Snapshots are anchored to the last durable trainer checkpoint (``step_<N>``,
+or ``bootstrap`` before the first). They describe the run *as of that
+checkpoint's trainer version*: groups trained since then go back into the
+replay index (``rolled_back_train_group_count``), with their rows kept, so a
+restore, which loads the trainer from ``step_<N>``, trains them again in the
+same steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import time
+from pathlib import Path
+
+from rollvault.controller.finalizer import capture_reward_settings
+from rollvault.controller.parts import RolloutParts
+from rollvault.controller.snapshot_files import (
+    SNAPSHOT_FILES_SCHEMA_VERSION,
+    ControllerStateFile,
+    ReplayBufferFile,
+    RolloutStateCapture,
+    write_snapshot_payload,
+)
+from rollvault.controller.trainer import Trainer
+from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
+from rollvault.durable.bootstrap import prune_bootstrap_snapshots
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME
+from rollvault.durable.manifest_schema import (
+    ROLLOUT_SNAPSHOT_SCHEMA_VERSION,
+    RolloutSnapshotManifest,
+    write_snapshot_manifest,
+)
+from rollvault.durable.publish import publish_snapshot
+from rollvault.durable.trainer_checkpoints import (
+    prune_trainer_checkpoints,
+    publish_trainer_checkpoint,
+    trainer_checkpoint_path,
+)
+from rollvault.ledger.sidecar import build_rollout_recovery_state
+
+TRAINER_STATE_DIRNAME = "trainer"
+TRAINER_ROLLOUT_STATE_DIRNAME = "rollout_state"
+"""The full rollout snapshot taken with a trainer checkpoint, outside
+``rollout_snapshots/`` so that snapshot retention never removes it."""
+KEEP_TRAINER_CHECKPOINTS = 2
+
+
+def capture_rollout_state(
+    parts: RolloutParts, *, fingerprint: str | None, base_step: int | None = None
+) -> RolloutStateCapture:
+    """Copy everything a snapshot holds; call inside ``cut.checkpoint()``.
+
+    ``base_step`` defaults to the last trainer checkpoint; a trainer
+    checkpoint being taken now passes the current trainer version, and then
+    nothing is rolled back.
+    """
+    parts.ledger.assert_checkpoint_safe()
+    base = parts.base_step if base_step is None else base_step
+    rolled_back = tuple(parts.trained_since_checkpoint) if base_step is None else ()
+    replay_state = parts.replay.state_dict()
+    entries = rolled_back + replay_state.entries
+    canonical = {entry.group_id for entry in entries}
+    live_groups = [record.group_id for record in parts.ledger.groups()]
+    recovery = build_rollout_recovery_state(
+        parts.ledger,
+        batch_shortfall=parts.shortfall.as_dict(),
+        sampler_stamps_target_steps=parts.sampler.stamps_target_steps,
+        finalizer_metrics_by_group={g: parts.finalizer_metrics[g] for g in canonical},
+        finalizer_rewards_by_group={g: parts.finalizer_rewards[g] for g in canonical},
+        reward_settings=capture_reward_settings(parts.config.reward),
+        canonical_group_ids=canonical,
+    )
+    data_plane = parts.data_plane.capture()
+    grouped = canonical | set(live_groups)
+    sampler = parts.sampler.state_dict()
+    return RolloutStateCapture(
+        manifest=RolloutSnapshotManifest(
+            schema_version=ROLLOUT_SNAPSHOT_SCHEMA_VERSION,
+            base_train_step=base,
+            trainer_version=base,
+            current_epoch=sampler.epoch,
+            sampler_dispatch_index=sampler.sampler_dispatch_index,
+            mutation_version=parts.cut.mutation_version,
+            rolled_back_train_group_count=len(rolled_back),
+            bootstrap_fingerprint=fingerprint,
+            next_nemo_gym_task_index=None,
+        ),
+        recovery_state=recovery,
+        replay=ReplayBufferFile(
+            schema_version=SNAPSHOT_FILES_SCHEMA_VERSION,
+            replay=type(replay_state)(schema_version=replay_state.schema_version, entries=entries),
+            canonical_attempts={g: list(parts.canonical_attempts[g]) for g in canonical},
+        ),
+        spares=parts.spares.state_dict(),
+        controller=ControllerStateFile(
+            schema_version=SNAPSHOT_FILES_SCHEMA_VERSION,
+            sampler=sampler,
+            dataloader=parts.dataloader.state_dict(),
+            origins={g: parts.origins[g] for g in grouped},
+            prompt_identities={
+                g: parts.dataset.identity(parts.origins[g].dataset_idx) for g in grouped
+            },
+            log_sequence=parts.logs.sequence.value,
+        ),
+        data_plane=data_plane,
+        generations_per_group=parts.config.grpo.num_generations_per_prompt,
+    )
+
+
+class SnapshotStats:
+    """What the checkpointer did, for logs and benchmarks."""
+
+    def __init__(self) -> None:
+        self.snapshots = 0
+        self.skipped = 0
+        self.trainer_checkpoints = 0
+        self.bytes_written = 0
+        self.cut_hold_seconds: list[float] = []
+        self.write_seconds: list[float] = []
+
+
+class Checkpointer:
+    """Writes rollout snapshots every ``interval_s`` and trainer checkpoints every
+    ``save_period`` steps, one at a time, under ``checkpoint_dir``."""
+
+    def __init__(self, parts: RolloutParts, trainer: Trainer, *, fingerprint: str | None) -> None:
+        self._parts = parts
+        self._trainer = trainer
+        self._fingerprint = fingerprint
+        self._checkpoint_dir = Path(parts.config.checkpointing.checkpoint_dir)
+        self._settings = parts.config.rollout_checkpointing
+        self._lock = asyncio.Lock()
+        self._last_version: int | None = None
+        self.stats = SnapshotStats()
+
+    def anchor(self) -> Path:
+        """The directory whose ``rollout_snapshots/`` takes the next snapshot."""
+        if self._parts.base_step == 0:
+            return self._checkpoint_dir / BOOTSTRAP_DIRNAME
+        return trainer_checkpoint_path(self._checkpoint_dir, self._parts.base_step)
+
+    async def run_periodic(self) -> None:
+        """Snapshot every ``interval_s`` seconds while anything changed; runs until cancelled."""
+        while True:
+            await asyncio.sleep(self._settings.interval_s)
+            await self.snapshot_if_changed()
+
+    async def snapshot_if_changed(self) -> Path | None:
+        """Write one rollout snapshot unless nothing mutated since the last one."""
+        async with self._lock:
+            if self._last_version == self._parts.cut.mutation_version:
+                self.stats.skipped += 1
+                return None
+            capture = await self._capture(base_step=None)
+            started = time.perf_counter()
+            path = await asyncio.to_thread(
+                publish_snapshot,
+                self.anchor(),
+                manifest=capture.manifest,
+                write_payload=functools.partial(self._write_payload, capture),
+                keep_latest_k=self._settings.keep_latest_k,
+            )
+            self.stats.write_seconds.append(time.perf_counter() - started)
+            self.stats.snapshots += 1
+            return path
+
+    def due_for_trainer_checkpoint(self) -> bool:
+        """Whether the current trainer version ends a ``save_period``."""
+        version = self._parts.trainer_version
+        return version > 0 and version % self._parts.config.checkpointing.save_period == 0
+
+    async def trainer_checkpoint(self) -> Path:
+        """Publish ``step_<V>/`` for the current trainer version V, then re-anchor on it.
+
+        Call between optimizer steps (the train pump does). Afterwards the
+        groups trained before V are no longer needed for a rollback: their
+        rows are cleared, and bootstrap snapshots and older trainer
+        checkpoints are pruned.
+        """
+        parts = self._parts
+        async with self._lock:
+            version = parts.trainer_version
+            capture = await self._capture(base_step=version)
+            retired = list(parts.trained_since_checkpoint)
+            keys = [
+                train_key(e.group_id, i)
+                for e in retired
+                for i in range(capture.generations_per_group)
+            ]
+            capture = dataclasses.replace(
+                capture, data_plane=capture.data_plane.without(TRAIN_PARTITION, keys)
+            )
+            path = await asyncio.to_thread(
+                publish_trainer_checkpoint,
+                self._checkpoint_dir,
+                version,
+                functools.partial(self._write_trainer_checkpoint, capture),
+            )
+            async with parts.cut.mutation():
+                await parts.data_plane.clear(TRAIN_PARTITION, keys)
+                for entry in retired:
+                    parts.finalizer_rewards.pop(entry.group_id, None)
+                    parts.finalizer_metrics.pop(entry.group_id, None)
+                    parts.canonical_attempts.pop(entry.group_id, None)
+                    parts.origins.pop(entry.group_id, None)
+                del parts.trained_since_checkpoint[: len(retired)]
+                parts.base_step = version
+            await asyncio.to_thread(self._prune, path)
+            self.stats.trainer_checkpoints += 1
+            return path
+
+    async def _capture(self, *, base_step: int | None) -> RolloutStateCapture:
+        parts = self._parts
+        async with parts.cut.checkpoint():
+            started = time.perf_counter()
+            capture = capture_rollout_state(
+                parts, fingerprint=self._fingerprint, base_step=base_step
+            )
+            self.stats.cut_hold_seconds.append(time.perf_counter() - started)
+        self._last_version = capture.manifest.mutation_version
+        return capture
+
+    def _write_payload(self, capture: RolloutStateCapture, directory: Path) -> None:
+        self.stats.bytes_written += write_snapshot_payload(capture, directory)
+
+    def _write_trainer_checkpoint(self, capture: RolloutStateCapture, directory: Path) -> None:
+        trainer_dir = directory / TRAINER_STATE_DIRNAME
+        trainer_dir.mkdir()
+        self._trainer.save_checkpoint(trainer_dir)
+        rollout_dir = directory / TRAINER_ROLLOUT_STATE_DIRNAME
+        rollout_dir.mkdir()
+        self._write_payload(capture, rollout_dir)
+        write_snapshot_manifest(rollout_dir, capture.manifest)
+
+    def _prune(self, latest: Path) -> None:
+        prune_bootstrap_snapshots(self._checkpoint_dir, durable_trainer_checkpoint=latest)
+        prune_trainer_checkpoints(self._checkpoint_dir, keep_latest=KEEP_TRAINER_CHECKPOINTS)

@@ -1,0 +1,399 @@
+"""Restore the rollout parts of a resumed run, once, before the pumps start.
+
+The order matters and follows the data: rows first (the data plane), then
+the replay index, then the ledger (``prepare_for_restart`` turns interrupted
+attempts into fresh ones and ``finalizing`` groups into
+``finalization_unknown``), then the leftovers nothing references are removed,
+then spares and cursors, and last the prompts are rehydrated from the dataset
+and checked against the identity recorded at reservation. The rollout pump
+then redispatches the restored groups first, under the same semaphores as new
+work, while the train pump drains the replay index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollvault.controller.capacity import ReplayCapacity
+from rollvault.controller.config import RestoreMode, RunConfig
+from rollvault.controller.finalizer import capture_reward_settings
+from rollvault.controller.parts import RolloutParts
+from rollvault.controller.resume import ResumeSource
+from rollvault.controller.run_logs import AttemptLogRecord, RestoreLogRecord
+from rollvault.controller.shortfall import SHORTFALL_SCHEMA_VERSION, BatchShortfallState
+from rollvault.controller.snapshot_files import (
+    DATA_PLANE_DIRNAME,
+    LoadedSnapshot,
+    SnapshotCorruptError,
+    advertised_digests,
+    checked_bytes,
+    decode_recovery_sidecar,
+)
+from rollvault.controller.trainer import Trainer
+from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
+from rollvault.ledger.datum import DatumSpec
+from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.sidecar import ParsedRolloutRecoveryState
+from rollvault.ledger.statuses import PromptGroupPhase, PromptGroupStatus, RolloutAttemptStatus
+
+_LOG = logging.getLogger("rollvault.restore")
+
+
+class RestoreError(RuntimeError):
+    """A snapshot cannot be restored into this run (it disagrees with the run or the data)."""
+
+
+@dataclass
+class RestoreCounts:
+    """What a restore kept and what it redoes, logged and written to restores.jsonl."""
+
+    siblings_reused: int = 0
+    attempts_redispatched: int = 0
+    groups_regenerated: int = 0
+    rows_dropped: int = 0
+    replay_groups: int = 0
+    ledger_groups: int = 0
+
+
+async def read_recovery_sidecar(
+    recovery_path: Path,
+    metadata: Mapping[str, Any],
+    *,
+    master_config: RunConfig,
+) -> ParsedRolloutRecoveryState:
+    """Read the recovery-ledger sidecar and check it against its data-plane checkpoint.
+
+    ``metadata`` is the data-plane checkpoint's ``user_metadata``: it
+    advertises the sidecar's SHA-256, ledger schema and group count, and the
+    sidecar must match all three. Its reward settings must match this run's.
+    Raises ``SnapshotCorruptError`` or :class:`RestoreError` naming the file.
+    """
+    digests = advertised_digests(recovery_path.parent / DATA_PLANE_DIRNAME, metadata)
+    name = recovery_path.name
+    if name not in digests:
+        raise SnapshotCorruptError(recovery_path, "the data-plane metadata does not advertise it")
+    raw = {name: await asyncio.to_thread(checked_bytes, recovery_path, digests[name])}
+    parsed = decode_recovery_sidecar(recovery_path, raw, digests)
+    groups = len(parsed.ledger_state["groups"])
+    if groups != digests[name].group_count:
+        raise SnapshotCorruptError(
+            recovery_path,
+            f"holds {groups} groups; the data-plane metadata advertises {digests[name].group_count}",
+        )
+    expected = capture_reward_settings(master_config.reward)
+    if parsed.reward_settings is not None and parsed.reward_settings != expected:
+        raise RestoreError(
+            f"{recovery_path}: rewards were captured under {parsed.reward_settings}, "
+            f"this run uses {expected}"
+        )
+    return parsed
+
+
+class RolloutRestorer:
+    """Restore the parts listed in the module docstring, then hand them to the pumps."""
+
+    def __init__(
+        self,
+        parts: RolloutParts,
+        *,
+        trainer: Trainer,
+        buffer_capacity: ReplayCapacity,
+        resume: ResumeSource,
+    ) -> None:
+        self._parts = parts
+        self._trainer = trainer
+        self._capacity = buffer_capacity
+        self._resume = resume
+        self.counts = RestoreCounts()
+        self.restored_group_ids: list[str] = []
+        self._identities: dict[str, str] = {}
+
+    async def restore(self) -> bool:
+        """Restore the parts listed in the module docstring.
+
+        Call it once, before the pumps start. Returns whether restore queued
+        unfinished groups that :meth:`redispatch_restored` must launch.
+        """
+        started = time.perf_counter()
+        parts = self._parts
+        resume = self._resume
+        if resume.trainer_dir is not None:
+            self._trainer.load_checkpoint(resume.trainer_dir)
+        snapshot = resume.snapshot
+        async with parts.cut.mutation():
+            parts.trainer_version = resume.base_step
+            parts.base_step = resume.base_step
+            if snapshot is not None:
+                self._validate_forest_checkpoint_metadata(snapshot)
+                # Lines this start writes come after everything the snapshot saw.
+                parts.logs.sequence.value = max(
+                    parts.logs.sequence.value, snapshot.controller.log_sequence
+                )
+                restored_replay_groups = await self._restore_replay_buffer(snapshot)
+                await self._restore_recovery_ledger(
+                    snapshot, restored_replay_groups=restored_replay_groups
+                )
+                self._restore_spare_prompts(snapshot)
+                self._restore_cursors(snapshot)
+                self._validate_sampler_cursor()
+                if resume.mode is RestoreMode.TRAINER_CHECKPOINT:
+                    await self._queue_replay_groups_for_regeneration()
+                await self._drop_orphan_rows()
+                await self._rehydrate_prompts(snapshot)
+        self.restored_group_ids = [record.group_id for record in parts.ledger.groups()]
+        self._count_work()
+        self._capacity.take_restored(len(parts.replay) + len(parts.ledger))
+        self._log_restore_metrics(time.perf_counter() - started)
+        return bool(self.restored_group_ids)
+
+    async def redispatch_restored(
+        self,
+        launch: Callable[[DatumSpec, int | None, str], Awaitable[None]],
+        admit: Callable[[list[str]], Awaitable[Any]],
+    ) -> None:
+        """Launch every restored unfinished group, in reservation order, before new work.
+
+        The rollout pump passes its own ``launch`` (payload, target step,
+        group id), so restored groups take the same in-flight permits as new
+        work while the train pump drains the replay index. Groups still in
+        phase ``reserved`` go to ``admit`` first.
+        """
+        parts = self._parts
+        records = [parts.ledger.get_group(group_id) for group_id in self.restored_group_ids]
+        reserved = [r.group_id for r in records if r.phase is PromptGroupPhase.RESERVED]
+        if reserved:
+            await admit(reserved)
+        for record in records:
+            await launch(record.prompt_payload, record.target_step, record.group_id)
+
+    # -- the parts, in order ---------------------------------------------------------
+
+    def _validate_forest_checkpoint_metadata(self, snapshot: LoadedSnapshot) -> None:
+        """The snapshot's reward settings must be this run's: sealed rewards are final."""
+        recovery = snapshot.recovery
+        expected = capture_reward_settings(self._parts.config.reward)
+        if recovery.reward_settings is not None and recovery.reward_settings != expected:
+            raise RestoreError(
+                f"{snapshot.path}: rewards were captured under {recovery.reward_settings}, "
+                f"this run uses {expected}; sealed rewards cannot be re-finalized"
+            )
+
+    async def _restore_replay_buffer(self, snapshot: LoadedSnapshot) -> int:
+        """Rows first, then the canonical groups that index them; returns their count."""
+        parts = self._parts
+        await parts.data_plane.load_checkpoint(snapshot.path / DATA_PLANE_DIRNAME)
+        parts.replay.load_state_dict(snapshot.replay.replay)
+        parts.canonical_attempts.update(snapshot.replay.canonical_attempts)
+        parts.finalizer_rewards.update(snapshot.recovery.finalizer_rewards_by_group)
+        parts.finalizer_metrics.update(snapshot.recovery.finalizer_metrics_by_group)
+        return len(parts.replay)
+
+    async def _restore_recovery_ledger(
+        self, snapshot: LoadedSnapshot, *, restored_replay_groups: int
+    ) -> None:
+        """Unfinished groups, with interrupted attempts turned into fresh ones."""
+        parts = self._parts
+        parts.ledger.load_state_dict(parts.cut, snapshot.recovery.ledger_state)
+        before = parts.ledger.groups()
+        parts.ledger.prepare_for_restart(parts.cut)
+        self._log_discarded_seals(before)
+        await self._resolve_finalization_unknown()
+        _LOG.debug(
+            "ledger restored: %d unfinished groups beside %d canonical ones",
+            len(parts.ledger),
+            restored_replay_groups,
+        )
+
+    def _restore_spare_prompts(self, snapshot: LoadedSnapshot) -> None:
+        """Spares were pulled from the dataloader and never dispatched; only the
+        snapshot holds them, and the restored dataloader resumes past them."""
+        self._parts.spares.load_state_dict(snapshot.spares)
+
+    def _restore_cursors(self, snapshot: LoadedSnapshot) -> None:
+        parts = self._parts
+        controller = snapshot.controller
+        parts.sampler.load_state_dict(controller.sampler)
+        parts.dataloader.load_state_dict(controller.dataloader)
+        parts.shortfall.load_state_dict(
+            BatchShortfallState(
+                schema_version=SHORTFALL_SCHEMA_VERSION, losses=snapshot.recovery.batch_shortfall
+            )
+        )
+        parts.origins.update(controller.origins)
+
+    async def _resolve_finalization_unknown(self) -> None:
+        """Canonical rows indexed for training: keep them. Otherwise finalize again."""
+        parts = self._parts
+        for record in parts.ledger.groups():
+            if record.status is not PromptGroupStatus.FINALIZATION_UNKNOWN:
+                continue
+            if record.group_id in parts.replay:
+                parts.ledger.discard_group(parts.cut, record.group_id)
+            else:
+                await parts.data_plane.clear(TRAIN_PARTITION, self._train_keys(record.group_id))
+
+    def _log_discarded_seals(self, before: list[PromptGroupRecoveryRecord]) -> None:
+        """Log sealed siblings that ``prepare_for_restart`` abandoned (``prompt_group``)."""
+        parts = self._parts
+        for old in before:
+            new = parts.ledger.get_group(old.group_id)
+            for sibling in old.siblings:
+                attempt = sibling.current_attempt
+                replaced = new.siblings[sibling.generation_index].current_attempt
+                if attempt.status is RolloutAttemptStatus.SEALED and (
+                    replaced.attempt_uuid != attempt.attempt_uuid
+                ):
+                    context = attempt.reward_log_context
+                    parts.logs.attempts.write(
+                        AttemptLogRecord(
+                            gate_rollout_id=old.gate_rollout_id(sibling.generation_index),
+                            group_id=old.group_id,
+                            generation_index=sibling.generation_index,
+                            status=RolloutAttemptStatus.ABANDONED,
+                            num_tokens=context.response_length if context else 0,
+                            incarnation=parts.logs.incarnation,
+                            reason="sealed work discarded on restart (prompt_group)",
+                        )
+                    )
+
+    def _validate_sampler_cursor(self) -> None:
+        """Require the sampler cursor to cover every restored target step."""
+        parts = self._parts
+        steps = [record.target_step for record in parts.ledger.groups()]
+        steps += [entry.target_step for entry in parts.replay]
+        parts.sampler.check_cursor_covers(steps)
+
+    async def _queue_replay_groups_for_regeneration(self) -> None:
+        """The ``trainer_checkpoint`` baseline: throw every restored rollout away.
+
+        Canonical and unfinished groups alike become fresh prompt work with
+        the same prompt and target step, as a framework without rollout
+        snapshots would redo them.
+        """
+        parts = self._parts
+        stale: list[tuple[str, int | None]] = []
+        for entry in list(parts.replay):
+            parts.replay.remove(entry.group_id)
+            await parts.data_plane.clear(TRAIN_PARTITION, self._train_keys(entry.group_id))
+            stale.append((entry.group_id, entry.target_step))
+        for record in parts.ledger.groups():
+            parts.ledger.abandon_unsealed(parts.cut, record.group_id)
+            parts.ledger.drop_group(parts.cut, record.group_id)
+            stale.append((record.group_id, record.target_step))
+        for group_id, target_step in stale:
+            origin = parts.origins.pop(group_id)
+            for table in (
+                parts.canonical_attempts,
+                parts.finalizer_rewards,
+                parts.finalizer_metrics,
+            ):
+                table.pop(group_id, None)
+            fresh = parts.ledger.reserve_group(
+                parts.cut,
+                prompt_id=str(origin.dataset_idx),
+                prompt_payload=parts.dataset[origin.dataset_idx],
+                expected_generations=parts.config.grpo.num_generations_per_prompt,
+                target_step=target_step,
+                start_weight_version=parts.trainer_version,
+                recovery_granularity=parts.config.rollout.recovery_granularity,
+            )
+            parts.origins[fresh.group_id] = origin
+            self.counts.groups_regenerated += 1
+
+    async def _drop_orphan_rows(self) -> None:
+        """Remove rows that neither the ledger nor the replay index references."""
+        parts = self._parts
+        staged = set(parts.data_plane.keys(STAGING_PARTITION))
+        orphan_staging = staged - parts.ledger.expected_staging_keys()
+        wanted_train = {key for entry in parts.replay for key in self._train_keys(entry.group_id)}
+        orphan_train = set(parts.data_plane.keys(TRAIN_PARTITION)) - wanted_train
+        await parts.data_plane.clear(STAGING_PARTITION, orphan_staging)
+        await parts.data_plane.clear(TRAIN_PARTITION, orphan_train)
+        self.counts.rows_dropped += len(orphan_staging) + len(orphan_train)
+
+    async def _rehydrate_prompts(self, snapshot: LoadedSnapshot) -> None:
+        """Bind each ledger group's prompt, resolved from the stable map-style dataset.
+
+        Assumes the dataset has integer ``__getitem__`` and keeps its order
+        across checkpoint and restart; :meth:`_load_recovery_prompt` checks it.
+        """
+        parts = self._parts
+        self._identities = snapshot.controller.prompt_identities
+        for record in parts.ledger.groups():
+            payload = await self._load_recovery_prompt(
+                group_id=record.group_id, sample_id=record.prompt_ref.sample_id
+            )
+            parts.ledger.bind_runtime_prompt(parts.cut, record.group_id, payload)
+
+    async def _load_recovery_prompt(self, *, group_id: str, sample_id: str) -> DatumSpec:
+        """Resolve one stable dataset prompt reference and check it is the same prompt."""
+        parts = self._parts
+        origin = parts.origins[group_id]
+        if str(origin.dataset_idx) != sample_id:
+            raise RestoreError(
+                f"group {group_id!r}: ledger sample id {sample_id!r} disagrees with its recorded "
+                f"dataset index {origin.dataset_idx}"
+            )
+        recorded = self._identities.get(group_id)
+        if recorded is not None and parts.dataset.identity(origin.dataset_idx) != recorded:
+            raise RestoreError(
+                f"group {group_id!r}: dataset index {origin.dataset_idx} no longer holds the "
+                "prompt it was reserved with (the dataset changed order or content)"
+            )
+        return parts.dataset[origin.dataset_idx]
+
+    # -- accounting -------------------------------------------------------------------
+
+    def _train_keys(self, group_id: str) -> list[str]:
+        per_group = self._parts.config.grpo.num_generations_per_prompt
+        return [train_key(group_id, index) for index in range(per_group)]
+
+    def _count_work(self) -> None:
+        parts = self._parts
+        self.counts.replay_groups = len(parts.replay)
+        self.counts.ledger_groups = len(parts.ledger)
+        for record in parts.ledger.groups():
+            for sibling in record.siblings:
+                status = sibling.current_attempt.status
+                if status is RolloutAttemptStatus.SEALED:
+                    self.counts.siblings_reused += 1
+                elif status is RolloutAttemptStatus.RESERVED:
+                    self.counts.attempts_redispatched += 1
+
+    def _log_restore_metrics(self, seconds: float) -> None:
+        parts = self._parts
+        snapshot = self._resume.snapshot
+        counts = self.counts
+        _LOG.info(
+            "restored %s in %.3fs: %d canonical groups, %d unfinished groups, %d siblings reused, "
+            "%d attempts to redispatch, %d groups regenerated, %d orphan rows dropped",
+            snapshot.path if snapshot else "nothing",
+            seconds,
+            counts.replay_groups,
+            counts.ledger_groups,
+            counts.siblings_reused,
+            counts.attempts_redispatched,
+            counts.groups_regenerated,
+            counts.rows_dropped,
+        )
+        parts.logs.restores.write(
+            RestoreLogRecord(
+                incarnation=parts.logs.incarnation,
+                restore_mode=self._resume.mode.value,
+                snapshot=str(snapshot.path) if snapshot else None,
+                restored_seq=snapshot.controller.log_sequence if snapshot else 0,
+                base_train_step=self._resume.base_step,
+                canonical_group_ids=[entry.group_id for entry in parts.replay],
+                siblings_reused=counts.siblings_reused,
+                attempts_redispatched=counts.attempts_redispatched,
+                groups_regenerated=counts.groups_regenerated,
+                rows_dropped=counts.rows_dropped,
+                seconds=seconds,
+            )
+        )

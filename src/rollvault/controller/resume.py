@@ -1,0 +1,130 @@
+"""Deciding how a start resumes: which checkpoint, which snapshot, or none.
+
+A checkpoint directory holds a run when its bootstrap anchor exists. A start
+under ``restore_mode``:
+
+- ``latest`` resumes from the newest trainer checkpoint ``step_<N>`` (or the
+  bootstrap anchor) and its newest verified rollout snapshot; a corrupt or
+  incompatible snapshot is skipped for the next older one, down to the full
+  snapshot taken with the trainer checkpoint itself.
+- ``trainer_checkpoint`` resumes from ``step_<N>`` and its own snapshot only,
+  and regenerates every rollout after it: what other frameworks do, kept as
+  the baseline rollvault is measured against.
+- ``none`` starts fresh and refuses a directory that holds a run, unless
+  ``force_fresh`` is set (then the old run's checkpoints and logs are removed).
+
+Every mode but a forced fresh start first checks the run's compatibility
+identity against the anchor and refuses a changed config, naming every
+changed dotpath.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollvault.controller.checkpointer import TRAINER_ROLLOUT_STATE_DIRNAME, TRAINER_STATE_DIRNAME
+from rollvault.controller.config import RestoreMode, RunConfig, config_to_dict
+from rollvault.controller.snapshot_files import LoadedSnapshot, read_snapshot
+from rollvault.durable.bootstrap import ensure_bootstrap_anchor
+from rollvault.durable.compatibility import bootstrap_compatibility_identity
+from rollvault.durable.errors import NoUsableSnapshotError, SnapshotError
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME, BOOTSTRAP_MANIFEST_FILENAME
+from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
+from rollvault.durable.resolve import resolve_latest_snapshot
+from rollvault.durable.trainer_checkpoints import (
+    latest_trainer_checkpoint,
+    trainer_checkpoint_path,
+)
+
+
+class RunExistsError(RuntimeError):
+    """``restore_mode=none`` found a run in the checkpoint directory."""
+
+
+@dataclass(frozen=True)
+class ResumeSource:
+    """What setup restores from; the restorer continues from it."""
+
+    mode: RestoreMode
+    base_step: int
+    snapshot: LoadedSnapshot | None
+    """The verified snapshot to restore (None: nothing to restore, start fresh)."""
+    trainer_dir: Path | None
+    """The trainer state to load (None at the bootstrap anchor)."""
+
+
+def run_fingerprint(config: RunConfig) -> str:
+    """The run's compatibility fingerprint, stored in every snapshot manifest."""
+    return bootstrap_compatibility_identity(config_to_dict(config)).fingerprint()
+
+
+def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
+    """Check the directory against ``config`` and pick what to resume from.
+
+    Returns None for a fresh start. Raises ``IncompatibleRunError`` on a
+    changed config, :class:`RunExistsError` for ``none`` without
+    ``force_fresh``, and ``NoUsableSnapshotError`` when snapshots exist but
+    none can be used.
+    """
+    settings = config.rollout_checkpointing
+    checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
+    identity = bootstrap_compatibility_identity(config_to_dict(config))
+    holds_run = (checkpoint_dir / BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME).exists()
+    if settings.restore_mode is RestoreMode.NONE and holds_run:
+        if not settings.force_fresh:
+            raise RunExistsError(
+                f"{checkpoint_dir} holds a run; restore_mode=none refuses to overwrite it "
+                "(set rollout_checkpointing.force_fresh=true to delete it and start fresh)"
+            )
+        shutil.rmtree(checkpoint_dir)
+        shutil.rmtree(Path(config.logging.log_dir), ignore_errors=True)
+        holds_run = False
+    # Creates the anchor for a new run; for an existing one, refuses a changed config.
+    ensure_bootstrap_anchor(checkpoint_dir, identity=identity)
+    if not holds_run:
+        return None
+    return _resume_source(config, checkpoint_dir, identity.fingerprint())
+
+
+def _resume_source(config: RunConfig, checkpoint_dir: Path, fingerprint: str) -> ResumeSource:
+    mode = config.rollout_checkpointing.restore_mode
+    step = latest_trainer_checkpoint(checkpoint_dir) or 0
+    step_dir = trainer_checkpoint_path(checkpoint_dir, step) if step else None
+    per_group = config.grpo.num_generations_per_prompt
+    trainer_dir = step_dir / TRAINER_STATE_DIRNAME if step_dir else None
+    if mode is RestoreMode.TRAINER_CHECKPOINT:
+        snapshot = _embedded_snapshot(step_dir, per_group) if step_dir else None
+        return ResumeSource(mode, step, snapshot, trainer_dir)
+    anchor = step_dir or checkpoint_dir / BOOTSTRAP_DIRNAME
+    loaded: dict[Path, LoadedSnapshot] = {}
+
+    def verify(path: Path, manifest: RolloutSnapshotManifest) -> None:
+        loaded[path] = read_snapshot(path, manifest, generations_per_group=per_group)
+
+    try:
+        resolved = resolve_latest_snapshot(
+            anchor,
+            expected_train_step=step,
+            expected_trainer_version=step,
+            expected_bootstrap_fingerprint=fingerprint,
+            verify_snapshot=verify,
+        )
+    except NoUsableSnapshotError:
+        if step_dir is None:
+            raise
+        resolved = None  # the trainer checkpoint's own snapshot is the oldest fallback
+    if resolved is not None:
+        return ResumeSource(mode, step, loaded[resolved.path], trainer_dir)
+    snapshot = _embedded_snapshot(step_dir, per_group) if step_dir else None
+    return ResumeSource(mode, step, snapshot, trainer_dir)
+
+
+def _embedded_snapshot(step_dir: Path, generations_per_group: int) -> LoadedSnapshot:
+    path = step_dir / TRAINER_ROLLOUT_STATE_DIRNAME
+    try:
+        manifest = read_snapshot_manifest(path)
+    except SnapshotError as exc:
+        raise NoUsableSnapshotError(step_dir, [(path, str(exc))]) from exc
+    return read_snapshot(path, manifest, generations_per_group=generations_per_group)

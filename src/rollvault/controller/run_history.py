@@ -1,0 +1,168 @@
+"""The effective history of a run that was killed and restarted, from its logs.
+
+Each start appends to the same logs. A restore from a snapshot taken when the
+run-wide line counter stood at ``S`` rolls back what earlier starts logged
+after ``S`` (*void* lines). A restore to a trainer checkpoint also trains
+some steps again; for each step, the effective timeline keeps the last start
+that trained it. On that timeline the invariants of exactly-once training
+are checked (:func:`check_exactly_once`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollvault.controller.run_logs import (
+    ATTEMPTS_LOG_FILENAME,
+    DROPS_LOG_FILENAME,
+    RESTORES_LOG_FILENAME,
+    TRAIN_LOG_FILENAME,
+    AttemptLogRecord,
+    DropLogRecord,
+    RestoreLogRecord,
+    TrainLogRecord,
+    read_jsonl,
+)
+from rollvault.ledger.statuses import RolloutAttemptStatus
+
+PromptKey = tuple[int, str]
+"""(epoch, sample id): one prompt of one epoch."""
+
+
+@dataclass
+class RunHistory:
+    """A run's logs, with void lines marked and each step's effective training."""
+
+    train: list[TrainLogRecord]
+    drops: list[DropLogRecord]
+    attempts: list[AttemptLogRecord]
+    restores: list[RestoreLogRecord]
+    steps: dict[int, list[TrainLogRecord]] = field(default_factory=dict)
+    """Per step, the groups of the last start that trained it."""
+    superseded: dict[int, list[list[TrainLogRecord]]] = field(default_factory=dict)
+    """Per step trained more than once, the earlier (rolled back) trainings."""
+
+    def is_void(self, incarnation: int, seq: int) -> bool:
+        """Whether a line was rolled back by a later start's restore."""
+        return any(
+            restore.incarnation > incarnation and seq > restore.restored_seq
+            for restore in self.restores
+        )
+
+
+def read_run_history(log_dir: Path) -> RunHistory:
+    """Read every log of the run in ``log_dir`` and build its effective timeline."""
+    history = RunHistory(
+        train=read_jsonl(log_dir / TRAIN_LOG_FILENAME, TrainLogRecord),
+        drops=read_jsonl(log_dir / DROPS_LOG_FILENAME, DropLogRecord),
+        attempts=read_jsonl(log_dir / ATTEMPTS_LOG_FILENAME, AttemptLogRecord),
+        restores=read_jsonl(log_dir / RESTORES_LOG_FILENAME, RestoreLogRecord),
+    )
+    by_step: dict[int, dict[int, list[TrainLogRecord]]] = defaultdict(lambda: defaultdict(list))
+    for record in history.train:
+        if not history.is_void(record.incarnation, record.seq):
+            by_step[record.step][record.incarnation].append(record)
+    for step, starts in sorted(by_step.items()):
+        ordered = [starts[incarnation] for incarnation in sorted(starts)]
+        history.steps[step] = ordered[-1]
+        if len(ordered) > 1:
+            history.superseded[step] = ordered[:-1]
+    return history
+
+
+def effective_drops(history: RunHistory) -> list[DropLogRecord]:
+    """Drops that no restore rolled back."""
+    return [d for d in history.drops if not history.is_void(d.incarnation, d.seq)]
+
+
+def check_exactly_once(history: RunHistory, expected: set[PromptKey]) -> list[str]:
+    """Every problem with exactly-once training on the effective timeline (empty: none).
+
+    ``expected`` is every (epoch, sample id) the run should have consumed.
+    Checks: each expected prompt trained exactly once or dropped, never both;
+    nothing unexpected trained; no group trained twice; a step trained again
+    has the same prompts; each group restored finalized trained as itself.
+    """
+    problems: list[str] = []
+    trained = [record for records in history.steps.values() for record in records]
+    outcomes: Counter[PromptKey] = Counter((r.epoch, r.sample_id) for r in trained)
+    outcomes.update((d.epoch, d.sample_id) for d in effective_drops(history))
+    for key in sorted(expected | set(outcomes)):
+        count = outcomes.get(key, 0)
+        if key not in expected:
+            problems.append(f"prompt {key} was trained or dropped but not expected")
+        elif count != 1:
+            problems.append(f"prompt {key} was trained or dropped {count} times")
+    group_counts = Counter(record.group_id for record in trained)
+    problems += [f"group {g} trained {n} times" for g, n in group_counts.items() if n > 1]
+    for step, earlier in history.superseded.items():
+        final = {(r.epoch, r.sample_id) for r in history.steps[step]}
+        for records in earlier:
+            if {(r.epoch, r.sample_id) for r in records} != final:
+                problems.append(f"step {step} trained different prompts after a restore")
+    trained_groups = {record.group_id for record in trained}
+    for restore in history.restores:
+        missing = [g for g in restore.canonical_group_ids if g not in trained_groups]
+        if missing:
+            problems.append(
+                f"start {restore.incarnation} restored finalized groups {missing[:5]} "
+                "that did not train as themselves"
+            )
+    return problems
+
+
+def check_sibling_reuse(history: RunHistory) -> list[str]:
+    """Each sibling of each trained group sealed exactly once, net of discarded seals.
+
+    With ``sibling`` granularity and no transient failures this means no
+    sibling sealed before the snapshot a restore used was generated again.
+    """
+    net: Counter[tuple[str, int]] = Counter()
+    for attempt in history.attempts:
+        if history.is_void(attempt.incarnation, attempt.seq):
+            continue
+        key = (attempt.group_id, attempt.generation_index)
+        if attempt.status is RolloutAttemptStatus.SEALED:
+            net[key] += 1
+        elif attempt.status is RolloutAttemptStatus.ABANDONED:
+            net[key] -= 1
+    problems = []
+    for records in history.steps.values():
+        for record in records:
+            for index in range(len(record.gate_rollout_ids)):
+                count = net[(record.group_id, index)]
+                if count != 1:
+                    problems.append(
+                        f"group {record.group_id} sibling {index} has {count} effective seals"
+                    )
+    return problems
+
+
+@dataclass(frozen=True)
+class WorkAccounting:
+    """Tokens generated (sealed attempts, every start) against tokens that trained."""
+
+    generated_tokens: int
+    trained_tokens: int
+
+    @property
+    def lost_tokens(self) -> int:
+        return self.generated_tokens - self.trained_tokens
+
+
+def work_accounting(history: RunHistory) -> WorkAccounting:
+    """Generated tokens count every sealed attempt ever logged, rolled back or not."""
+    tokens = {
+        a.gate_rollout_id: a.num_tokens
+        for a in history.attempts
+        if a.status is RolloutAttemptStatus.SEALED
+    }
+    trained = sum(
+        tokens.get(rollout_id, 0)
+        for records in history.steps.values()
+        for record in records
+        for rollout_id in record.gate_rollout_ids
+    )
+    return WorkAccounting(generated_tokens=sum(tokens.values()), trained_tokens=trained)

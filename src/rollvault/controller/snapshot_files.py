@@ -1,0 +1,333 @@
+"""The files of one rollout snapshot: what they hold, how they are written and checked.
+
+::
+
+    snapshot_<seq>/
+      manifest.json                  RolloutSnapshotManifest (durable layer)
+      rollout_recovery.json          the ledger sidecar (rollvault.ledger.sidecar)
+      replay_buffer_metadata.json    canonical groups waiting to train, and their attempts
+      replacement_reserve.json       spare prompts
+      controller_state.json          sampler and dataloader cursors, group origins, log seq
+      data_plane/                    every live row; its metadata.json advertises, for
+                                     each sidecar above, its SHA-256, schema version
+                                     and group count
+
+Everything is JSON decoded into strict msgspec Structs, or safetensors: never
+pickle. A snapshot is *verified* when every sidecar matches what the data
+plane's metadata advertises and every cross-reference holds (each ledger
+staging key and each canonical row exists). A failed check raises
+:class:`SnapshotCorruptError` naming the file, so that restore falls back to
+an older snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from rollvault.controller.dataloader import DataLoaderState
+from rollvault.controller.parts import GroupOrigin
+from rollvault.controller.replay_index import ReplayIndexState
+from rollvault.controller.sampler import SamplerState
+from rollvault.controller.shortfall import SparePromptsState
+from rollvault.dataplane.capture import DataPlaneCapture
+from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint, write_checkpoint
+from rollvault.dataplane.errors import DataPlaneCheckpointError
+from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
+from rollvault.durable.errors import SnapshotError
+from rollvault.durable.manifest_schema import RolloutSnapshotManifest
+from rollvault.ledger.errors import LedgerError
+from rollvault.ledger.sidecar import (
+    ROLLOUT_RECOVERY_STATE_FILENAME,
+    ParsedRolloutRecoveryState,
+    decode_rollout_recovery_state,
+    encode_rollout_recovery_state,
+)
+from rollvault.ledger.state_schema import ROLLOUT_RECOVERY_SCHEMA_VERSION, RolloutRecoveryState
+
+SNAPSHOT_FILES_SCHEMA_VERSION: Final = 1
+REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
+REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
+CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
+DATA_PLANE_DIRNAME: Final = "data_plane"
+SIDECARS_METADATA_KEY: Final = "sidecars"
+
+
+class SnapshotCorruptError(SnapshotError):
+    """A snapshot file is missing, damaged, or disagrees with another one."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class ReplayBufferFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Canonical groups waiting to train, as of the snapshot's base train step."""
+
+    schema_version: int
+    replay: ReplayIndexState
+    canonical_attempts: dict[str, list[str]]
+    """Per canonical group, the gate rollout id of each sibling's published attempt."""
+
+
+class ControllerStateFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Cursors and bookkeeping that no other sidecar owns."""
+
+    schema_version: int
+    sampler: SamplerState
+    dataloader: DataLoaderState
+    origins: dict[str, GroupOrigin]
+    """Every group in the ledger or the replay index: its epoch and dataset index."""
+    prompt_identities: dict[str, str]
+    """Per group, the dataset's identity digest of its prompt, checked on rehydration."""
+    log_sequence: int
+
+
+class SidecarDigest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """What the data plane's metadata advertises about one sidecar file."""
+
+    sha256: str
+    schema_version: int
+    group_count: int
+
+
+@dataclass(frozen=True)
+class RolloutStateCapture:
+    """Everything a snapshot writes, captured inside the exclusive cut.
+
+    In-memory and immutable: captured objects are copies or frozen, and the
+    data-plane capture holds references to read-only rows. Nothing here has
+    been encoded yet; that happens after the cut is released.
+    """
+
+    manifest: RolloutSnapshotManifest
+    recovery_state: RolloutRecoveryState
+    replay: ReplayBufferFile
+    spares: SparePromptsState
+    controller: ControllerStateFile
+    data_plane: DataPlaneCapture
+    generations_per_group: int
+
+
+@dataclass(frozen=True)
+class LoadedSnapshot:
+    """A verified snapshot, decoded."""
+
+    path: Path
+    manifest: RolloutSnapshotManifest
+    recovery: ParsedRolloutRecoveryState
+    replay: ReplayBufferFile
+    spares: SparePromptsState
+    controller: ControllerStateFile
+    data_plane: LoadedCheckpoint
+
+
+_ENCODER: Final = msgspec.json.Encoder(order="sorted")
+
+
+def write_snapshot_payload(capture: RolloutStateCapture, directory: Path) -> int:
+    """Write every file but the manifest into ``directory``; return the bytes written.
+
+    Sync and unflushed: the caller runs it in a worker thread and the durable
+    layer's commit fsyncs and publishes the directory.
+    """
+    files = {
+        ROLLOUT_RECOVERY_STATE_FILENAME: encode_rollout_recovery_state(capture.recovery_state),
+        REPLAY_BUFFER_METADATA_FILENAME: _ENCODER.encode(capture.replay),
+        REPLACEMENT_RESERVE_FILENAME: _ENCODER.encode(capture.spares),
+        CONTROLLER_STATE_FILENAME: _ENCODER.encode(capture.controller),
+    }
+    counts = {
+        ROLLOUT_RECOVERY_STATE_FILENAME: (
+            ROLLOUT_RECOVERY_SCHEMA_VERSION,
+            len(capture.recovery_state["ledger"]["groups"]),
+        ),
+        REPLAY_BUFFER_METADATA_FILENAME: (
+            capture.replay.schema_version,
+            len(capture.replay.replay.entries),
+        ),
+        REPLACEMENT_RESERVE_FILENAME: (capture.spares.schema_version, len(capture.spares.prompts)),
+        CONTROLLER_STATE_FILENAME: (
+            capture.controller.schema_version,
+            len(capture.controller.origins),
+        ),
+    }
+    digests: dict[str, Any] = {}
+    for name, data in files.items():
+        with open(directory / name, "xb") as handle:
+            handle.write(data)
+        version, count = counts[name]
+        digests[name] = msgspec.to_builtins(
+            SidecarDigest(sha256=_sha256(data), schema_version=version, group_count=count)
+        )
+    info = write_checkpoint(
+        directory / DATA_PLANE_DIRNAME, capture.data_plane, {SIDECARS_METADATA_KEY: digests}
+    )
+    return info.bytes_written + sum(len(data) for data in files.values())
+
+
+def read_snapshot(
+    path: Path, manifest: RolloutSnapshotManifest, *, generations_per_group: int
+) -> LoadedSnapshot:
+    """Read and verify every file of the snapshot at ``path``.
+
+    Raises :class:`SnapshotCorruptError` naming the first bad file.
+    """
+    data_plane = _read_data_plane(path / DATA_PLANE_DIRNAME)
+    digests = advertised_digests(path / DATA_PLANE_DIRNAME, data_plane.user_metadata)
+    raw = {name: checked_bytes(path / name, digest) for name, digest in digests.items()}
+    recovery = decode_recovery_sidecar(path / ROLLOUT_RECOVERY_STATE_FILENAME, raw, digests)
+    snapshot = LoadedSnapshot(
+        path=path,
+        manifest=manifest,
+        recovery=recovery,
+        replay=_decode(path, REPLAY_BUFFER_METADATA_FILENAME, raw, ReplayBufferFile),
+        spares=_decode(path, REPLACEMENT_RESERVE_FILENAME, raw, SparePromptsState),
+        controller=_decode(path, CONTROLLER_STATE_FILENAME, raw, ControllerStateFile),
+        data_plane=data_plane,
+    )
+    _check_counts(snapshot, digests)
+    _check_cross_references(snapshot, generations_per_group)
+    return snapshot
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_data_plane(directory: Path) -> LoadedCheckpoint:
+    try:
+        return read_checkpoint(directory)
+    except DataPlaneCheckpointError as exc:
+        raise SnapshotCorruptError(exc.path, exc.problem) from exc
+
+
+def advertised_digests(
+    directory: Path, user_metadata: Mapping[str, Any]
+) -> dict[str, SidecarDigest]:
+    """The sidecar digests a data-plane checkpoint's ``user_metadata`` advertises."""
+    expected = {
+        ROLLOUT_RECOVERY_STATE_FILENAME,
+        REPLAY_BUFFER_METADATA_FILENAME,
+        REPLACEMENT_RESERVE_FILENAME,
+        CONTROLLER_STATE_FILENAME,
+    }
+    try:
+        digests = msgspec.convert(
+            user_metadata.get(SIDECARS_METADATA_KEY), dict[str, SidecarDigest], strict=True
+        )
+    except msgspec.ValidationError as exc:
+        raise SnapshotCorruptError(
+            directory / "metadata.json", f"user_metadata.{SIDECARS_METADATA_KEY}: {exc}"
+        ) from exc
+    if set(digests) != expected:
+        raise SnapshotCorruptError(
+            directory / "metadata.json",
+            f"advertises sidecars {sorted(digests)}, expected {sorted(expected)}",
+        )
+    return digests
+
+
+def checked_bytes(path: Path, digest: SidecarDigest) -> bytes:
+    """The bytes of ``path``, refused unless their SHA-256 is the advertised one."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
+    actual = _sha256(data)
+    if actual != digest.sha256:
+        raise SnapshotCorruptError(
+            path, f"SHA-256 {actual} does not match {digest.sha256} in data_plane/metadata.json"
+        )
+    return data
+
+
+def decode_recovery_sidecar(
+    path: Path, raw: dict[str, bytes], digests: dict[str, SidecarDigest]
+) -> ParsedRolloutRecoveryState:
+    """Decode the ledger sidecar after checking its advertised schema version."""
+    expected_version = digests[ROLLOUT_RECOVERY_STATE_FILENAME].schema_version
+    if expected_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
+        raise SnapshotCorruptError(
+            path,
+            f"data plane metadata advertises ledger schema {expected_version}; this rollvault "
+            f"reads schema {ROLLOUT_RECOVERY_SCHEMA_VERSION}",
+        )
+    try:
+        return decode_rollout_recovery_state(raw[ROLLOUT_RECOVERY_STATE_FILENAME])
+    except LedgerError as exc:
+        raise SnapshotCorruptError(path, str(exc)) from exc
+
+
+def _decode(path: Path, name: str, raw: dict[str, bytes], kind: type[Any]) -> Any:
+    try:
+        decoded = msgspec.json.decode(raw[name], type=kind, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SnapshotCorruptError(path / name, str(exc)) from exc
+    if decoded.schema_version != SNAPSHOT_FILES_SCHEMA_VERSION and kind is not SparePromptsState:
+        raise SnapshotCorruptError(
+            path / name,
+            f"unsupported schema_version {decoded.schema_version} "
+            f"(supported: {SNAPSHOT_FILES_SCHEMA_VERSION})",
+        )
+    return decoded
+
+
+def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -> None:
+    actual = {
+        ROLLOUT_RECOVERY_STATE_FILENAME: len(snapshot.recovery.ledger_state["groups"]),
+        REPLAY_BUFFER_METADATA_FILENAME: len(snapshot.replay.replay.entries),
+        REPLACEMENT_RESERVE_FILENAME: len(snapshot.spares.prompts),
+        CONTROLLER_STATE_FILENAME: len(snapshot.controller.origins),
+    }
+    for name, count in actual.items():
+        if count != digests[name].group_count:
+            raise SnapshotCorruptError(
+                snapshot.path / name,
+                f"holds {count} groups; data_plane/metadata.json advertises "
+                f"{digests[name].group_count}",
+            )
+
+
+def _check_cross_references(snapshot: LoadedSnapshot, generations_per_group: int) -> None:
+    staging = snapshot.data_plane.partitions.get(STAGING_PARTITION, {})
+    train = snapshot.data_plane.partitions.get(TRAIN_PARTITION, {})
+    origins = snapshot.controller.origins
+    for group in snapshot.recovery.ledger_state["groups"]:
+        group_id = group["group_id"]
+        if group_id not in origins:
+            raise SnapshotCorruptError(
+                snapshot.path / CONTROLLER_STATE_FILENAME,
+                f"no origin for ledger group {group_id!r}",
+            )
+        for sibling in group["siblings"]:
+            attempt = sibling["attempts"][-1]
+            missing = [key for key in attempt["staging_keys"] if key not in staging]
+            if attempt["status"] == "sealed" and missing:
+                raise SnapshotCorruptError(
+                    snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME,
+                    f"group {group_id!r} sibling {sibling['generation_index']} names staged rows "
+                    f"{missing} that data_plane/ does not hold",
+                )
+    for entry in snapshot.replay.replay.entries:
+        missing = [
+            train_key(entry.group_id, index)
+            for index in range(generations_per_group)
+            if train_key(entry.group_id, index) not in train
+        ]
+        if missing or entry.group_id not in snapshot.replay.canonical_attempts:
+            raise SnapshotCorruptError(
+                snapshot.path / REPLAY_BUFFER_METADATA_FILENAME,
+                f"canonical group {entry.group_id!r} lacks rows {missing} or its attempt ids",
+            )
+        if entry.group_id not in origins:
+            raise SnapshotCorruptError(
+                snapshot.path / CONTROLLER_STATE_FILENAME,
+                f"no origin for canonical group {entry.group_id!r}",
+            )

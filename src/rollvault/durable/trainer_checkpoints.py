@@ -1,0 +1,109 @@
+"""Trainer checkpoint directories ``step_<N>/``: publish, find the latest, prune.
+
+A trainer checkpoint is written into ``tmp_step_<N>/``, flushed file by file,
+renamed to ``step_<N>/`` and the parent flushed, the same atomic publication
+as a rollout snapshot: a crash leaves either no ``step_<N>/`` or a complete
+one. ``tmp_step_`` and ``trash_step_`` directories are never read and are
+cleared by the next publication. Older checkpoints are pruned through
+``trash_step_<N>`` so a half-deleted directory never keeps a committed name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from rollvault.durable.errors import SnapshotWriteError
+from rollvault.durable.faults import fault_point
+from rollvault.durable.fsync import _fsync_directory, _fsync_tree
+from rollvault.durable.trash import remove_tree
+
+_STEP_RE: Final = re.compile(r"step_([0-9]+)")
+_LEFTOVER_RE: Final = re.compile(r"(tmp|trash)_step_([0-9]+)")
+
+
+def trainer_checkpoint_path(checkpoint_dir: Path, step: int) -> Path:
+    """Where the trainer checkpoint of ``step`` lives."""
+    return checkpoint_dir / f"step_{step}"
+
+
+def trainer_checkpoint_steps(checkpoint_dir: Path) -> list[int]:
+    """Steps of every committed trainer checkpoint, oldest first."""
+    if not checkpoint_dir.is_dir():
+        return []
+    steps = []
+    for entry in checkpoint_dir.iterdir():
+        match = _STEP_RE.fullmatch(entry.name)
+        if match and entry.is_dir() and not entry.is_symlink():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def latest_trainer_checkpoint(checkpoint_dir: Path) -> int | None:
+    """The newest committed trainer checkpoint's step, or None."""
+    steps = trainer_checkpoint_steps(checkpoint_dir)
+    return steps[-1] if steps else None
+
+
+def publish_trainer_checkpoint(
+    checkpoint_dir: Path, step: int, write: Callable[[Path], None]
+) -> Path:
+    """Write ``step_<step>/`` atomically: ``write(tmp_dir)`` fills it, then commit.
+
+    On ``OSError`` the temporary directory is removed and
+    ``SnapshotWriteError`` is raised; committed checkpoints are untouched.
+    """
+    final = trainer_checkpoint_path(checkpoint_dir, step)
+    if final.exists():
+        raise SnapshotWriteError(f"trainer checkpoint {final} already exists")
+    _clear_leftovers(checkpoint_dir)
+    tmp = checkpoint_dir / f"tmp_step_{step}"
+    try:
+        tmp.mkdir(parents=True)
+        write(tmp)
+        _fsync_tree(tmp)
+        fault_point("trainer_checkpoint.tree_synced")
+        os.rename(tmp, final)
+    except OSError as exc:
+        remove_tree(tmp)
+        raise SnapshotWriteError(
+            f"writing trainer checkpoint {final} failed: {exc}; it was removed and earlier "
+            "checkpoints are untouched"
+        ) from exc
+    except BaseException:
+        remove_tree(tmp)
+        raise
+    fault_point("trainer_checkpoint.after_rename")
+    _fsync_directory(checkpoint_dir)
+    fault_point("trainer_checkpoint.parent_synced")
+    return final
+
+
+def prune_trainer_checkpoints(checkpoint_dir: Path, *, keep_latest: int) -> list[int]:
+    """Delete all but the newest ``keep_latest`` trainer checkpoints; return their steps."""
+    if keep_latest < 1:
+        raise ValueError(f"prune_trainer_checkpoints: keep_latest must be >= 1, got {keep_latest}")
+    steps = trainer_checkpoint_steps(checkpoint_dir)
+    excess = steps[: max(len(steps) - keep_latest, 0)]
+    trashed = []
+    for step in excess:
+        trash = checkpoint_dir / f"trash_step_{step}"
+        os.rename(trainer_checkpoint_path(checkpoint_dir, step), trash)
+        fault_point("trainer_prune.after_trash_rename")
+        trashed.append(trash)
+    if trashed:
+        _fsync_directory(checkpoint_dir)
+    for trash in trashed:
+        remove_tree(trash)
+    return excess
+
+
+def _clear_leftovers(checkpoint_dir: Path) -> None:
+    if not checkpoint_dir.is_dir():
+        return
+    for entry in checkpoint_dir.iterdir():
+        if _LEFTOVER_RE.fullmatch(entry.name):
+            remove_tree(entry)

@@ -1,0 +1,1 @@
+"""Training: trainers that implement :class:`rollvault.controller.trainer.Trainer`."""
