@@ -6,6 +6,8 @@ The real-process proof with SIGKILL is the chaos harness
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from pipeline_helpers import (
 )
 
 from rollvault.controller.config import RunConfig
+from rollvault.controller.restorer import RestoreError, read_recovery_sidecar
 from rollvault.controller.resume import RunExistsError, prepare_checkpoint_dir
 from rollvault.controller.run_history import (
     check_exactly_once,
@@ -26,6 +29,8 @@ from rollvault.controller.run_history import (
     read_run_history,
     work_accounting,
 )
+from rollvault.controller.snapshot_files import SnapshotCorruptError
+from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.durable.errors import IncompatibleRunError
 
 SLOW_GATE = (
@@ -165,3 +170,29 @@ def test_a_damaged_snapshot_file_falls_back_to_the_previous_snapshot(
     assert source is not None and source.snapshot is not None and source.snapshot.path == newest
     run_simulated(config)
     assert _history_problems(config) == []
+
+
+def test_read_recovery_sidecar_checks_checksum_group_count_and_rewards(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    run_until_crash(config, 3)
+    source = prepare_checkpoint_dir(config)
+    assert source is not None and source.snapshot is not None
+    snapshot = source.snapshot.path
+    sidecar = snapshot / "rollout_recovery.json"
+    metadata = read_checkpoint_metadata(snapshot / "data_plane").user_metadata
+    parsed = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    assert parsed.ledger_state == source.snapshot.recovery.ledger_state
+
+    wrong_sum = copy.deepcopy(metadata)
+    wrong_sum["sidecars"]["rollout_recovery.json"]["sha256"] = "0" * 64
+    with pytest.raises(SnapshotCorruptError, match="rollout_recovery.json: SHA-256"):
+        asyncio.run(read_recovery_sidecar(sidecar, wrong_sum, master_config=config))
+
+    wrong_count = copy.deepcopy(metadata)
+    wrong_count["sidecars"]["rollout_recovery.json"]["group_count"] += 1
+    with pytest.raises(SnapshotCorruptError, match="advertises"):
+        asyncio.run(read_recovery_sidecar(sidecar, wrong_count, master_config=config))
+
+    other_rewards = _config(tmp_path, "reward.overlong_penalty=0.5")
+    with pytest.raises(RestoreError, match="rewards were captured under"):
+        asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=other_rewards))

@@ -1,0 +1,125 @@
+"""Trainer checkpoint directories: atomic publication, latest, pruning, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rollvault.durable.errors import SnapshotWriteError
+from rollvault.durable.trainer_checkpoints import (
+    latest_trainer_checkpoint,
+    prune_trainer_checkpoints,
+    publish_trainer_checkpoint,
+    trainer_checkpoint_path,
+    trainer_checkpoint_steps,
+)
+
+
+def _write_state(step: int) -> Callable[[Path], None]:
+    def write(directory: Path) -> None:
+        (directory / "trainer").mkdir()
+        (directory / "trainer" / "state.bin").write_bytes(bytes([step % 256]) * 4096)
+        (directory / "done").write_text(str(step))
+
+    return write
+
+
+def _complete(path: Path, step: int) -> bool:
+    state = path / "trainer" / "state.bin"
+    return (
+        state.exists()
+        and state.read_bytes() == bytes([step % 256]) * 4096
+        and (path / "done").read_text() == str(step)
+    )
+
+
+def test_publish_latest_and_prune(tmp_path: Path) -> None:
+    assert latest_trainer_checkpoint(tmp_path) is None
+    for step in (10, 20, 30):
+        path = publish_trainer_checkpoint(tmp_path, step, _write_state(step))
+        assert path == trainer_checkpoint_path(tmp_path, step) and _complete(path, step)
+    assert trainer_checkpoint_steps(tmp_path) == [10, 20, 30]
+    assert latest_trainer_checkpoint(tmp_path) == 30
+    assert prune_trainer_checkpoints(tmp_path, keep_latest=2) == [10]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_20", "step_30"]
+
+
+def test_a_failing_write_leaves_nothing_and_earlier_checkpoints_untouched(tmp_path: Path) -> None:
+    publish_trainer_checkpoint(tmp_path, 10, _write_state(10))
+
+    def failing(directory: Path) -> None:
+        (directory / "half").write_text("x")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(SnapshotWriteError, match="step_20 failed.*No space left"):
+        publish_trainer_checkpoint(tmp_path, 20, failing)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10"]
+    assert _complete(tmp_path / "step_10", 10)
+
+
+def test_an_existing_step_is_never_overwritten(tmp_path: Path) -> None:
+    publish_trainer_checkpoint(tmp_path, 10, _write_state(10))
+    with pytest.raises(SnapshotWriteError, match="already exists"):
+        publish_trainer_checkpoint(tmp_path, 10, _write_state(11))
+    assert _complete(tmp_path / "step_10", 10)
+
+
+def test_keep_latest_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep_latest must be >= 1"):
+        prune_trainer_checkpoints(tmp_path, keep_latest=0)
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from rollvault.durable.trainer_checkpoints import publish_trainer_checkpoint, prune_trainer_checkpoints
+    root, step = Path(sys.argv[1]), int(sys.argv[2])
+    def write(directory):
+        (directory / "trainer").mkdir()
+        (directory / "trainer" / "state.bin").write_bytes(bytes([step % 256]) * 4096)
+        (directory / "done").write_text(str(step))
+    publish_trainer_checkpoint(root, step, write)
+    prune_trainer_checkpoints(root, keep_latest=1)
+    """
+)
+
+
+def _child(root: Path, step: int, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(root), str(step)], env={**os.environ, **env},
+        capture_output=True, timeout=60, check=False,
+    )
+
+
+@pytest.mark.slow
+def test_kill_at_every_fault_point_leaves_old_or_new_complete(tmp_path: Path) -> None:
+    template = tmp_path / "template"
+    assert _child(template, 1, {}).returncode == 0
+    trace = tmp_path / "trace.txt"
+    traced = tmp_path / "traced"
+    subprocess.run(["cp", "-a", str(template), str(traced)], check=True)
+    assert _child(traced, 2, {"ROLLVAULT_FAULT_TRACE": str(trace)}).returncode == 0
+    points = trace.read_text().split()
+    assert "trainer_checkpoint.after_rename" in points and "trainer_prune.after_trash_rename" in points
+    seen: dict[str, int] = {}
+    for number, point in enumerate(points):
+        seen[point] = seen.get(point, 0) + 1
+        root = tmp_path / f"kill_{number}"
+        subprocess.run(["cp", "-a", str(template), str(root)], check=True)
+        killed = _child(root, 2, {"ROLLVAULT_FAULT_KILL_AT": f"{point}:{seen[point]}"})
+        assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
+        latest = latest_trainer_checkpoint(root)
+        assert latest in (1, 2), point
+        assert _complete(trainer_checkpoint_path(root, latest), latest), point
+        # The next publication clears leftovers and succeeds.
+        assert _child(root, 3, {}).returncode == 0, point
+        assert trainer_checkpoint_steps(root) == [3]
+        assert not [p for p in root.iterdir() if p.name.startswith(("tmp_", "trash_"))]
