@@ -545,7 +545,7 @@ def profile(args: argparse.Namespace, top: int) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", type=int, default=384, help="prompt groups per run")
+    parser.add_argument("--groups", type=int, default=320, help="prompt groups per run")
     parser.add_argument("--siblings", type=int, default=16)
     parser.add_argument("--inflight", type=int, default=256, help="rollout.max_inflight_prompts")
     parser.add_argument("--per-step", type=int, default=64, help="grpo.num_prompts_per_step")
