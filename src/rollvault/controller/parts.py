@@ -30,7 +30,9 @@ from rollvault.controller.shortfall import BatchShortfall, SparePrompts
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.interface import DataPlane
 from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.reward_penalties import FinalizedReward
+from rollvault.ledger.statuses import RolloutAttemptStatus
 
 
 class GroupOrigin(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -50,6 +52,24 @@ class RunLogs:
     restores: JsonlWriter[RestoreLogRecord]
     sequence: LogSequence
     incarnation: int
+
+    def log_discarded_seal(
+        self, record: PromptGroupRecoveryRecord, generation_index: int, reason: str
+    ) -> None:
+        """Log a sealed sibling whose work was thrown away (``prompt_group`` redo, drop)."""
+        attempt = record.siblings[generation_index].current_attempt
+        context = attempt.reward_log_context
+        self.attempts.write(
+            AttemptLogRecord(
+                gate_rollout_id=record.gate_rollout_id(generation_index),
+                group_id=record.group_id,
+                generation_index=generation_index,
+                status=RolloutAttemptStatus.ABANDONED,
+                num_tokens=context.response_length if context is not None else 0,
+                incarnation=self.incarnation,
+                reason=reason,
+            )
+        )
 
     def close(self) -> None:
         self.train.close()

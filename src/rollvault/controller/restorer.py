@@ -25,7 +25,7 @@ from rollvault.controller.config import RestoreMode, RunConfig
 from rollvault.controller.finalizer import capture_reward_settings
 from rollvault.controller.parts import RolloutParts
 from rollvault.controller.resume import ResumeSource
-from rollvault.controller.run_logs import AttemptLogRecord, RestoreLogRecord
+from rollvault.controller.run_logs import RestoreLogRecord
 from rollvault.controller.shortfall import SHORTFALL_SCHEMA_VERSION, BatchShortfallState
 from rollvault.controller.snapshot_files import (
     DATA_PLANE_DIRNAME,
@@ -249,17 +249,10 @@ class RolloutRestorer:
                 if attempt.status is RolloutAttemptStatus.SEALED and (
                     replaced.attempt_uuid != attempt.attempt_uuid
                 ):
-                    context = attempt.reward_log_context
-                    parts.logs.attempts.write(
-                        AttemptLogRecord(
-                            gate_rollout_id=old.gate_rollout_id(sibling.generation_index),
-                            group_id=old.group_id,
-                            generation_index=sibling.generation_index,
-                            status=RolloutAttemptStatus.ABANDONED,
-                            num_tokens=context.response_length if context else 0,
-                            incarnation=parts.logs.incarnation,
-                            reason="sealed work discarded on restart (prompt_group)",
-                        )
+                    parts.logs.log_discarded_seal(
+                        old,
+                        sibling.generation_index,
+                        "sealed work discarded on restart (prompt_group)",
                     )
 
     def _validate_sampler_cursor(self) -> None:

@@ -279,7 +279,9 @@ class RolloutPump:
                     after.siblings[sibling.generation_index].current_attempt.attempt_uuid
                     != attempt.attempt_uuid
                 ):
-                    self._log_abandoned(before, sibling.generation_index)
+                    self._parts.logs.log_discarded_seal(
+                        before, sibling.generation_index, "sealed work discarded"
+                    )
 
     # -- giving a group up ---------------------------------------------------------------
 
@@ -295,7 +297,9 @@ class RolloutPump:
             parts.ledger.drop_group(parts.cut, group_id)
             for sibling in record.siblings:
                 if sibling.current_attempt.status is RolloutAttemptStatus.SEALED:
-                    self._log_abandoned(record, sibling.generation_index)
+                    self._parts.logs.log_discarded_seal(
+                        record, sibling.generation_index, "sealed work discarded"
+                    )
             origin = parts.origins.pop(group_id)
             step = record.target_step
             must_replace = step is not None and not parts.shortfall.can_shrink(
@@ -345,21 +349,6 @@ class RolloutPump:
                 num_tokens=num_tokens,
                 incarnation=self._parts.logs.incarnation,
                 reason=reason,
-            )
-        )
-
-    def _log_abandoned(self, record: PromptGroupRecoveryRecord, generation_index: int) -> None:
-        attempt = record.siblings[generation_index].current_attempt
-        context = attempt.reward_log_context
-        self._parts.logs.attempts.write(
-            AttemptLogRecord(
-                gate_rollout_id=record.gate_rollout_id(generation_index),
-                group_id=record.group_id,
-                generation_index=generation_index,
-                status=RolloutAttemptStatus.ABANDONED,
-                num_tokens=context.response_length if context is not None else 0,
-                incarnation=self._parts.logs.incarnation,
-                reason="sealed work discarded",
             )
         )
 
