@@ -18,6 +18,7 @@ same steps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
@@ -141,6 +142,7 @@ class Checkpointer:
         self._checkpoint_dir = Path(parts.config.checkpointing.checkpoint_dir)
         self._settings = parts.config.rollout_checkpointing
         self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
         self._last_version: int | None = None
         self.stats = SnapshotStats()
 
@@ -151,10 +153,20 @@ class Checkpointer:
         return trainer_checkpoint_path(self._checkpoint_dir, self._parts.base_step)
 
     async def run_periodic(self) -> None:
-        """Snapshot every ``interval_s`` seconds while anything changed; runs until cancelled."""
-        while True:
-            await asyncio.sleep(self._settings.interval_s)
-            await self.snapshot_if_changed()
+        """Snapshot every ``interval_s`` seconds while anything changed, until :meth:`stop`.
+
+        Stopping waits for a snapshot being written to finish: cancelling
+        would leave its worker thread writing while the next snapshot starts.
+        """
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._settings.interval_s)
+            if not self._stopping.is_set():
+                await self.snapshot_if_changed()
+
+    def stop(self) -> None:
+        """Make :meth:`run_periodic` return after its current snapshot, if any."""
+        self._stopping.set()
 
     async def snapshot_if_changed(self) -> Path | None:
         """Write one rollout snapshot unless nothing mutated since the last one."""

@@ -190,11 +190,12 @@ async def run_pipeline(
             await gate.update_weights(parts.trainer_version)
         async with asyncio.TaskGroup() as group:
             rollout_task = group.create_task(rollout.run(restorer))
-            periodic = group.create_task(checkpointer.run_periodic()) if checkpointer else None
+            if checkpointer is not None:
+                group.create_task(checkpointer.run_periodic())
             await train.run()
             rollout_task.cancel()
-            if periodic is not None:
-                periodic.cancel()
+            if checkpointer is not None:
+                checkpointer.stop()
         if checkpointer is not None:
             await checkpointer.snapshot_if_changed()
     finally:
