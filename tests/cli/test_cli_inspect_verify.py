@@ -1,0 +1,485 @@
+"""``rollvault inspect`` and ``rollvault verify`` on checkpoint directories of real runs.
+
+The runs are in-process with the simulated gate (tests/pipeline/pipeline_helpers):
+one crashes after a trainer checkpoint (``step_4/`` with its ``rollout_state``
+and rollout snapshots), one is killed with a sibling slot stuck before any
+trainer step (snapshots under ``bootstrap/`` full of in-flight attempts). The
+expected counts are read straight from the files with ``json``, not through
+the code under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "pipeline"))
+
+from pipeline_helpers import (  # noqa: E402
+    run_stalled_then_kill,
+    run_until_crash,
+    small_config,
+)
+
+from rollvault.cli.main import main  # noqa: E402
+from rollvault.cli.verify_command import cross_reference_problems  # noqa: E402
+from rollvault.controller.checkpoint_inventory import (  # noqa: E402
+    CheckpointInventory,
+    CheckpointProblem,
+    SnapshotEntry,
+    ledger_of,
+)
+from rollvault.controller.snapshot_files import LoadedSnapshot, read_snapshot  # noqa: E402
+from rollvault.dataplane.checkpoint_io import LoadedCheckpoint  # noqa: E402
+from rollvault.dataplane.interface import (  # noqa: E402
+    STAGING_PARTITION,
+    TRAIN_PARTITION,
+    staging_key,
+)
+from rollvault.durable.manifest_schema import (  # noqa: E402
+    encode_snapshot_manifest,
+    read_snapshot_manifest,
+)
+from rollvault.ledger.statuses import RolloutAttemptStatus  # noqa: E402
+
+SLOW_GATE = (
+    "gate.simulated.latency_per_token_s=0.002",
+    "rollout_checkpointing.interval_s=0.05",
+    "checkpointing.save_period=4",
+)
+GENERATIONS = 4  # small_config's grpo.num_generations_per_prompt
+SNAPSHOT_FILES = (
+    "manifest.json",
+    "rollout_recovery.json",
+    "replay_buffer_metadata.json",
+    "replacement_reserve.json",
+    "controller_state.json",
+    "data_plane/metadata.json",
+    "data_plane/rollout_staging.safetensors",
+    "data_plane/train.safetensors",
+)
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run that died after step 6: step_4/ (trainer checkpoint) and its snapshots."""
+    root = tmp_path_factory.mktemp("trained")
+    run_until_crash(small_config(root, *SLOW_GATE), 6)
+    return root / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def stalled_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run killed before any step, sibling 3 of every group stuck: bootstrap snapshots."""
+    root = tmp_path_factory.mktemp("stalled")
+    run_stalled_then_kill(small_config(root, *SLOW_GATE), stalled_index=3, seconds=1.0)
+    return root / "ckpt"
+
+
+@pytest.fixture
+def trained_copy(trained_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(trained_dir, tmp_path / "ckpt"))
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    code = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def inspect_json(capsys: pytest.CaptureFixture[str], checkpoint_dir: Path) -> CheckpointInventory:
+    code, out, _ = run_cli(capsys, "inspect", checkpoint_dir, "--json")
+    assert code == 0
+    return msgspec.json.decode(out, type=CheckpointInventory, strict=True)
+
+
+def snapshot_dirs(checkpoint_dir: Path) -> set[Path]:
+    """Every committed snapshot, found with a glob rather than the code under test."""
+    found = set(checkpoint_dir.glob("step_*/rollout_state"))
+    found |= set(checkpoint_dir.glob("*/rollout_snapshots/snapshot_*"))
+    return found
+
+
+def newest_rollout_snapshot(checkpoint_dir: Path) -> Path:
+    return max(checkpoint_dir.glob("*/rollout_snapshots/snapshot_*"), key=lambda p: p.name)
+
+
+def flip_middle_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def counts_from_files(snapshot: Path) -> dict[str, Any]:
+    """What inspect should report for ``snapshot``, read with the json module."""
+
+    def load(name: str) -> Any:
+        return json.loads((snapshot / name).read_text())
+
+    manifest = load("manifest.json")
+    groups = load("rollout_recovery.json")["ledger"]["groups"]
+    current = Counter(s["attempts"][-1]["status"] for g in groups for s in g["siblings"])
+    partitions = load("data_plane/metadata.json")["content"]["partitions"]
+    rows = {p["name"]: len(p["rows"]) for p in partitions}
+    return {
+        "step": manifest["base_train_step"],
+        "mutation_version": manifest["mutation_version"],
+        "rolled_back": manifest["rolled_back_train_group_count"],
+        "groups": {k: v for k, v in Counter(g["status"] for g in groups).items() if v},
+        "canonical": len(load("replay_buffer_metadata.json")["replay"]["entries"]),
+        "sealed": current["sealed"],
+        "in_flight": current["reserved"] + current["dispatched"],
+        "staged": rows.get("rollout_staging", 0),
+        "train": rows.get("train", 0),
+        "spares": len(load("replacement_reserve.json")["prompts"]),
+        "bytes": sum(p.stat().st_size for p in snapshot.rglob("*") if p.is_file()),
+    }
+
+
+def counts_from_entry(entry: SnapshotEntry) -> dict[str, Any]:
+    assert entry.manifest is not None and entry.contents is not None and entry.damage is None
+    contents = entry.contents
+    return {
+        "step": entry.manifest.base_train_step,
+        "mutation_version": entry.manifest.mutation_version,
+        "rolled_back": entry.manifest.rolled_back_train_group_count,
+        "groups": {status.value: n for status, n in contents.groups_by_status.items() if n},
+        "canonical": contents.canonical_groups,
+        "sealed": contents.siblings.sealed,
+        "in_flight": contents.siblings.in_flight,
+        "staged": contents.staged_rows,
+        "train": contents.train_rows,
+        "spares": contents.spare_prompts,
+        "bytes": entry.bytes_on_disk,
+    }
+
+
+# -- inspect ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["trained", "stalled"])
+def test_inspect_json_lists_every_snapshot_with_the_counts_of_its_files(
+    capsys: pytest.CaptureFixture[str], which: str, trained_dir: Path, stalled_dir: Path
+) -> None:
+    checkpoint_dir = trained_dir if which == "trained" else stalled_dir
+    inventory = inspect_json(capsys, checkpoint_dir)
+    entries = {Path(s.path): s for a in inventory.anchors for s in a.snapshots}
+    assert set(entries) == snapshot_dirs(checkpoint_dir)
+    assert len(entries) >= 2
+    for path, entry in entries.items():
+        assert counts_from_entry(entry) == counts_from_files(path), path
+
+
+def test_inspect_json_describes_anchors_and_the_bootstrap_identity(
+    capsys: pytest.CaptureFixture[str], trained_dir: Path, stalled_dir: Path
+) -> None:
+    trained = inspect_json(capsys, trained_dir)
+    stored = json.loads((trained_dir / "bootstrap" / "manifest.json").read_text())
+    assert trained.bootstrap.fingerprint == stored["fingerprint"]
+    assert trained.bootstrap.generations_per_group == GENERATIONS
+    assert trained.bootstrap.damage is None
+    assert [(a.kind.value, a.step) for a in trained.anchors] == [
+        ("bootstrap", 0),
+        ("trainer_checkpoint", 4),
+    ]
+    bootstrap, step_4 = trained.anchors
+    assert bootstrap.snapshots == []  # pruned once step_4/ exists
+    assert step_4.trainer_state_bytes is not None and step_4.trainer_state_bytes > 0
+    own, *periodic = step_4.snapshots
+    assert (own.kind.value, own.sequence, Path(own.path).name) == (
+        "trainer_checkpoint",
+        None,
+        "rollout_state",
+    )
+    assert periodic and all(s.kind.value == "rollout_snapshot" for s in periodic)
+    assert [s.sequence for s in periodic] == sorted(int(Path(s.path).name[9:]) for s in periodic)
+    assert all(s.age_s is not None and s.age_s >= 0 for s in step_4.snapshots)
+
+    stalled = inspect_json(capsys, stalled_dir)
+    (anchor,) = stalled.anchors
+    assert anchor.kind.value == "bootstrap" and anchor.snapshots
+    # Sibling 3 never finishes: every snapshot has work in flight and nothing canonical.
+    for snapshot in anchor.snapshots:
+        assert snapshot.contents is not None
+        assert snapshot.contents.siblings.in_flight > 0
+        assert snapshot.contents.canonical_groups == 0
+
+
+def test_inspect_text_shows_a_row_per_snapshot(
+    capsys: pytest.CaptureFixture[str], trained_dir: Path
+) -> None:
+    code, out, _ = run_cli(capsys, "inspect", trained_dir)
+    assert code == 0
+    stored = json.loads((trained_dir / "bootstrap" / "manifest.json").read_text())
+    assert stored["fingerprint"] in out
+    lines = out.splitlines()
+    for path in snapshot_dirs(trained_dir):
+        expected = counts_from_files(path)
+        (row,) = [line for line in lines if line.strip().startswith(path.name + " ")]
+        cells = row.split()
+        assert str(expected["mutation_version"]) in cells
+        assert str(expected["train"]) in cells
+        assert cells[-1] == "ok"
+
+
+def test_inspect_shows_a_damaged_snapshot_and_leftovers_without_crashing(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path
+) -> None:
+    newest = newest_rollout_snapshot(trained_copy)
+    flip_middle_byte(newest / "replay_buffer_metadata.json")
+    leftover = newest.parent / "tmp_snapshot_000099"
+    leftover.mkdir()
+    (leftover / "manifest.json").write_text("not json")  # never read
+    inventory = inspect_json(capsys, trained_copy)
+    (entry,) = [s for a in inventory.anchors for s in a.snapshots if Path(s.path) == newest]
+    assert entry.damage is not None
+    assert entry.damage.path == str(newest / "replay_buffer_metadata.json")
+    assert "SHA-256" in entry.damage.problem
+    assert entry.manifest is not None and entry.contents is None
+    assert str(leftover) in [p for a in inventory.anchors for p in a.leftovers]
+
+    code, out, _ = run_cli(capsys, "inspect", trained_copy)
+    assert code == 0
+    assert "DAMAGED" in out
+    assert "replay_buffer_metadata.json" in out
+    assert "tmp_snapshot_000099" in out
+
+
+def test_inspect_shows_a_snapshot_without_manifest_as_damaged(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path
+) -> None:
+    newest = newest_rollout_snapshot(trained_copy)
+    (newest / "manifest.json").unlink()
+    inventory = inspect_json(capsys, trained_copy)
+    (entry,) = [s for a in inventory.anchors for s in a.snapshots if Path(s.path) == newest]
+    assert entry.manifest is None and entry.age_s is None
+    assert entry.damage == CheckpointProblem(str(newest / "manifest.json"), "missing")
+
+
+# -- verify ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["trained", "stalled"])
+def test_verify_passes_a_clean_directory(
+    capsys: pytest.CaptureFixture[str], which: str, trained_dir: Path, stalled_dir: Path
+) -> None:
+    checkpoint_dir = trained_dir if which == "trained" else stalled_dir
+    code, out, _ = run_cli(capsys, "verify", checkpoint_dir)
+    assert code == 0, out
+    assert out.splitlines()[-1].endswith(
+        f"checked {len(snapshot_dirs(checkpoint_dir))} snapshot(s): all good"
+    )
+
+
+@pytest.mark.parametrize("snapshot", ["newest", "trainer_checkpoint"])
+@pytest.mark.parametrize("name", SNAPSHOT_FILES)
+def test_verify_names_a_file_with_a_flipped_byte(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path, snapshot: str, name: str
+) -> None:
+    if snapshot == "newest":
+        directory = newest_rollout_snapshot(trained_copy)
+    else:
+        directory = trained_copy / "step_4" / "rollout_state"
+    flip_middle_byte(directory / name)
+    code, out, _ = run_cli(capsys, "verify", trained_copy)
+    assert code == 1
+    problems = [line for line in out.splitlines()[:-1] if not line.startswith("note:")]
+    assert problems and all(line.startswith(f"{directory / name}: ") for line in problems), out
+    assert out.splitlines()[-1].endswith(f"{len(problems)} problem(s)")
+
+
+@pytest.mark.parametrize("name", ["rollout_recovery.json", "data_plane/train.safetensors"])
+def test_verify_names_a_truncated_file(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path, name: str
+) -> None:
+    path = newest_rollout_snapshot(trained_copy) / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    code, out, _ = run_cli(capsys, "verify", trained_copy, "--json")
+    assert code == 1
+    report = json.loads(out)
+    assert report["ok"] is False
+    assert [p["path"] for p in report["problems"]] == [str(path)]
+
+
+def test_verify_reports_every_damaged_file_not_only_the_first(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path
+) -> None:
+    newest = newest_rollout_snapshot(trained_copy)
+    damaged = [newest / "controller_state.json", newest / "replacement_reserve.json"]
+    damaged.append(newest / "data_plane" / "train.safetensors")
+    for path in damaged:
+        flip_middle_byte(path)
+    code, out, _ = run_cli(capsys, "verify", trained_copy, "--json")
+    assert code == 1
+    assert sorted(p["path"] for p in json.loads(out)["problems"]) == sorted(map(str, damaged))
+
+
+def test_verify_checks_the_manifest_against_its_anchor(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path
+) -> None:
+    newest = newest_rollout_snapshot(trained_copy)
+    manifest = read_snapshot_manifest(newest)
+    moved = msgspec.structs.replace(manifest, base_train_step=8, trainer_version=8)
+    (newest / "manifest.json").write_bytes(encode_snapshot_manifest(moved))
+    code, out, _ = run_cli(capsys, "verify", trained_copy)
+    assert code == 1
+    assert f"{newest / 'manifest.json'}: base_train_step is 8; its anchor requires 4" in out
+    assert f"{newest / 'manifest.json'}: trainer_version is 8; its anchor requires 4" in out
+
+
+def test_verify_checks_the_bootstrap_anchor_and_the_trainer_state(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path
+) -> None:
+    anchor_manifest = trained_copy / "bootstrap" / "manifest.json"
+    stored = json.loads(anchor_manifest.read_text())
+    stored["config"]["seed"] += 1  # the identity no longer hashes to the stored fingerprint
+    anchor_manifest.write_text(json.dumps(stored))
+    shutil.rmtree(trained_copy / "step_4" / "trainer")
+    code, out, _ = run_cli(capsys, "verify", trained_copy)
+    assert code == 1
+    assert f"{anchor_manifest}: corrupt: fingerprint" in out
+    assert f"{trained_copy / 'step_4' / 'trainer'}: missing" in out
+
+
+def test_verify_notes_leftovers_but_never_reads_them(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path
+) -> None:
+    leftover = trained_copy / "step_4" / "rollout_snapshots" / "trash_snapshot_000000"
+    leftover.mkdir()
+    (leftover / "manifest.json").write_text("{broken")
+    (trained_copy / "tmp_step_8").mkdir()
+    code, out, _ = run_cli(capsys, "verify", trained_copy)
+    assert code == 0, out
+    assert f"note: {leftover} is a leftover" in out
+    assert f"note: {trained_copy / 'tmp_step_8'} is a leftover" in out
+
+
+# -- the cross-references read_snapshot does not check -----------------------------------
+
+
+def load(snapshot: Path) -> LoadedSnapshot:
+    manifest = read_snapshot_manifest(snapshot)
+    return read_snapshot(snapshot, manifest, generations_per_group=GENERATIONS)
+
+
+def with_rows(snapshot: LoadedSnapshot, partition: str, rows: dict[str, Any]) -> LoadedSnapshot:
+    partitions = {name: dict(existing) for name, existing in snapshot.data_plane.partitions.items()}
+    partitions.setdefault(partition, {}).update(rows)
+    data_plane = LoadedCheckpoint(partitions, snapshot.data_plane.user_metadata)
+    return dataclasses.replace(snapshot, data_plane=data_plane)
+
+
+def without_rows(snapshot: LoadedSnapshot, partition: str, keys: set[str]) -> LoadedSnapshot:
+    partitions = {name: dict(existing) for name, existing in snapshot.data_plane.partitions.items()}
+    partitions[partition] = {k: v for k, v in partitions[partition].items() if k not in keys}
+    data_plane = LoadedCheckpoint(partitions, snapshot.data_plane.user_metadata)
+    return dataclasses.replace(snapshot, data_plane=data_plane)
+
+
+def any_row(snapshot: LoadedSnapshot) -> Any:
+    return next(r for rows in snapshot.data_plane.partitions.values() for r in rows.values())
+
+
+def test_every_snapshot_of_real_runs_has_no_orphans(trained_dir: Path, stalled_dir: Path) -> None:
+    for path in snapshot_dirs(trained_dir) | snapshot_dirs(stalled_dir):
+        assert cross_reference_problems(load(path), generations_per_group=GENERATIONS) == []
+
+
+def test_an_orphan_staged_row_is_reported_and_an_in_flight_one_is_not(
+    stalled_dir: Path,
+) -> None:
+    snapshot = load(newest_rollout_snapshot(stalled_dir))
+    ledger = ledger_of(snapshot.path, snapshot.recovery.ledger_state)
+    record = ledger.groups()[0]
+    stuck = record.siblings[3]
+    assert stuck.current_attempt.status is RolloutAttemptStatus.DISPATCHED
+    in_flight_key = staging_key(record.gate_rollout_id(3), 0)
+    stale_key = staging_key(f"{record.group_id}_g3_a{'0' * 32}", 0)  # no such attempt
+    row = any_row(snapshot)
+
+    tolerated = with_rows(snapshot, STAGING_PARTITION, {in_flight_key: row})
+    assert cross_reference_problems(tolerated, generations_per_group=GENERATIONS) == []
+
+    orphaned = with_rows(tolerated, STAGING_PARTITION, {stale_key: row, "not-a-key": row})
+    (problem,) = cross_reference_problems(orphaned, generations_per_group=GENERATIONS)
+    assert problem.path == str(snapshot.path / "data_plane" / "rollout_staging.safetensors")
+    assert problem.problem.startswith("2 orphan rollout_staging rows")
+    assert repr(stale_key) in problem.problem and "'not-a-key'" in problem.problem
+    assert repr(in_flight_key) not in problem.problem
+
+
+def test_a_staged_row_of_a_failed_attempt_is_an_orphan(stalled_dir: Path) -> None:
+    snapshot = load(newest_rollout_snapshot(stalled_dir))
+    state = json.loads(json.dumps(snapshot.recovery.ledger_state))
+    attempt = state["groups"][0]["siblings"][3]["attempts"][-1]
+    attempt.update(status="failed", failure_reason="infra: worker lost")
+    recovery = msgspec.structs.replace(snapshot.recovery, ledger_state=state)
+    record = ledger_of(snapshot.path, state).groups()[0]
+    key = staging_key(record.gate_rollout_id(3), 0)
+    failed = dataclasses.replace(snapshot, recovery=recovery)
+    failed = with_rows(failed, STAGING_PARTITION, {key: any_row(snapshot)})
+    (problem,) = cross_reference_problems(failed, generations_per_group=GENERATIONS)
+    assert repr(key) in problem.problem
+
+
+def test_orphan_and_missing_train_rows_are_reported(trained_dir: Path) -> None:
+    snapshot = load(newest_rollout_snapshot(trained_dir))
+    entry = snapshot.replay.replay.entries[0]
+    ghost = with_rows(snapshot, TRAIN_PARTITION, {"ghost_g0": any_row(snapshot)})
+    (problem,) = cross_reference_problems(ghost, generations_per_group=GENERATIONS)
+    assert problem.path == str(snapshot.path / "data_plane" / "train.safetensors")
+    assert "1 orphan train rows" in problem.problem and "'ghost_g0'" in problem.problem
+
+    gone = without_rows(snapshot, TRAIN_PARTITION, {f"{entry.group_id}_g2"})
+    (problem,) = cross_reference_problems(gone, generations_per_group=None)
+    assert problem.path == str(snapshot.path / "replay_buffer_metadata.json")
+    assert f"'{entry.group_id}_g2'" in problem.problem
+
+
+def test_group_sizes_other_than_the_runs_are_reported(trained_dir: Path, stalled_dir: Path) -> None:
+    for checkpoint_dir in (trained_dir, stalled_dir):
+        snapshot = load(newest_rollout_snapshot(checkpoint_dir))
+        assert cross_reference_problems(snapshot, generations_per_group=GENERATIONS) == []
+        problems = cross_reference_problems(snapshot, generations_per_group=GENERATIONS + 1)
+        by_file = Counter(Path(p.path).name for p in problems)
+        expected = {
+            "rollout_recovery.json": len(snapshot.recovery.ledger_state["groups"]),
+            "replay_buffer_metadata.json": len(snapshot.replay.replay.entries),
+        }
+        assert by_file == +Counter(expected)
+        assert sum(expected.values()) > 0
+        assert all(f"the run makes {GENERATIONS + 1} per prompt" in p.problem for p in problems)
+
+
+# -- no run ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_missing_directory_or_one_without_a_run_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    code, out, err = run_cli(capsys, command, tmp_path / "absent")
+    assert (code, out) == (2, "")
+    assert f"{tmp_path / 'absent'} does not exist" in err
+
+    code, out, err = run_cli(capsys, command, tmp_path)
+    assert (code, out) == (2, "")
+    assert "holds no run" in err
+
+
+def test_a_run_root_gets_a_hint(
+    capsys: pytest.CaptureFixture[str], trained_dir: Path, tmp_path: Path
+) -> None:
+    # `rollvault run` writes runs/<name>/checkpoints beside runs/<name>/logs.
+    shutil.copytree(trained_dir, tmp_path / "checkpoints")
+    code, _, err = run_cli(capsys, "verify", tmp_path)
+    assert code == 2
+    assert f"did you mean {tmp_path / 'checkpoints'}?" in err
