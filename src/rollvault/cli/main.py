@@ -3,6 +3,8 @@
 ``rollvault run [--config FILE] [dotpath=value ...]`` runs the asynchronous
 GRPO pipeline with the run config (the packaged default unless ``--config``)
 and any overrides, e.g. ``rollvault run grpo.num_generations_per_prompt=8``.
+``rollvault inspect CKPT_DIR [--json]`` summarizes a checkpoint directory and
+``rollvault verify CKPT_DIR [--json]`` re-checks it fully (exit 1 on any problem).
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the asynchronous GRPO pipeline")
     run.add_argument("--config", type=Path, default=None, help="YAML run config")
     run.add_argument("overrides", nargs="*", help="dotpath=value overrides")
+    for name, help_text in (
+        ("inspect", "summarize every anchor and snapshot of a checkpoint directory"),
+        ("verify", "re-check every snapshot of a checkpoint directory; exit 1 on any problem"),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("checkpoint_dir", type=Path, metavar="CKPT_DIR")
+        command.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 
 
@@ -35,6 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"rollvault run: {error}", file=sys.stderr)
             return 2
         return run_command(config)
+    if args.command == "inspect":
+        from rollvault.cli.inspect_command import inspect_command
+
+        return inspect_command(args.checkpoint_dir, as_json=args.json)
+    if args.command == "verify":
+        from rollvault.cli.verify_command import verify_command
+
+        return verify_command(args.checkpoint_dir, as_json=args.json)
     return 2
 
 
