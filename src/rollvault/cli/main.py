@@ -23,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the asynchronous GRPO pipeline")
     run.add_argument("--config", type=Path, default=None, help="YAML run config")
     run.add_argument("overrides", nargs="*", help="dotpath=value overrides")
+    from rollvault.cli.chaos_command import add_chaos_arguments
+
+    add_chaos_arguments(
+        commands.add_parser("chaos", help="SIGKILL a real run K times, then check it")
+    )
     for name, help_text in (
         ("inspect", "summarize every anchor and snapshot of a checkpoint directory"),
         ("verify", "re-check every snapshot of a checkpoint directory; exit 1 on any problem"),
@@ -44,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"rollvault run: {error}", file=sys.stderr)
             return 2
         return run_command(config)
+    if args.command == "chaos":
+        from rollvault.cli.chaos_command import chaos_command
+
+        return chaos_command(args)
     if args.command == "inspect":
         from rollvault.cli.inspect_command import inspect_command
 
