@@ -1,0 +1,237 @@
+"""The real-process proof: SIGKILL ``rollvault run`` many times, restart it, check the evidence.
+
+Each chaos test starts real child processes through the harness
+(``rollvault chaos``), which kills only the children it started and reaps them
+in a ``finally``. The checks the harness applies are themselves tested here on
+a finished run whose evidence is then damaged on purpose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from rollvault.cli.chaos_command import (
+    ChaosPlan,
+    ChaosReport,
+    ChaosUsageError,
+    StartOutcome,
+    chaos_config,
+    check_finished_run,
+    kill_delays,
+    lost_work_ratio,
+    run_chaos,
+    snapshot_problems,
+)
+from rollvault.cli.main import main
+from rollvault.controller.config import RestoreMode
+from rollvault.controller.replay_index import ReplayEntry
+from rollvault.controller.resume import prepare_checkpoint_dir
+from rollvault.controller.run_history import WorkAccounting, read_run_history
+from rollvault.controller.run_logs import (
+    ATTEMPTS_LOG_FILENAME,
+    TRAIN_LOG_FILENAME,
+    AttemptLogRecord,
+    TrainLogRecord,
+    read_jsonl,
+)
+from rollvault.controller.snapshot_files import LoadedSnapshot
+from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
+from rollvault.dataplane.rows import validate_row
+from rollvault.ledger.statuses import RolloutAttemptStatus
+
+KILLS = 10
+
+
+@pytest.fixture(scope="module")
+def sibling_run(tmp_path_factory: pytest.TempPathFactory) -> ChaosReport:
+    plan = ChaosPlan(run_dir=tmp_path_factory.mktemp("chaos") / "latest", kills=KILLS, seed=1)
+    return run_chaos(plan)
+
+
+# -- the harness on real processes -----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ten_kills_train_every_prompt_once_and_reuse_sealed_siblings(
+    sibling_run: ChaosReport,
+) -> None:
+    report = sibling_run
+    assert report.problems == []
+    assert [s.outcome for s in report.starts] == [StartOutcome.KILLED] * KILLS + [
+        StartOutcome.FINISHED
+    ]
+    assert report.check is not None and report.check.final_snapshot is not None
+    restores = report.check.history.restores
+    assert restores and all(r.restore_mode == "latest" for r in restores)
+    assert any(r.snapshot is not None for r in restores)
+    assert sum(r.siblings_reused for r in restores) > 0
+    assert report.check.accounting.trained_tokens > 0
+
+
+@pytest.mark.slow
+def test_prompt_group_granularity_redoes_incomplete_groups_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["chaos", "--kills", str(KILLS), "--seed", "2", "--workdir", str(tmp_path)]
+    exit_code = main([*argv, "rollout.recovery_granularity=prompt_group"])
+    out = capsys.readouterr().out
+    assert exit_code == 0, out
+    assert f"{KILLS} kills, {KILLS + 1} starts" in out
+    assert "OK: every prompt trained exactly once" in out
+    restores = read_run_history(tmp_path / "latest" / "logs").restores
+    assert restores and all(r.siblings_reused == 0 for r in restores)
+    assert sum(r.attempts_redispatched for r in restores) > 0
+
+
+@pytest.mark.slow
+def test_trainer_checkpoint_baseline_regenerates_and_still_trains_once(tmp_path: Path) -> None:
+    # A trainer checkpoint every step, so that most kills land after one.
+    plan = ChaosPlan(
+        run_dir=tmp_path / "baseline",
+        kills=KILLS,
+        seed=3,
+        restore_mode=RestoreMode.TRAINER_CHECKPOINT,
+        overrides=("checkpointing.save_period=1",),
+        kill_window_s=1.5,
+    )
+    report = run_chaos(plan)
+    assert report.problems == []
+    assert report.kills_delivered == KILLS
+    assert report.check is not None
+    restores = report.check.history.restores
+    assert all(r.restore_mode == "trainer_checkpoint" for r in restores)
+    assert all(r.siblings_reused == 0 for r in restores)
+    assert any(r.base_train_step > 0 for r in restores), "no kill came after a trainer checkpoint"
+    assert sum(r.groups_regenerated for r in restores) > 0
+
+
+# -- the checks catch damaged evidence ---------------------------------------------------
+
+
+def _copy_of(report: ChaosReport, tmp_path: Path) -> ChaosPlan:
+    copy = tmp_path / "copy"
+    shutil.copytree(report.plan.run_dir, copy)
+    return dataclasses.replace(report.plan, run_dir=copy)
+
+
+def _append(path: Path, record: msgspec.Struct) -> None:
+    with open(path, "ab") as handle:
+        handle.write(msgspec.json.encode(record) + b"\n")
+
+
+@pytest.mark.slow
+def test_the_check_catches_a_group_trained_twice(sibling_run: ChaosReport, tmp_path: Path) -> None:
+    plan = _copy_of(sibling_run, tmp_path)
+    config = chaos_config(plan)
+    log = Path(config.logging.log_dir) / TRAIN_LOG_FILENAME
+    last = read_jsonl(log, TrainLogRecord)[-1]
+    _append(log, last)
+    problems = check_finished_run(config).problems
+    assert f"prompt {(last.epoch, last.sample_id)} was trained or dropped 2 times" in problems
+    assert f"group {last.group_id} trained 2 times" in problems
+
+
+@pytest.mark.slow
+def test_the_check_catches_a_prompt_never_trained(sibling_run: ChaosReport, tmp_path: Path) -> None:
+    plan = _copy_of(sibling_run, tmp_path)
+    config = chaos_config(plan)
+    log = Path(config.logging.log_dir) / TRAIN_LOG_FILENAME
+    lines = log.read_bytes().splitlines(keepends=True)
+    last = msgspec.json.decode(lines[-1], type=TrainLogRecord)
+    log.write_bytes(b"".join(lines[:-1]))
+    problems = check_finished_run(config).problems
+    assert f"prompt {(last.epoch, last.sample_id)} was trained or dropped 0 times" in problems
+
+
+@pytest.mark.slow
+def test_the_check_catches_a_sibling_generated_again(
+    sibling_run: ChaosReport, tmp_path: Path
+) -> None:
+    plan = _copy_of(sibling_run, tmp_path)
+    config = chaos_config(plan)
+    log_dir = Path(config.logging.log_dir)
+    trained = read_jsonl(log_dir / TRAIN_LOG_FILENAME, TrainLogRecord)[-1]
+    sealed = [
+        a
+        for a in read_jsonl(log_dir / ATTEMPTS_LOG_FILENAME, AttemptLogRecord)
+        if a.gate_rollout_id == trained.gate_rollout_ids[0]
+    ]
+    assert [a.status for a in sealed] == [RolloutAttemptStatus.SEALED]
+    again = msgspec.structs.replace(
+        sealed[0], gate_rollout_id=sealed[0].gate_rollout_id + "x", seq=10**9
+    )
+    _append(log_dir / ATTEMPTS_LOG_FILENAME, again)
+    problems = check_finished_run(config).problems
+    assert f"group {trained.group_id} sibling 0 has 2 effective seals" in problems
+
+
+@pytest.mark.slow
+def test_the_check_catches_orphan_rows_missing_rows_and_untrained_groups(
+    sibling_run: ChaosReport,
+) -> None:
+    source = prepare_checkpoint_dir(sibling_run.config)
+    assert source is not None and source.snapshot is not None
+    snapshot = source.snapshot
+    per_group = sibling_run.config.grpo.num_generations_per_prompt
+    assert snapshot_problems(snapshot, per_group) == []
+    row = validate_row(STAGING_PARTITION, "ghost_a0/0", {"input_ids": np.arange(3)})
+    partitions = {
+        name: {**snapshot.data_plane.partitions.get(name, {}), f"ghost_{name}": row}
+        for name in (STAGING_PARTITION, TRAIN_PARTITION)
+    }
+    phantom = ReplayEntry("phantom", "0", 0, 0, 0, 0)
+    replay = msgspec.structs.replace(
+        snapshot.replay,
+        replay=msgspec.structs.replace(
+            snapshot.replay.replay, entries=(*snapshot.replay.replay.entries, phantom)
+        ),
+    )
+    damaged: LoadedSnapshot = dataclasses.replace(
+        snapshot,
+        data_plane=dataclasses.replace(snapshot.data_plane, partitions=partitions),
+        replay=replay,
+    )
+    problems = set(snapshot_problems(damaged, per_group))
+    where = snapshot.path
+    assert {
+        f"{where}: {STAGING_PARTITION} row ghost_{STAGING_PARTITION} is referenced by nothing",
+        f"{where}: {TRAIN_PARTITION} row ghost_{TRAIN_PARTITION} is referenced by nothing",
+        f"{where}: {TRAIN_PARTITION} row phantom_g0 is referenced but absent",
+        f"{where}: 1 finalized groups were never trained",
+    } <= problems
+
+
+# -- the plan --------------------------------------------------------------------------
+
+
+def test_the_kill_schedule_is_seeded() -> None:
+    delays = kill_delays(7, 12, 0.5)
+    assert delays == kill_delays(7, 12, 0.5)
+    assert delays != kill_delays(8, 12, 0.5)
+    assert len(delays) == 12 and all(0.0 <= d < 0.5 for d in delays)
+
+
+def test_the_harness_refuses_overrides_it_owns_and_endless_runs(tmp_path: Path) -> None:
+    plan = ChaosPlan(run_dir=tmp_path / "run", kills=1)
+    owned = dataclasses.replace(plan, overrides=("logging.log_dir=/elsewhere",))
+    with pytest.raises(ChaosUsageError, match="logging.log_dir"):
+        chaos_config(owned)
+    endless = dataclasses.replace(plan, overrides=("grpo.max_num_steps=5",))
+    with pytest.raises(ChaosUsageError, match=r"grpo.max_num_steps \(5\).*\(96\)"):
+        chaos_config(endless)
+    assert chaos_config(plan).logging.log_dir == str((tmp_path / "run" / "logs").resolve())
+
+
+def test_the_lost_work_ratio() -> None:
+    latest = WorkAccounting(generated_tokens=1100, trained_tokens=1000)
+    baseline = WorkAccounting(generated_tokens=3000, trained_tokens=1000)
+    assert lost_work_ratio(latest, baseline) == 20.0
+    none_lost = WorkAccounting(generated_tokens=1000, trained_tokens=1000)
+    assert lost_work_ratio(none_lost, baseline) == float("inf")
+    assert lost_work_ratio(none_lost, none_lost) == 1.0
