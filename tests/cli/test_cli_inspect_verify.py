@@ -349,6 +349,20 @@ def test_verify_checks_the_bootstrap_anchor_and_the_trainer_state(
     assert f"{trained_copy / 'step_4' / 'trainer'}: missing" in out
 
 
+def test_a_lost_bootstrap_anchor_is_reported_not_fatal(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path
+) -> None:
+    shutil.rmtree(trained_copy / "bootstrap")
+    anchor_manifest = trained_copy / "bootstrap" / "manifest.json"
+    code, out, _ = run_cli(capsys, "inspect", trained_copy)
+    assert code == 0
+    assert f"bootstrap anchor DAMAGED: {Path('bootstrap') / 'manifest.json'}: missing" in out
+    code, out, _ = run_cli(capsys, "verify", trained_copy)
+    assert code == 1
+    # Only the anchor: snapshots are still verified, each group against its own records.
+    assert [line.split(": ")[0] for line in out.splitlines()[:-1]] == [str(anchor_manifest)]
+
+
 def test_verify_notes_leftovers_but_never_reads_them(
     capsys: pytest.CaptureFixture[str], trained_copy: Path
 ) -> None:
