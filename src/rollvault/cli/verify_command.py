@@ -148,7 +148,7 @@ def verify_snapshot(
     try:
         # Without a known group size the per-group count below stands in for it.
         loaded = read_snapshot(path, manifest, generations_per_group=generations_per_group or 0)
-    except SnapshotError as exc:
+    except (SnapshotError, OSError) as exc:
         problem = problem_of(exc, path)
         return problems if problem in problems else [*problems, problem]
     try:

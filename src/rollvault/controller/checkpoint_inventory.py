@@ -316,7 +316,7 @@ def read_snapshot_entry(path: Path, kind: SnapshotKind, *, now: float) -> Snapsh
     try:
         manifest = read_snapshot_manifest(path)
         contents = read_snapshot_contents(path)
-    except (SnapshotError, DataPlaneCheckpointError) as exc:
+    except (SnapshotError, DataPlaneCheckpointError, OSError) as exc:
         damage = problem_of(exc, path / ROLLOUT_SNAPSHOT_MANIFEST_FILENAME)
     return SnapshotEntry(
         kind=kind,
@@ -330,10 +330,15 @@ def read_snapshot_entry(path: Path, kind: SnapshotKind, *, now: float) -> Snapsh
     )
 
 
-def problem_of(exc: SnapshotError | DataPlaneCheckpointError, path: Path) -> CheckpointProblem:
+def problem_of(
+    exc: SnapshotError | DataPlaneCheckpointError | OSError, path: Path
+) -> CheckpointProblem:
     """The file and problem an error names; ``path`` when the error carries no path."""
     if isinstance(exc, (SnapshotCorruptError, DataPlaneCheckpointError)):
         return CheckpointProblem(str(exc.path), exc.problem)
+    if isinstance(exc, OSError):
+        where = exc.filename if exc.filename is not None else path
+        return CheckpointProblem(str(where), f"cannot read: {exc.strerror or exc}")
     # The durable layer's messages start with the path they are about.
     message = str(exc).removeprefix(f"{path}: ")
     return CheckpointProblem(str(path), message)
