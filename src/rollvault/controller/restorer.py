@@ -276,7 +276,8 @@ class RolloutRestorer:
             await parts.data_plane.clear(TRAIN_PARTITION, self._train_keys(entry.group_id))
             stale.append((entry.group_id, entry.target_step))
         for record in parts.ledger.groups():
-            parts.ledger.abandon_unsealed(parts.cut, record.group_id)
+            if record.status is PromptGroupStatus.GENERATING:
+                parts.ledger.abandon_unsealed(parts.cut, record.group_id)
             parts.ledger.drop_group(parts.cut, record.group_id)
             stale.append((record.group_id, record.target_step))
         for group_id, target_step in stale:

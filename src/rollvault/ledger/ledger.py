@@ -85,6 +85,13 @@ from rollvault.ledger.transitions import (
 _SEALED = RolloutAttemptStatus.SEALED
 _RESERVED = RolloutAttemptStatus.RESERVED
 _ADMITTED_ONLY = frozenset({PromptGroupPhase.ADMITTED})
+_DROPPABLE = frozenset(
+    {
+        PromptGroupStatus.GENERATING,
+        PromptGroupStatus.READY_TO_FINALIZE,
+        PromptGroupStatus.FINALIZATION_UNKNOWN,
+    }
+)
 _GRANULARITIES = frozenset(member.value for member in RecoveryGranularity)
 
 FinalizationInputs = tuple[
@@ -571,16 +578,20 @@ class RolloutRecoveryLedger:
         del self._groups[group_id]
 
     def drop_group(self, cut: DataPlaneMutationCut, group_id: str) -> None:
-        """Give a ``generating`` group up for good: its retry budget is spent.
+        """Give a group up for good, with whatever work it holds.
 
-        Not in the reference API, which has no way to lose a prompt. The
-        group must have no attempt in flight (every current attempt sealed,
-        failed or abandoned), and the controller clears its staged rows and
-        records the loss (shortfall or replacement) in the same mutation.
+        Not in the reference API, which has no way to lose a prompt. Used when
+        a group's retry budget is spent, and by the ``trainer_checkpoint``
+        restore baseline, which regenerates everything. Allowed while the
+        group is ``generating`` with no attempt in flight (every current
+        attempt sealed, failed or abandoned), ``ready_to_finalize`` or
+        ``finalization_unknown``; never while ``finalizing``, whose canonical
+        rows may be half published. The controller clears the group's rows and
+        records the loss or the replacement in the same mutation.
         """
         self._enter(cut, "drop_group", group_id)
         record = self._require_group(group_id)
-        require_group_status(record, allowed=GENERATING_ONLY, transition="drop")
+        require_group_status(record, allowed=_DROPPABLE, transition="drop")
         in_flight = [
             sibling.generation_index
             for sibling in record.siblings
