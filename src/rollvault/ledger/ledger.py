@@ -702,13 +702,19 @@ class RolloutRecoveryLedger:
         group = raw_group if isinstance(raw_group, GroupState) else _convert_group(raw_group, where)
         group_hexes: set[str] = set()
         check_group_state(group, where=where, seen_attempts=group_hexes)
-        hexes = [attempt.attempt_uuid for sibling in group.siblings for attempt in sibling.attempts]
+        located = [
+            (f"{where}.siblings[{position}].attempts[{number}]", attempt.attempt_uuid)
+            for position, sibling in enumerate(group.siblings)
+            for number, attempt in enumerate(sibling.attempts)
+        ]
+        hexes = [attempt_hex for _, attempt_hex in located]
         uuids = msgspec.convert(hexes, list[uuid.UUID])
-        for attempt_hex, attempt_uuid in zip(hexes, uuids, strict=True):
+        for (path, attempt_hex), attempt_uuid in zip(located, uuids, strict=True):
             if attempt_uuid in seen_attempt_uuids:
                 raise LedgerStateError(
-                    f"rollout recovery ledger state: {where} (group {group.group_id!r}): "
-                    f"duplicate attempt UUID {attempt_hex} (already used by another group)"
+                    f"rollout recovery ledger state: {path}.attempt_uuid (group "
+                    f"{group.group_id!r}): duplicate attempt UUID {attempt_hex} (already used "
+                    "by another group)"
                 )
             seen_attempt_uuids.add(attempt_uuid)
         return group_from_state(group, dict(zip(hexes, uuids, strict=True)))

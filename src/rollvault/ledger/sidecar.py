@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 
@@ -53,10 +53,6 @@ class ParsedRolloutRecoveryState(msgspec.Struct, frozen=True, kw_only=True):
     finalizer_metrics_by_group: dict[str, dict[str, float]]
     finalizer_rewards_by_group: dict[str, list[FinalizedReward]]
     reward_settings: CaptureRewardSettings | None
-
-
-class _VersionProbe(msgspec.Struct):
-    schema_version: Any = None
 
 
 def _validate_batch_shortfall(value: object) -> dict[int, int]:
@@ -125,20 +121,22 @@ def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward
         raise LedgerStateError(
             f"finalizer_rewards_by_group: expected a dict, got {type(value).__name__}"
         )
-    try:
-        typed = msgspec.convert(
-            msgspec.to_builtins(value), dict[str, list[FinalizedReward]], strict=True
-        )
-    except (msgspec.ValidationError, TypeError) as exc:
-        raise LedgerStateError(f"finalizer_rewards_by_group: {exc}") from exc
-    for group_id, rewards in typed.items():
-        if not group_id:
-            raise LedgerStateError("finalizer_rewards_by_group: group ids must be non-empty str")
-        for index, reward in enumerate(rewards):
-            where = f"finalizer_rewards_by_group[{group_id!r}][{index}]"
-            _finite(reward.raw_reward, where=f"{where}.raw_reward")
-            _finite(reward.reward, where=f"{where}.reward")
-    return typed
+    result: dict[str, list[FinalizedReward]] = {}
+    for group_id, rewards in value.items():
+        where = f"finalizer_rewards_by_group[{group_id!r}]"
+        if not isinstance(group_id, str) or not group_id:
+            raise LedgerStateError(f"{where}: group ids must be non-empty str")
+        try:
+            typed = msgspec.convert(
+                msgspec.to_builtins(rewards), list[FinalizedReward], strict=True
+            )
+        except (msgspec.ValidationError, TypeError) as exc:
+            raise LedgerStateError(f"{where}: {exc}") from exc
+        for index, reward in enumerate(typed):
+            _finite(reward.raw_reward, where=f"{where}[{index}].raw_reward")
+            _finite(reward.reward, where=f"{where}[{index}].reward")
+        result[group_id] = typed
+    return result
 
 
 def _validate_reward_settings(value: object) -> CaptureRewardSettings | None:
@@ -263,21 +261,23 @@ def decode_rollout_recovery_state(data: bytes) -> ParsedRolloutRecoveryState:
     try:
         typed = msgspec.json.decode(data, type=SidecarState, strict=True)
     except msgspec.ValidationError as exc:
-        _raise_unsupported_version(data)
+        # Error path only: re-read untyped so the message is exactly parse's
+        # (a newer schema version is reported as such, not as unknown fields).
+        _raise_as_parse_would(data)
         raise LedgerStateError(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise LedgerStateError(
             f"{ROLLOUT_RECOVERY_STATE_FILENAME}: not valid JSON ({exc})"
         ) from exc
-    check_schema_version(typed.schema_version, context=f"{ROLLOUT_RECOVERY_STATE_FILENAME} $")
-    return _split(typed)
-
-
-def _raise_unsupported_version(data: bytes | bytearray | memoryview) -> None:
-    """A newer writer's fields are not errors to report: its version is."""
     try:
-        probe = msgspec.json.decode(data, type=_VersionProbe)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return
-    if probe.schema_version is not None:
-        check_schema_version(probe.schema_version, context=f"{ROLLOUT_RECOVERY_STATE_FILENAME} $")
+        check_schema_version(typed.schema_version, context=_WHAT + " $")
+        return _split(typed)
+    except LedgerStateError as exc:
+        raise type(exc)(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {exc}") from exc
+
+
+def _raise_as_parse_would(data: bytes | bytearray | memoryview) -> None:
+    try:
+        parse_rollout_recovery_state(msgspec.json.decode(data))
+    except LedgerStateError as exc:
+        raise type(exc)(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {exc}") from exc

@@ -27,8 +27,10 @@ _PRE_ADMISSION_ATTEMPT_STATUSES = frozenset(
 _RESULT_FIELDS = ("receipt", "reward", "mask_sample", "reward_checks", "reward_log_context")
 
 
-def _fail(where: str, message: str) -> LedgerStateError:
-    return LedgerStateError(f"rollout recovery ledger state: {where}: {message}")
+def _fail(where: str, message: str, *, label: str = "") -> LedgerStateError:
+    """An error at JSON path ``where``; ``label`` names the group/sibling/attempt it is about."""
+    about = f" ({label})" if label else ""
+    return LedgerStateError(f"rollout recovery ledger state: {where}{about}: {message}")
 
 
 def check_ledger_state(state: LedgerState, *, path: str = "$") -> None:
@@ -48,27 +50,28 @@ def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str])
     group_id = group.group_id
     if len(group.siblings) != group.expected_generations:
         raise _fail(
-            f"{where} (group {group_id!r})",
+            f"{where}.expected_generations",
             f"expected_generations is {group.expected_generations} but the group has "
             f"{len(group.siblings)} siblings",
+            label=f"group {group_id!r}",
         )
     unsealed: tuple[int, AttemptState] | None = None
     for position, sibling in enumerate(group.siblings):
         if sibling.generation_index != position:
             raise _fail(
-                f"{where}.siblings[{position}] (group {group_id!r})",
+                f"{where}.siblings[{position}].generation_index",
                 f"non-contiguous generation indices: generation_index is "
                 f"{sibling.generation_index}, expected {position} (siblings are 0..N-1 in order)",
+                label=f"group {group_id!r}",
             )
         last = len(sibling.attempts) - 1
         for number, attempt in enumerate(sibling.attempts):
-            attempt_where = (
-                f"{where}.siblings[{position}].attempts[{number}] (group {group_id!r} "
-                f"sibling {position} attempt {attempt.attempt_uuid})"
-            )
+            attempt_where = f"{where}.siblings[{position}].attempts[{number}]"
+            label = f"group {group_id!r} sibling {position} attempt {attempt.attempt_uuid}"
             _check_attempt(
                 attempt,
                 where=attempt_where,
+                label=label,
                 gate_rollout_id=f"{group_id}_g{position}_a{attempt.attempt_uuid}",
                 current=number == last,
                 seen_attempts=seen_attempts,
@@ -77,9 +80,10 @@ def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str])
                 attempt.status not in _PRE_ADMISSION_ATTEMPT_STATUSES
             ):
                 raise _fail(
-                    attempt_where,
+                    f"{attempt_where}.status",
                     f"attempt status {attempt.status.value!r} contradicts the group's phase "
                     "'reserved': a group is dispatched only after admission",
+                    label=label,
                 )
         if unsealed is None and sibling.attempts[last].status is not _SEALED:
             unsealed = (position, sibling.attempts[last])
@@ -92,22 +96,25 @@ def _check_group_status(
     status = group.status
     if status is PromptGroupStatus.GENERATING and unsealed is None:
         raise _fail(
-            f"{where}.status (group {group.group_id!r})",
+            f"{where}.status",
             "status 'generating' contradicts its siblings: every current attempt is sealed, "
             "so the group is 'ready_to_finalize' or later",
+            label=f"group {group.group_id!r}",
         )
     if status in ALL_SEALED_STATUSES and unsealed is not None:
         position, attempt = unsealed
         raise _fail(
-            f"{where}.status (group {group.group_id!r})",
+            f"{where}.status",
             f"status {status.value!r} contradicts sibling {position}, whose current attempt "
             f"{attempt.attempt_uuid} is {attempt.status.value!r} (every current attempt must "
             "be sealed)",
+            label=f"group {group.group_id!r}",
         )
     if group.phase is PromptGroupPhase.RESERVED and status is not PromptGroupStatus.GENERATING:
         raise _fail(
-            f"{where}.status (group {group.group_id!r})",
+            f"{where}.status",
             f"status {status.value!r} contradicts the group's phase 'reserved'",
+            label=f"group {group.group_id!r}",
         )
 
 
@@ -115,77 +122,95 @@ def _check_attempt(
     attempt: AttemptState,
     *,
     where: str,
+    label: str,
     gate_rollout_id: str,
     current: bool,
     seen_attempts: set[str],
 ) -> None:
     if attempt.attempt_uuid in seen_attempts:
-        raise _fail(where, f"duplicate attempt UUID {attempt.attempt_uuid} (already used above)")
+        raise _fail(
+            f"{where}.attempt_uuid",
+            f"duplicate attempt UUID {attempt.attempt_uuid} (already used above)",
+            label=label,
+        )
     seen_attempts.add(attempt.attempt_uuid)
     if not current and attempt.status not in RETRYABLE_ATTEMPT_STATUSES:
         raise _fail(
-            where,
+            f"{where}.status",
             f"a superseded attempt must be 'failed' or 'abandoned', not "
             f"{attempt.status.value!r} (only the current attempt may be live or sealed)",
+            label=label,
         )
     if attempt.status is _SEALED:
-        _check_sealed(attempt, where=where, gate_rollout_id=gate_rollout_id)
+        _check_sealed(attempt, where=where, label=label, gate_rollout_id=gate_rollout_id)
     else:
-        _check_unsealed(attempt, where=where)
+        _check_unsealed(attempt, where=where, label=label)
 
 
-def _check_sealed(attempt: AttemptState, *, where: str, gate_rollout_id: str) -> None:
+def _check_sealed(attempt: AttemptState, *, where: str, label: str, gate_rollout_id: str) -> None:
     for name in ("receipt", "mask_sample"):
         if getattr(attempt, name) is None:
-            raise _fail(f"{where}.{name}", f"a sealed attempt needs a {name}, got null")
+            raise _fail(
+                f"{where}.{name}", f"a sealed attempt needs a {name}, got null", label=label
+            )
     reward = attempt.reward
     if reward is None:
-        raise _fail(f"{where}.reward", "a sealed attempt needs a reward, got null")
+        raise _fail(f"{where}.reward", "a sealed attempt needs a reward, got null", label=label)
     if not math.isfinite(reward):
-        raise _fail(f"{where}.reward", f"reward must be finite, got {reward!r}")
+        raise _fail(f"{where}.reward", f"reward must be finite, got {reward!r}", label=label)
     try:
         receipt = msgspec.convert(attempt.receipt, GateReceipt, strict=True)
         check_receipt_semantics(receipt, where="receipt")
     except (msgspec.ValidationError, InvalidReceiptError) as exc:
-        raise _fail(f"{where}.receipt", f"invalid Gate receipt: {exc}") from exc
+        raise _fail(f"{where}.receipt", f"invalid Gate receipt: {exc}", label=label) from exc
     if receipt.gate_rollout_id != gate_rollout_id:
         raise _fail(
             f"{where}.receipt.gate_rollout_id",
             f"{receipt.gate_rollout_id!r} is not this attempt's gate rollout id {gate_rollout_id!r}",
+            label=label,
         )
     if receipt.staging_keys != attempt.staging_keys:
         raise _fail(
             f"{where}.staging_keys",
             f"{attempt.staging_keys!r} differ from the receipt's staging_keys "
             f"{receipt.staging_keys!r}",
+            label=label,
         )
     if receipt.reward is not None and receipt.reward != attempt.reward:
         raise _fail(
             f"{where}.reward",
             f"{attempt.reward!r} differs from the receipt's reward {receipt.reward!r}",
+            label=label,
         )
     if attempt.failure_reason is not None:
-        raise _fail(f"{where}.failure_reason", "a sealed attempt has no failure_reason")
+        raise _fail(
+            f"{where}.failure_reason", "a sealed attempt has no failure_reason", label=label
+        )
 
 
-def _check_unsealed(attempt: AttemptState, *, where: str) -> None:
+def _check_unsealed(attempt: AttemptState, *, where: str, label: str) -> None:
     status = attempt.status.value
     for name in _RESULT_FIELDS:
         if getattr(attempt, name) is not None:
             raise _fail(
                 f"{where}.{name}",
                 f"only a sealed attempt carries a {name}; this attempt is {status!r}",
+                label=label,
             )
     if attempt.staging_keys:
         raise _fail(
             f"{where}.staging_keys",
             f"only a sealed attempt owns staging keys; this attempt is {status!r}",
+            label=label,
         )
     if attempt.status is _FAILED:
         if not attempt.failure_reason:
-            raise _fail(f"{where}.failure_reason", "a failed attempt needs a non-empty reason")
+            raise _fail(
+                f"{where}.failure_reason", "a failed attempt needs a non-empty reason", label=label
+            )
     elif attempt.failure_reason is not None:
         raise _fail(
             f"{where}.failure_reason",
             f"only a failed attempt carries a failure_reason; this attempt is {status!r}",
+            label=label,
         )

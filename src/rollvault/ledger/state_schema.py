@@ -21,7 +21,6 @@ import msgspec
 from rollvault.ledger.errors import LedgerStateError, UnsupportedSchemaVersionError
 from rollvault.ledger.reward_penalties import (
     CaptureRewardSettings,
-    FinalizedReward,
     RewardChecks,
     RewardLogContext,
 )
@@ -93,11 +92,15 @@ class LedgerState(_Schema):
 class SidecarState(_Schema):
     schema_version: int
     ledger: LedgerState
-    batch_shortfall: dict[str, _NonNegativeInt]
+    # The three maps below are checked by the sidecar's ``_validate_*`` helpers,
+    # whose messages name the offending key (msgspec reports a map key as ``[...]``).
+    batch_shortfall: dict[str, Any]
     """Target step (a decimal string: JSON keys are strings) -> groups permanently lost."""
     sampler_stamps_target_steps: bool | None
-    finalizer_metrics_by_group: dict[str, dict[str, float]]
-    finalizer_rewards_by_group: dict[str, list[FinalizedReward]]
+    finalizer_metrics_by_group: dict[str, Any]
+    """Group id -> metric name -> finite number."""
+    finalizer_rewards_by_group: dict[str, Any]
+    """Group id -> one :class:`FinalizedReward` per sibling."""
     reward_settings: CaptureRewardSettings | None
 
 
