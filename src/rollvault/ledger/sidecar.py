@@ -23,6 +23,7 @@ from rollvault.ledger.state_schema import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     RolloutRecoveryState,
     SidecarState,
+    _reject_unknown_fields,
     check_schema_version,
     read_versioned,
 )
@@ -241,12 +242,26 @@ def _split(typed: SidecarState) -> ParsedRolloutRecoveryState:
 def encode_rollout_recovery_state(state: RolloutRecoveryState) -> bytes:
     """Serialize a sidecar (from :func:`build_rollout_recovery_state`) to deterministic JSON.
 
-    The state is fully validated first, so an invalid state is never written.
-    Object keys are sorted: equal states give identical bytes.
+    Object keys are sorted, so equal states give identical bytes. Only the
+    envelope is checked here (a dict, a supported version, no unknown or
+    missing top-level field): a state from ``build_rollout_recovery_state`` is
+    valid by construction, and every rule is enforced where it protects a
+    restore, when the bytes are decoded. Encoding is off the cut but holds
+    the GIL, so it stays a single pass.
     """
-    typed = read_versioned(state, SidecarState, expected=_SIDECAR_STATE_FIELDS, what=_WHAT)
-    _split(typed)
-    return _ENCODER.encode(typed)
+    if not isinstance(state, Mapping):
+        raise LedgerStateError(f"{_WHAT} $: expected a dict, got {type(state).__name__}")
+    if "schema_version" not in state:
+        raise LedgerStateError(f"{_WHAT} $: missing required field 'schema_version'")
+    check_schema_version(state["schema_version"], context=f"{_WHAT} $")
+    _reject_unknown_fields(state, expected=_SIDECAR_STATE_FIELDS, context=f"{_WHAT} $")
+    missing = sorted(_SIDECAR_STATE_FIELDS - state.keys())
+    if missing:
+        raise LedgerStateError(f"{_WHAT} $: missing required field(s) {', '.join(missing)}")
+    try:
+        return _ENCODER.encode(state)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise LedgerStateError(f"{_WHAT}: not JSON-safe builtins: {exc}") from exc
 
 
 def decode_rollout_recovery_state(data: bytes) -> ParsedRolloutRecoveryState:

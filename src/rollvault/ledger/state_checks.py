@@ -4,6 +4,10 @@ The strict decoder guarantees shapes and types; these checks guarantee that
 the lineage is one the ledger's state machines could have produced, so a
 restore never starts from an impossible state. Every message names the JSON
 path and the group, sibling and attempt it is about.
+
+Attempt-level checks raise a location-free ``_Problem``; the group loop adds
+the location. Restore checks tens of thousands of attempts, so nothing is
+formatted unless something is wrong.
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ _PRE_ADMISSION_ATTEMPT_STATUSES = frozenset(
     {RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.ABANDONED}
 )
 _RESULT_FIELDS = ("receipt", "reward", "mask_sample", "reward_checks", "reward_log_context")
+
+
+class _Problem(Exception):
+    """What is wrong with one attempt, and in which of its fields."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 def _fail(where: str, message: str, *, label: str = "") -> LedgerStateError:
@@ -55,6 +68,7 @@ def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str])
             f"{len(group.siblings)} siblings",
             label=f"group {group_id!r}",
         )
+    before_admission = group.phase is PromptGroupPhase.RESERVED
     unsealed: tuple[int, AttemptState] | None = None
     for position, sibling in enumerate(group.siblings):
         if sibling.generation_index != position:
@@ -66,25 +80,21 @@ def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str])
             )
         last = len(sibling.attempts) - 1
         for number, attempt in enumerate(sibling.attempts):
-            attempt_where = f"{where}.siblings[{position}].attempts[{number}]"
-            label = f"group {group_id!r} sibling {position} attempt {attempt.attempt_uuid}"
-            _check_attempt(
-                attempt,
-                where=attempt_where,
-                label=label,
-                gate_rollout_id=f"{group_id}_g{position}_a{attempt.attempt_uuid}",
-                current=number == last,
-                seen_attempts=seen_attempts,
-            )
-            if group.phase is PromptGroupPhase.RESERVED and (
-                attempt.status not in _PRE_ADMISSION_ATTEMPT_STATUSES
-            ):
-                raise _fail(
-                    f"{attempt_where}.status",
-                    f"attempt status {attempt.status.value!r} contradicts the group's phase "
-                    "'reserved': a group is dispatched only after admission",
-                    label=label,
+            try:
+                _check_attempt(
+                    attempt,
+                    group_id=group_id,
+                    position=position,
+                    current=number == last,
+                    before_admission=before_admission,
+                    seen_attempts=seen_attempts,
                 )
+            except _Problem as problem:
+                raise _fail(
+                    f"{where}.siblings[{position}].attempts[{number}].{problem.field}",
+                    problem.message,
+                    label=f"group {group_id!r} sibling {position} attempt {attempt.attempt_uuid}",
+                ) from None
         if unsealed is None and sibling.attempts[last].status is not _SEALED:
             unsealed = (position, sibling.attempts[last])
     _check_group_status(group, where=where, unsealed=unsealed)
@@ -94,12 +104,13 @@ def _check_group_status(
     group: GroupState, *, where: str, unsealed: tuple[int, AttemptState] | None
 ) -> None:
     status = group.status
+    label = f"group {group.group_id!r}"
     if status is PromptGroupStatus.GENERATING and unsealed is None:
         raise _fail(
             f"{where}.status",
             "status 'generating' contradicts its siblings: every current attempt is sealed, "
             "so the group is 'ready_to_finalize' or later",
-            label=f"group {group.group_id!r}",
+            label=label,
         )
     if status in ALL_SEALED_STATUSES and unsealed is not None:
         position, attempt = unsealed
@@ -108,109 +119,101 @@ def _check_group_status(
             f"status {status.value!r} contradicts sibling {position}, whose current attempt "
             f"{attempt.attempt_uuid} is {attempt.status.value!r} (every current attempt must "
             "be sealed)",
-            label=f"group {group.group_id!r}",
+            label=label,
         )
     if group.phase is PromptGroupPhase.RESERVED and status is not PromptGroupStatus.GENERATING:
         raise _fail(
             f"{where}.status",
             f"status {status.value!r} contradicts the group's phase 'reserved'",
-            label=f"group {group.group_id!r}",
+            label=label,
         )
 
 
 def _check_attempt(
     attempt: AttemptState,
     *,
-    where: str,
-    label: str,
-    gate_rollout_id: str,
+    group_id: str,
+    position: int,
     current: bool,
+    before_admission: bool,
     seen_attempts: set[str],
 ) -> None:
     if attempt.attempt_uuid in seen_attempts:
-        raise _fail(
-            f"{where}.attempt_uuid",
-            f"duplicate attempt UUID {attempt.attempt_uuid} (already used above)",
-            label=label,
+        raise _Problem(
+            "attempt_uuid", f"duplicate attempt UUID {attempt.attempt_uuid} (already used above)"
         )
     seen_attempts.add(attempt.attempt_uuid)
-    if not current and attempt.status not in RETRYABLE_ATTEMPT_STATUSES:
-        raise _fail(
-            f"{where}.status",
-            f"a superseded attempt must be 'failed' or 'abandoned', not "
-            f"{attempt.status.value!r} (only the current attempt may be live or sealed)",
-            label=label,
+    status = attempt.status
+    if not current and status not in RETRYABLE_ATTEMPT_STATUSES:
+        raise _Problem(
+            "status",
+            f"a superseded attempt must be 'failed' or 'abandoned', not {status.value!r} "
+            "(only the current attempt may be live or sealed)",
         )
-    if attempt.status is _SEALED:
-        _check_sealed(attempt, where=where, label=label, gate_rollout_id=gate_rollout_id)
+    if before_admission and status not in _PRE_ADMISSION_ATTEMPT_STATUSES:
+        raise _Problem(
+            "status",
+            f"attempt status {status.value!r} contradicts the group's phase 'reserved': a "
+            "group is dispatched only after admission",
+        )
+    if status is _SEALED:
+        _check_sealed(attempt, gate_rollout_id=f"{group_id}_g{position}_a{attempt.attempt_uuid}")
     else:
-        _check_unsealed(attempt, where=where, label=label)
+        _check_unsealed(attempt)
 
 
-def _check_sealed(attempt: AttemptState, *, where: str, label: str, gate_rollout_id: str) -> None:
-    for name in ("receipt", "mask_sample"):
-        if getattr(attempt, name) is None:
-            raise _fail(
-                f"{where}.{name}", f"a sealed attempt needs a {name}, got null", label=label
-            )
+def _check_sealed(attempt: AttemptState, *, gate_rollout_id: str) -> None:
+    if attempt.receipt is None:
+        raise _Problem("receipt", "a sealed attempt needs a receipt, got null")
+    if attempt.mask_sample is None:
+        raise _Problem("mask_sample", "a sealed attempt needs a mask_sample, got null")
     reward = attempt.reward
     if reward is None:
-        raise _fail(f"{where}.reward", "a sealed attempt needs a reward, got null", label=label)
+        raise _Problem("reward", "a sealed attempt needs a reward, got null")
     if not math.isfinite(reward):
-        raise _fail(f"{where}.reward", f"reward must be finite, got {reward!r}", label=label)
+        raise _Problem("reward", f"reward must be finite, got {reward!r}")
     try:
         receipt = msgspec.convert(attempt.receipt, GateReceipt, strict=True)
         check_receipt_semantics(receipt, where="receipt")
     except (msgspec.ValidationError, InvalidReceiptError) as exc:
-        raise _fail(f"{where}.receipt", f"invalid Gate receipt: {exc}", label=label) from exc
+        raise _Problem("receipt", f"invalid Gate receipt: {exc}") from None
     if receipt.gate_rollout_id != gate_rollout_id:
-        raise _fail(
-            f"{where}.receipt.gate_rollout_id",
+        raise _Problem(
+            "receipt.gate_rollout_id",
             f"{receipt.gate_rollout_id!r} is not this attempt's gate rollout id {gate_rollout_id!r}",
-            label=label,
         )
     if receipt.staging_keys != attempt.staging_keys:
-        raise _fail(
-            f"{where}.staging_keys",
+        raise _Problem(
+            "staging_keys",
             f"{attempt.staging_keys!r} differ from the receipt's staging_keys "
             f"{receipt.staging_keys!r}",
-            label=label,
         )
-    if receipt.reward is not None and receipt.reward != attempt.reward:
-        raise _fail(
-            f"{where}.reward",
-            f"{attempt.reward!r} differs from the receipt's reward {receipt.reward!r}",
-            label=label,
-        )
+    if receipt.reward is not None and receipt.reward != reward:
+        raise _Problem("reward", f"{reward!r} differs from the receipt's reward {receipt.reward!r}")
     if attempt.failure_reason is not None:
-        raise _fail(
-            f"{where}.failure_reason", "a sealed attempt has no failure_reason", label=label
-        )
+        raise _Problem("failure_reason", "a sealed attempt has no failure_reason")
 
 
-def _check_unsealed(attempt: AttemptState, *, where: str, label: str) -> None:
+def _check_unsealed(attempt: AttemptState) -> None:
     status = attempt.status.value
-    for name in _RESULT_FIELDS:
-        if getattr(attempt, name) is not None:
-            raise _fail(
-                f"{where}.{name}",
-                f"only a sealed attempt carries a {name}; this attempt is {status!r}",
-                label=label,
-            )
+    if not (
+        attempt.receipt is None
+        and attempt.reward is None
+        and attempt.mask_sample is None
+        and attempt.reward_checks is None
+        and attempt.reward_log_context is None
+    ):
+        name = next(name for name in _RESULT_FIELDS if getattr(attempt, name) is not None)
+        raise _Problem(name, f"only a sealed attempt carries a {name}; this attempt is {status!r}")
     if attempt.staging_keys:
-        raise _fail(
-            f"{where}.staging_keys",
-            f"only a sealed attempt owns staging keys; this attempt is {status!r}",
-            label=label,
+        raise _Problem(
+            "staging_keys", f"only a sealed attempt owns staging keys; this attempt is {status!r}"
         )
     if attempt.status is _FAILED:
         if not attempt.failure_reason:
-            raise _fail(
-                f"{where}.failure_reason", "a failed attempt needs a non-empty reason", label=label
-            )
+            raise _Problem("failure_reason", "a failed attempt needs a non-empty reason")
     elif attempt.failure_reason is not None:
-        raise _fail(
-            f"{where}.failure_reason",
+        raise _Problem(
+            "failure_reason",
             f"only a failed attempt carries a failure_reason; this attempt is {status!r}",
-            label=label,
         )
