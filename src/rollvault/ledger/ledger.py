@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from typing import Any, Self
 
 import msgspec
@@ -16,6 +16,13 @@ from rollvault.ledger.arguments import (
     require_optional_str,
     require_str,
 )
+from rollvault.ledger.call_checks import (
+    check_complete_cohort,
+    distinct_indices,
+    group_id_collection,
+    require_granularity,
+    require_sibling,
+)
 from rollvault.ledger.datum import DatumSpec, datum_task_name
 from rollvault.ledger.errors import (
     CheckpointUnsafeError,
@@ -23,17 +30,18 @@ from rollvault.ledger.errors import (
     ForeignCutError,
     InvalidLedgerInputError,
     LedgerError,
-    LedgerStateError,
     LedgerTransitionError,
     UnknownGroupError,
 )
 from rollvault.ledger.prompt_identity import _validate_prompt_identity
+from rollvault.ledger.receipts import copy_receipt
 from rollvault.ledger.records import (
     PromptGroupRecoveryRecord,
     PromptRef,
     RolloutAttemptRecord,
     RolloutSiblingRecord,
     SiblingSealResult,
+    copy_group_record,
     new_attempts,
 )
 from rollvault.ledger.recovery import (
@@ -48,16 +56,13 @@ from rollvault.ledger.sealing import (
     SealValues,
     apply_seal,
     check_same_seal,
-    copy_receipt,
     fenced_attempt,
     seal_values,
 )
-from rollvault.ledger.state_checks import check_group_state
-from rollvault.ledger.state_convert import group_from_state, group_to_state
+from rollvault.ledger.state_convert import ledger_to_state
+from rollvault.ledger.state_load import group_record_from_state, records_from_state
 from rollvault.ledger.state_schema import (
     _LEDGER_STATE_FIELDS,
-    ROLLOUT_RECOVERY_SCHEMA_VERSION,
-    GroupState,
     LedgerState,
     RolloutRecoveryState,
     read_versioned,
@@ -92,7 +97,6 @@ _DROPPABLE = frozenset(
         PromptGroupStatus.FINALIZATION_UNKNOWN,
     }
 )
-_GRANULARITIES = frozenset(member.value for member in RecoveryGranularity)
 
 FinalizationInputs = tuple[
     list[str],
@@ -257,7 +261,7 @@ class RolloutRecoveryLedger:
         require_int(start_weight_version, name="start_weight_version", where=where)
         require_optional_str(task_source, name="task_source", where=where)
         require_bool(admitted, name="admitted", where=where)
-        granularity = _granularity(recovery_granularity, where=where)
+        granularity = require_granularity(recovery_granularity, where=where)
         admission = uuid.uuid4().hex if admission_id is None else admission_id
         require_str(admission, name="admission_id", where=where)
         task_name = datum_task_name(prompt_payload, group_id=new_id)
@@ -354,7 +358,7 @@ class RolloutRecoveryLedger:
                     status=record.status.value,
                 )
         else:
-            indices = self._distinct_indices(record, generation_indices)
+            indices = distinct_indices(record, generation_indices)
         targets = [
             check_attempt_transition(
                 record.siblings[index].attempts[-1],
@@ -425,7 +429,7 @@ class RolloutRecoveryLedger:
         """
         self._enter(cut, "mark_group_sealed", group_id)
         record = self._require_group(group_id)
-        self._check_complete_cohort(record, results)
+        check_complete_cohort(record, results)
         pending: list[tuple[RolloutAttemptRecord, SealValues]] = []
         for index in range(len(record.siblings)):
             result = results[index]
@@ -616,7 +620,7 @@ class RolloutRecoveryLedger:
         were dropped; ids the ledger does not hold are ignored.
         """
         self._enter(cut, "discard_canonical_groups")
-        ids = _group_id_collection(group_ids)
+        ids = group_id_collection(group_ids, where="discard_canonical_groups")
         dropped = 0
         for group_id in ids:
             if self._groups.pop(group_id, None) is not None:
@@ -635,14 +639,7 @@ class RolloutRecoveryLedger:
         return state
 
     def _ledger_state(self, exclude: Collection[str] = ()) -> LedgerState:
-        return LedgerState(
-            schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
-            groups=[
-                group_to_state(record)
-                for group_id, record in self._groups.items()
-                if group_id not in exclude
-            ],
-        )
+        return ledger_to_state(self._groups.values(), exclude=exclude)
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Self:
@@ -657,23 +654,8 @@ class RolloutRecoveryLedger:
         typed = read_versioned(
             state, LedgerState, expected=_LEDGER_STATE_FIELDS, what="rollout recovery ledger state"
         )
-        return cls._from_ledger_state(typed)
-
-    @classmethod
-    def _from_ledger_state(cls, typed: LedgerState, path: str = "$") -> Self:
         ledger = cls()
-        seen_attempt_uuids: set[uuid.UUID] = set()
-        for position, raw_group in enumerate(typed.groups):
-            where = f"{path}.groups[{position}]"
-            if raw_group.group_id in ledger._groups:
-                raise LedgerStateError(
-                    f"rollout recovery ledger state: {where}: group id "
-                    f"{raw_group.group_id!r} appears more than once"
-                )
-            record = cls._group_from_state(
-                raw_group, seen_attempt_uuids=seen_attempt_uuids, where=where
-            )
-            ledger._groups[record.group_id] = record
+        ledger._groups = records_from_state(typed)
         return ledger
 
     def load_state_dict(self, cut: DataPlaneMutationCut, state: RolloutRecoveryState) -> None:
@@ -699,25 +681,9 @@ class RolloutRecoveryLedger:
         Adds the group's attempt UUIDs to ``seen_attempt_uuids`` and raises if
         one was already there (attempt UUIDs are unique across the ledger).
         """
-        group = raw_group if isinstance(raw_group, GroupState) else _convert_group(raw_group, where)
-        group_hexes: set[str] = set()
-        check_group_state(group, where=where, seen_attempts=group_hexes)
-        located = [
-            (f"{where}.siblings[{position}].attempts[{number}]", attempt.attempt_uuid)
-            for position, sibling in enumerate(group.siblings)
-            for number, attempt in enumerate(sibling.attempts)
-        ]
-        hexes = [attempt_hex for _, attempt_hex in located]
-        uuids = msgspec.convert(hexes, list[uuid.UUID])
-        for (path, attempt_hex), attempt_uuid in zip(located, uuids, strict=True):
-            if attempt_uuid in seen_attempt_uuids:
-                raise LedgerStateError(
-                    f"rollout recovery ledger state: {path}.attempt_uuid (group "
-                    f"{group.group_id!r}): duplicate attempt UUID {attempt_hex} (already used "
-                    "by another group)"
-                )
-            seen_attempt_uuids.add(attempt_uuid)
-        return group_from_state(group, dict(zip(hexes, uuids, strict=True)))
+        return group_record_from_state(
+            raw_group, seen_attempt_uuids=seen_attempt_uuids, where=where
+        )
 
     # -- internals -------------------------------------------------------------------------
 
@@ -750,29 +716,13 @@ class RolloutRecoveryLedger:
     @staticmethod
     def _copy_group(record: PromptGroupRecoveryRecord) -> PromptGroupRecoveryRecord:
         """Copy mutable lineage metadata without duplicating the prompt payload."""
-        replace = msgspec.structs.replace
-        return replace(
-            record,
-            siblings=[
-                replace(sibling, attempts=[_copy_attempt(attempt) for attempt in sibling.attempts])
-                for sibling in record.siblings
-            ],
-        )
+        return copy_group_record(record)
 
     @staticmethod
     def _require_sibling(
         record: PromptGroupRecoveryRecord, generation_index: int
     ) -> RolloutSiblingRecord:
-        if (
-            isinstance(generation_index, bool)
-            or not isinstance(generation_index, int)
-            or not 0 <= generation_index < len(record.siblings)
-        ):
-            raise InvalidLedgerInputError(
-                f"group {record.group_id!r}: generation_index {generation_index!r} is not a "
-                f"sibling index (the group has {len(record.siblings)} siblings)"
-            )
-        return record.siblings[generation_index]
+        return require_sibling(record, generation_index)
 
     @staticmethod
     def _require_group_status(
@@ -804,83 +754,3 @@ class RolloutRecoveryLedger:
             if sibling.attempts[-1].status is not _SEALED:
                 return
         record.status = check_group_transition(record, GroupEvent.ALL_SIBLINGS_SEALED)
-
-    def _distinct_indices(
-        self, record: PromptGroupRecoveryRecord, generation_indices: object
-    ) -> list[int]:
-        if not isinstance(generation_indices, list | tuple) or not generation_indices:
-            raise InvalidLedgerInputError(
-                f"group {record.group_id!r}: generation_indices must be a non-empty list of "
-                f"sibling indices or None, got {generation_indices!r}"
-            )
-        indices = [
-            self._require_sibling(record, index).generation_index for index in generation_indices
-        ]
-        if len(set(indices)) != len(indices):
-            raise InvalidLedgerInputError(
-                f"group {record.group_id!r}: generation_indices {generation_indices!r} repeats "
-                "an index"
-            )
-        return indices
-
-    @staticmethod
-    def _check_complete_cohort(record: PromptGroupRecoveryRecord, results: object) -> None:
-        if not isinstance(results, dict):
-            raise InvalidLedgerInputError(
-                f"group {record.group_id!r}: results must be a dict of generation index -> "
-                f"SiblingSealResult, got {type(results).__name__}"
-            )
-        expected = set(range(len(record.siblings)))
-        missing = sorted(expected - results.keys())
-        extra = sorted(repr(key) for key in results.keys() - expected)
-        if missing or extra:
-            raise InvalidLedgerInputError(
-                f"group {record.group_id!r}: mark_group_sealed needs exactly one result per "
-                f"sibling 0..{len(record.siblings) - 1}; missing {missing}, unexpected {extra}"
-            )
-        for index, result in results.items():
-            if not isinstance(result, SiblingSealResult):
-                raise InvalidLedgerInputError(
-                    f"group {record.group_id!r} sibling {index}: expected a SiblingSealResult, "
-                    f"got {type(result).__name__}"
-                )
-
-
-def _copy_attempt(attempt: RolloutAttemptRecord) -> RolloutAttemptRecord:
-    if attempt.receipt is None:
-        return msgspec.structs.replace(attempt, staging_keys=list(attempt.staging_keys))
-    return msgspec.structs.replace(
-        attempt,
-        staging_keys=list(attempt.staging_keys),
-        receipt=copy_receipt(attempt.receipt),
-    )
-
-
-def _granularity(value: object, *, where: str) -> RecoveryGranularity:
-    if isinstance(value, str) and value in _GRANULARITIES:
-        return RecoveryGranularity(value)
-    allowed = ", ".join(repr(member.value) for member in RecoveryGranularity)
-    raise InvalidLedgerInputError(
-        f"{where}: recovery_granularity must be one of {allowed}, got {value!r}"
-    )
-
-
-def _group_id_collection(group_ids: object) -> Iterable[str]:
-    if isinstance(group_ids, str) or not isinstance(group_ids, Collection):
-        raise InvalidLedgerInputError(
-            f"discard_canonical_groups: group_ids must be a collection of group ids (a set), "
-            f"got {type(group_ids).__name__}"
-        )
-    for group_id in group_ids:
-        if not isinstance(group_id, str):
-            raise InvalidLedgerInputError(
-                f"discard_canonical_groups: every group id must be a str, got {group_id!r}"
-            )
-    return group_ids
-
-
-def _convert_group(raw_group: object, where: str) -> GroupState:
-    try:
-        return msgspec.convert(raw_group, GroupState, strict=True)
-    except msgspec.ValidationError as exc:
-        raise LedgerStateError(f"rollout recovery ledger state: {where}: {exc}") from exc

@@ -102,3 +102,11 @@ def _receipt_staging_keys(receipt: dict[str, Any] | None) -> list[str]:
     The returned list is a fresh copy: mutating it does not touch ``receipt``.
     """
     return list(validate_receipt(receipt).staging_keys)
+
+
+def copy_receipt(receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A deep copy of a stored receipt (it holds only JSON builtins)."""
+    if receipt is None:
+        return None
+    copied: dict[str, Any] = msgspec.to_builtins(receipt)
+    return copied

@@ -27,6 +27,7 @@ from rollvault.ledger.errors import (
     LedgerError,
     PromptPayloadUnboundError,
 )
+from rollvault.ledger.receipts import copy_receipt
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.statuses import (
     PromptGroupPhase,
@@ -197,3 +198,25 @@ def new_attempts(count: int) -> list[RolloutAttemptRecord]:
         RolloutAttemptRecord(attempt_uuid=attempt_uuid, status=reserved)
         for attempt_uuid in mint_attempt_uuids(count)
     ]
+
+
+def copy_group_record(record: PromptGroupRecoveryRecord) -> PromptGroupRecoveryRecord:
+    """Copy mutable lineage metadata without duplicating the prompt payload."""
+    replace = msgspec.structs.replace
+    return replace(
+        record,
+        siblings=[
+            replace(sibling, attempts=[_copy_attempt(attempt) for attempt in sibling.attempts])
+            for sibling in record.siblings
+        ],
+    )
+
+
+def _copy_attempt(attempt: RolloutAttemptRecord) -> RolloutAttemptRecord:
+    if attempt.receipt is None:
+        return msgspec.structs.replace(attempt, staging_keys=list(attempt.staging_keys))
+    return msgspec.structs.replace(
+        attempt,
+        staging_keys=list(attempt.staging_keys),
+        receipt=copy_receipt(attempt.receipt),
+    )

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import msgspec
-
 from rollvault.ledger.arguments import require_bool, require_finite_float
 from rollvault.ledger.errors import (
     InvalidLedgerInputError,
@@ -163,11 +161,3 @@ def clear_result(attempt: RolloutAttemptRecord) -> None:
     attempt.mask_sample = None
     attempt.reward_checks = None
     attempt.reward_log_context = None
-
-
-def copy_receipt(receipt: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A deep copy of a stored receipt (it holds only JSON builtins)."""
-    if receipt is None:
-        return None
-    copied: dict[str, Any] = msgspec.to_builtins(receipt)
-    return copied

@@ -8,6 +8,7 @@ before it is turned into records.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection, Iterable
 
 import msgspec
 
@@ -18,11 +19,23 @@ from rollvault.ledger.records import (
     RolloutSiblingRecord,
 )
 from rollvault.ledger.state_schema import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
     AttemptState,
     GroupState,
+    LedgerState,
     PromptRefState,
     SiblingState,
 )
+
+
+def ledger_to_state(
+    records: Iterable[PromptGroupRecoveryRecord], *, exclude: Collection[str] = ()
+) -> LedgerState:
+    """The persisted form of a ledger's groups, leaving out the ids in ``exclude``."""
+    return LedgerState(
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+        groups=[group_to_state(record) for record in records if record.group_id not in exclude],
+    )
 
 
 def group_to_state(record: PromptGroupRecoveryRecord) -> GroupState:

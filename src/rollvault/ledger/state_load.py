@@ -1,0 +1,73 @@
+"""Turning a persisted ledger state into live records, checking it on the way.
+
+Attempt UUIDs must be unique across the whole ledger: each group's UUIDs are
+checked against the ones seen in the groups before it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+
+from rollvault.ledger.errors import LedgerStateError
+from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.state_checks import check_group_state
+from rollvault.ledger.state_convert import group_from_state
+from rollvault.ledger.state_schema import GroupState, LedgerState
+
+
+def records_from_state(
+    state: LedgerState, *, path: str = "$"
+) -> dict[str, PromptGroupRecoveryRecord]:
+    """Every group of ``state`` as a live record (no runtime payload), in order."""
+    records: dict[str, PromptGroupRecoveryRecord] = {}
+    seen_attempt_uuids: set[uuid.UUID] = set()
+    for position, raw_group in enumerate(state.groups):
+        where = f"{path}.groups[{position}]"
+        if raw_group.group_id in records:
+            raise LedgerStateError(
+                f"rollout recovery ledger state: {where}: group id "
+                f"{raw_group.group_id!r} appears more than once"
+            )
+        records[raw_group.group_id] = group_record_from_state(
+            raw_group, seen_attempt_uuids=seen_attempt_uuids, where=where
+        )
+    return records
+
+
+def group_record_from_state(
+    raw_group: Any, *, seen_attempt_uuids: set[uuid.UUID], where: str
+) -> PromptGroupRecoveryRecord:
+    """Check one persisted group (a ``GroupState`` or its builtins) and build its record.
+
+    Adds the group's attempt UUIDs to ``seen_attempt_uuids`` and raises if one
+    was already there.
+    """
+    group = raw_group if isinstance(raw_group, GroupState) else _convert_group(raw_group, where)
+    check_group_state(group, where=where, seen_attempts=set())
+    located = [
+        (f"{where}.siblings[{position}].attempts[{number}]", attempt.attempt_uuid)
+        for position, sibling in enumerate(group.siblings)
+        for number, attempt in enumerate(sibling.attempts)
+    ]
+    hexes = [attempt_hex for _, attempt_hex in located]
+    # One C-level conversion per group instead of a Python UUID constructor per attempt.
+    uuids = msgspec.convert(hexes, list[uuid.UUID])
+    for (path, attempt_hex), attempt_uuid in zip(located, uuids, strict=True):
+        if attempt_uuid in seen_attempt_uuids:
+            raise LedgerStateError(
+                f"rollout recovery ledger state: {path}.attempt_uuid (group "
+                f"{group.group_id!r}): duplicate attempt UUID {attempt_hex} (already used by "
+                "another group)"
+            )
+        seen_attempt_uuids.add(attempt_uuid)
+    return group_from_state(group, dict(zip(hexes, uuids, strict=True)))
+
+
+def _convert_group(raw_group: object, where: str) -> GroupState:
+    try:
+        return msgspec.convert(raw_group, GroupState, strict=True)
+    except msgspec.ValidationError as exc:
+        raise LedgerStateError(f"rollout recovery ledger state: {where}: {exc}") from exc
