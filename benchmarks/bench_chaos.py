@@ -24,7 +24,7 @@ Scenarios:
   snapshots every 0.05 s (in practice back to back, ~0.1-0.2 s each here,
   since a commit fsyncs every file and directory), a trainer checkpoint every
   20 steps (kills up to 8 s after a start, 640 prompts x 2 epochs) or every
-  50 steps, the packaged default (kills up to 16 s, 1,200 prompts x 2 epochs);
+  50 steps, the packaged default (kills up to 12 s, 1,200 prompts x 2 epochs);
   the datasets are sized so that every kill lands before the run ends.
 
 The regenerated-work ratio is roughly (time since the last trainer checkpoint
@@ -80,7 +80,7 @@ def _long(save_period: int, num_prompts: int, kill_window_s: float) -> Scenario:
 SCENARIOS = {
     "ci": Scenario(overrides=(), kill_window_s=1.0),
     "p20": _long(save_period=20, num_prompts=640, kill_window_s=8.0),
-    "p50": _long(save_period=50, num_prompts=1200, kill_window_s=16.0),
+    "p50": _long(save_period=50, num_prompts=1200, kill_window_s=12.0),
 }
 MODES = (RestoreMode.LATEST, RestoreMode.TRAINER_CHECKPOINT)
 

@@ -172,6 +172,24 @@ def test_the_check_catches_a_sibling_generated_again(
 
 
 @pytest.mark.slow
+def test_the_check_notices_that_the_newest_snapshot_is_unusable(
+    sibling_run: ChaosReport, tmp_path: Path
+) -> None:
+    config = chaos_config(_copy_of(sibling_run, tmp_path))
+    intact = check_finished_run(config)
+    assert intact.problems == [] and intact.final_snapshot is not None
+    victim = intact.final_snapshot / "rollout_recovery.json"
+    flipped = bytearray(victim.read_bytes())
+    flipped[len(flipped) // 2] ^= 0x01
+    victim.write_bytes(bytes(flipped))
+    problems = check_finished_run(config).problems
+    assert any(
+        problem.startswith(f"the newest snapshot {intact.final_snapshot} was rejected")
+        for problem in problems
+    ), problems
+
+
+@pytest.mark.slow
 def test_the_check_catches_orphan_rows_missing_rows_and_untrained_groups(
     sibling_run: ChaosReport,
 ) -> None:

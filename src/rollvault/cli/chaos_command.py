@@ -63,6 +63,7 @@ from rollvault.controller.run_history import (
 from rollvault.controller.snapshot_files import LoadedSnapshot
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.durable.errors import SnapshotError
+from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.statuses import RolloutAttemptStatus
 
@@ -185,6 +186,11 @@ def chaos_config(plan: ChaosPlan) -> RunConfig:
     )
     if owned:
         raise ChaosUsageError(f"the harness sets {owned} itself; do not override them")
+    if plan.kills < 0 or plan.kill_window_s <= 0 or plan.start_timeout_s <= 0:
+        raise ChaosUsageError(
+            f"kills ({plan.kills}) must be >= 0, kill_window_s ({plan.kill_window_s}) and "
+            f"start_timeout_s ({plan.start_timeout_s}) > 0"
+        )
     config = load_run_config(None, run_overrides(plan))
     total = config.dataset.num_prompts * config.grpo.max_num_epochs
     if config.grpo.max_num_steps < total:
@@ -412,7 +418,21 @@ def final_state_problems(config: RunConfig) -> tuple[list[str], Path | None]:
     if source is None or source.snapshot is None:
         return ["the finished run left no rollout snapshot to check"], None
     snapshot = source.snapshot
-    return snapshot_problems(snapshot, config.grpo.num_generations_per_prompt), snapshot.path
+    problems = _fallback_problems(snapshot.path)
+    problems += snapshot_problems(snapshot, config.grpo.num_generations_per_prompt)
+    return problems, snapshot.path
+
+
+def _fallback_problems(chosen: Path) -> list[str]:
+    """A finished run's newest committed snapshot must be usable: restore chose ``chosen``."""
+    in_snapshots = chosen.parent == snapshots_root(chosen.parent.parent)
+    anchor = chosen.parent.parent if in_snapshots else chosen.parent
+    committed = committed_snapshot_paths(snapshots_root(anchor))
+    if committed and committed[-1] != chosen:
+        return [
+            f"the newest snapshot {committed[-1]} was rejected (see the warnings); restore chose {chosen}"
+        ]
+    return []
 
 
 def snapshot_problems(snapshot: LoadedSnapshot, generations_per_group: int) -> list[str]:
@@ -589,9 +609,6 @@ def chaos_command(args: argparse.Namespace) -> int:
         if args.compare
         else [RestoreMode(args.restore_mode)]
     )
-    if args.kills < 0 or args.kill_window <= 0:
-        print("rollvault chaos: --kills must be >= 0 and --kill-window > 0", file=sys.stderr)
-        return 2
     reports = []
     for mode in modes:
         plan = ChaosPlan(
