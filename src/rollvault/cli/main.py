@@ -5,6 +5,8 @@ GRPO pipeline with the run config (the packaged default unless ``--config``)
 and any overrides, e.g. ``rollvault run grpo.num_generations_per_prompt=8``.
 ``rollvault inspect CKPT_DIR [--json]`` summarizes a checkpoint directory and
 ``rollvault verify CKPT_DIR [--json]`` re-checks it fully (exit 1 on any problem).
+``rollvault chaos [--kills K] [--compare] [dotpath=value ...]`` SIGKILLs a real run
+K times, restarts it, and checks its evidence (exit 1 on any problem).
 """
 
 from __future__ import annotations
