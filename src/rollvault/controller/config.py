@@ -29,7 +29,9 @@ __all__ = [
     "GateConfig",
     "GateKind",
     "GrpoConfig",
+    "LocalModelGateConfig",
     "LoggingConfig",
+    "ModelConfig",
     "OnDroppedPrompt",
     "RecoveryGranularity",
     "RestoreMode",
@@ -40,6 +42,9 @@ __all__ = [
     "SamplerConfig",
     "SamplerKind",
     "SimulatedGateConfig",
+    "TrainerConfig",
+    "TrainerKind",
+    "WarmupConfig",
     "config_to_dict",
     "default_config_path",
     "load_run_config",
@@ -78,12 +83,23 @@ class GateKind(enum.StrEnum):
     """What executes an attempt."""
 
     SIMULATED = "simulated"
+    LOCAL_MODEL = "local_model"
 
 
 class DatasetKind(enum.StrEnum):
     """Where prompts come from."""
 
     SYNTHETIC = "synthetic"
+    ADDITION = "addition"
+
+
+class TrainerKind(enum.StrEnum):
+    """What consumes each step's batch."""
+
+    RECORDING = "recording"
+    """Checks and records batches, trains nothing (tests, the simulated run)."""
+    GRPO = "grpo"
+    """Trains the model of ``model.path`` with the clipped GRPO surrogate."""
 
 
 class RestoreMode(enum.StrEnum):
@@ -184,11 +200,60 @@ class SimulatedGateConfig(_Section, frozen=True):
     permanent_failure_rate: Probability = 0.0
 
 
+class LocalModelGateConfig(_Section, frozen=True):
+    """The local model gate: generation in a worker process, plain temperature sampling."""
+
+    # Logits are divided by this before sampling (no top-k, no top-p); the GRPO
+    # trainer divides by it too when it recomputes logprobs.
+    temperature: PositiveFloat = 1.0
+    # A response that has not ended with eos after this many tokens is cut (overlong).
+    max_new_tokens: PositiveInt = 8
+    # At most this many waiting requests are generated together in one batch.
+    max_batch_size: PositiveInt = 64
+
+
 class GateConfig(_Section, frozen=True):
     """Which gate runs attempts, and its settings."""
 
     kind: GateKind = GateKind.SIMULATED
     simulated: SimulatedGateConfig = msgspec.field(default_factory=SimulatedGateConfig)
+    local_model: LocalModelGateConfig = msgspec.field(default_factory=LocalModelGateConfig)
+
+
+class ModelConfig(_Section, frozen=True):
+    """The policy model: a local Hugging Face causal LM directory (never downloaded)."""
+
+    # Directory holding config.json, model.safetensors and the tokenizer files.
+    path: NonEmptyStr = "runs/default/model"
+    # When the directory does not exist, build the default tiny Qwen2-style model
+    # with its character tokenizer there (seeded by ``seed``).
+    build_default: bool = True
+
+
+class WarmupConfig(_Section, frozen=True):
+    """Supervised warm-up on the task's answers before RL (part of the default recipe)."""
+
+    # Optimizer steps of warm-up; 0 turns it off.
+    steps: NonNegativeInt = 0
+    # Prompt/answer pairs per warm-up step.
+    batch_size: PositiveInt = 64
+    learning_rate: PositiveFloat = 3e-3
+
+
+class TrainerConfig(_Section, frozen=True):
+    """Which trainer consumes the batches, and the GRPO optimisation settings."""
+
+    kind: TrainerKind = TrainerKind.RECORDING
+    # AdamW settings.
+    learning_rate: PositiveFloat = 1e-4
+    weight_decay: NonNegativeFloat = 0.0
+    # The importance ratio against the generation logprobs is clipped to [1 - eps, 1 + eps].
+    clip_epsilon: PositiveFloat = 0.2
+    # Weight of the KL penalty to the frozen initial policy; 0 (the default) turns it off.
+    kl_coef: NonNegativeFloat = 0.0
+    # Gradients are clipped to this global norm.
+    grad_clip: PositiveFloat = 1.0
+    warmup: WarmupConfig = msgspec.field(default_factory=WarmupConfig)
 
 
 class DatasetConfig(_Section, frozen=True):
@@ -208,6 +273,8 @@ class LoggingConfig(_Section, frozen=True):
     log_dir: NonEmptyStr = "runs/default/logs"
     # Live progress display on the terminal.
     progress: bool = True
+    # Also write metrics as TensorBoard events, when the tensorboard package is installed.
+    tensorboard: bool = False
 
 
 class CheckpointingConfig(_Section, frozen=True):
@@ -246,6 +313,8 @@ class RunConfig(_Section, frozen=True):
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     gate: GateConfig = msgspec.field(default_factory=GateConfig)
     dataset: DatasetConfig = msgspec.field(default_factory=DatasetConfig)
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     checkpointing: CheckpointingConfig = msgspec.field(default_factory=CheckpointingConfig)
     rollout_checkpointing: RolloutCheckpointingConfig = msgspec.field(
@@ -321,7 +390,11 @@ def config_to_dict(config: RunConfig) -> dict[str, Any]:
 
 def validate_run_config(config: RunConfig) -> None:
     """Cross-field rules; raises :class:`ConfigError` naming every field involved."""
-    problems = [*_capacity_problems(config), *_gate_problems(config.gate.simulated)]
+    problems = [
+        *_capacity_problems(config),
+        *_gate_problems(config.gate.simulated),
+        *_kind_problems(config),
+    ]
     if problems:
         raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
 
@@ -350,6 +423,25 @@ def _gate_problems(gate: SimulatedGateConfig) -> list[str]:
         problems.append(
             f"gate.simulated.transient_failure_rate + gate.simulated.permanent_failure_rate "
             f"({failure}) must be <= 1"
+        )
+    return problems
+
+
+def _kind_problems(config: RunConfig) -> list[str]:
+    """The local model gate and the GRPO trainer only make sense together, on text prompts."""
+    problems = []
+    local = config.gate.kind is GateKind.LOCAL_MODEL
+    grpo = config.trainer.kind is TrainerKind.GRPO
+    if local != grpo:
+        problems.append(
+            f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
+            "do not fit: the grpo trainer trains the model the local_model gate generates with "
+            "(use both, or simulated with recording)"
+        )
+    if local and config.dataset.kind is not DatasetKind.ADDITION:
+        problems.append(
+            f"gate.kind=local_model needs text prompts with a verifier, but "
+            f"dataset.kind={config.dataset.kind.value} has none (use dataset.kind=addition)"
         )
     return problems
 

@@ -111,4 +111,9 @@ def build_dataset(config: DatasetConfig, *, vocab_size: int, seed: int) -> Promp
     """The dataset a run config asks for."""
     if config.kind is DatasetKind.SYNTHETIC:
         return SyntheticPromptDataset(config.num_prompts, config.prompt_tokens, vocab_size, seed)
+    if config.kind is DatasetKind.ADDITION:
+        # Imported here: addition_dataset imports prompt_identity from this module.
+        from rollvault.controller.addition_dataset import AdditionPromptDataset
+
+        return AdditionPromptDataset(config.num_prompts, seed=seed)
     raise ValueError(f"dataset.kind {config.kind.value!r} has no builder")
