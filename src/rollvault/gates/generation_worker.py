@@ -1,0 +1,114 @@
+"""The generation worker: a process that owns a copy of the policy and samples batches.
+
+It runs :func:`worker_main` in a process started with the ``spawn`` context
+(no inherited torch or event-loop state) and uses one torch thread, so the
+trainer in the parent and the generator here each keep one core busy. It
+serves one command at a time from its pipe (see
+:mod:`rollvault.gates.worker_protocol`): weight updates are therefore
+applied between batches, never during one, and every batch reports the
+weight version that generated it.
+
+The worker exits when told to, or when the parent's end of the pipe closes
+(the parent died): it never outlives the run. It ignores SIGINT, so a Ctrl-C
+reaches the parent, which shuts the worker down in order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import msgspec
+import torch
+from safetensors.torch import load as load_safetensors
+from transformers import PreTrainedModel
+
+from rollvault.gates.causal_lm import load_causal_lm
+from rollvault.gates.sampling import sample_batch
+from rollvault.gates.worker_protocol import (
+    Generate,
+    Generated,
+    GenerationResult,
+    LoadWeights,
+    Ready,
+    Shutdown,
+    WeightsLoaded,
+    WorkerFailed,
+    WorkerReply,
+    WorkerSettings,
+    decode_command,
+    decode_settings,
+    encode,
+)
+
+__all__ = ["worker_main"]
+
+
+def worker_main(connection: Connection, settings_bytes: bytes) -> None:
+    """Process entry point: load the model, report ready, serve commands until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    settings = decode_settings(settings_bytes)
+    torch.set_num_threads(settings.torch_threads)
+    try:
+        model = load_causal_lm(Path(settings.model_path))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        connection.send_bytes(encode(WorkerFailed(message=f"cannot load model: {exc!r}")))
+        return
+    connection.send_bytes(encode(Ready(pid=os.getpid())))
+    _serve(connection, model, settings)
+
+
+def _serve(connection: Connection, model: PreTrainedModel, settings: WorkerSettings) -> None:
+    version: int | None = None
+    while True:
+        try:
+            raw = connection.recv_bytes()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        try:
+            command = decode_command(raw)
+        except msgspec.DecodeError as exc:
+            connection.send_bytes(encode(WorkerFailed(message=f"bad command: {exc}")))
+            continue
+        if isinstance(command, Shutdown):
+            return
+        reply: WorkerReply
+        try:
+            if isinstance(command, LoadWeights):
+                model.load_state_dict(load_safetensors(command.weights), strict=True)
+                version = command.version
+                reply = WeightsLoaded(version=version)
+            else:
+                reply = _generate(model, command, settings, version)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent with the command
+            reply = WorkerFailed(message=f"{type(command).__name__} failed: {exc!r}")
+        connection.send_bytes(encode(reply))
+
+
+def _generate(
+    model: PreTrainedModel, command: Generate, settings: WorkerSettings, version: int | None
+) -> Generated:
+    requests = command.requests
+    sampled = sample_batch(
+        model,
+        [r.prompt_ids for r in requests],
+        seeds=[r.seed for r in requests],
+        max_new_tokens=command.max_new_tokens,
+        temperature=settings.temperature,
+        eos_token_id=settings.eos_token_id,
+        pad_token_id=settings.pad_token_id,
+    )
+    return Generated(
+        weight_version=version,
+        results=[
+            GenerationResult(
+                request_id=request.request_id,
+                token_ids=sequence.token_ids,
+                logprobs=sequence.logprobs,
+                finished=sequence.finished,
+            )
+            for request, sequence in zip(requests, sampled, strict=True)
+        ],
+    )

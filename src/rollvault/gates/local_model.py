@@ -1,0 +1,350 @@
+"""The local model gate: a causal LM in a worker process, a text environment, staged rows.
+
+An attempt tokenizes the prompt's ``prompt_text``, waits for its turn in the
+next generation batch, decodes the response, scores it with the text
+environment, stages one row per model call (here: one) in the data plane
+exactly as :class:`~rollvault.gates.simulated.SimulatedGate` does, and
+returns a receipt with the row's digest.
+
+Batching: one dispatcher task takes every request waiting at that moment
+(up to ``max_batch_size``) and sends them to the worker as one left-padded
+batch. Weights: :meth:`LocalModelGate.update_weights` takes the weights of
+the new version from the provider right away, and the dispatcher hands them
+to the worker before its next batch; each outcome reports the version that
+actually generated it. Failures: if the worker dies, the attempts of the
+batch it was running fail as ``FailureKind.INFRA`` (the rollout pump retries
+them), and the next batch starts a fresh worker with the current weights.
+
+Transport: each message is a msgspec Struct encoded as msgpack bytes over a
+``multiprocessing`` pipe (``send_bytes``/``recv_bytes``): no pickled objects
+cross it, and weights travel as safetensors bytes. The one thing
+``multiprocessing`` pickles itself is the spawn call's arguments, a pipe end
+and a bytes string of settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from rollvault.controller.config import LocalModelGateConfig
+from rollvault.controller.gate import (
+    AttemptOutcome,
+    AttemptRequest,
+    FailureKind,
+    GateAttemptError,
+    staged_row_digest,
+)
+from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key
+from rollvault.dataplane.rows import Row
+from rollvault.gates.causal_lm import load_tokenizer
+from rollvault.gates.text_environment import PromptEnvironmentError, TextEnvironment, TextScore
+from rollvault.gates.worker_process import (
+    WorkerCommandError,
+    WorkerLostError,
+    WorkerProcess,
+    WorkerStartError,
+)
+from rollvault.gates.worker_protocol import (
+    Generate,
+    GenerationRequest,
+    GenerationResult,
+    WorkerSettings,
+)
+from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+
+__all__ = ["GateClosedError", "LocalModelGate", "WeightsProvider"]
+
+WeightsProvider = Callable[[], bytes]
+"""Returns the trainer's current weights as safetensors bytes."""
+
+MAX_CONSECUTIVE_WORKER_LOSSES = 3
+"""A worker that keeps dying without finishing a batch is a fault, not bad luck."""
+
+
+class GateClosedError(RuntimeError):
+    """An attempt was started on a closed gate."""
+
+
+class _Pending(msgspec.Struct):
+    request: GenerationRequest
+    future: asyncio.Future[tuple[int, GenerationResult]]
+
+
+class LocalModelGate:
+    """Generates with a local model in a worker process (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: LocalModelGateConfig,
+        data_plane: DataPlane,
+        environment: TextEnvironment,
+        *,
+        model_path: Path,
+        weights_provider: WeightsProvider,
+        weight_version: int = 0,
+        seed: int = 0,
+    ) -> None:
+        self._config = config
+        self._data_plane = data_plane
+        self._environment = environment
+        self._model_path = model_path
+        self._provider = weights_provider
+        self._seed = seed
+        self._tokenizer: PreTrainedTokenizerBase = load_tokenizer(model_path)
+        self._weights = (weight_version, weights_provider())
+        self._pending: list[_Pending] = []
+        self._wakeup = asyncio.Event()
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._next_request_id = 0
+        self._losses_in_a_row = 0
+        self._closed = False
+        self._fatal: WorkerStartError | None = None
+        self._worker: WorkerProcess | None = None
+        self._worker_ready = False
+        self.tokens_generated = 0
+        """Response tokens of every finished generation, including attempts that failed later."""
+        self.worker_restarts = 0
+        self.start()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker process (it loads the model in the background). Idempotent."""
+        if self._worker is None:
+            self._worker = WorkerProcess(self._worker_settings())
+            self._worker_ready = False
+
+    @property
+    def worker_pid(self) -> int:
+        """Process id of the current worker (starting one if none is running)."""
+        self.start()
+        assert self._worker is not None
+        return self._worker.pid
+
+    @property
+    def weight_version(self) -> int:
+        """The version the next batch generates with."""
+        return self._weights[0]
+
+    async def update_weights(self, weight_version: int) -> None:
+        """Take the provider's weights as ``weight_version``; the worker loads them before
+        its next batch."""
+        if weight_version < self._weights[0]:
+            raise ValueError(
+                f"LocalModelGate: weight version went back from {self._weights[0]} "
+                f"to {weight_version}"
+            )
+        self._weights = (weight_version, await asyncio.to_thread(self._provider))
+
+    async def close(self) -> None:
+        """Stop the dispatcher and the worker; pending attempts are cancelled."""
+        self._closed = True
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
+        for pending in self._pending:
+            pending.future.cancel()
+        self._pending.clear()
+        await asyncio.to_thread(self._stop_worker)
+
+    # -- attempts -------------------------------------------------------------------------
+
+    async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
+        rollout_id = request.gate_rollout_id
+        prompt_ids = self._prompt_ids(request)
+        version, result = await self._generate(rollout_id, prompt_ids)
+        self.tokens_generated += len(result.token_ids)
+        score = self._score(request, result)
+        row = _staged_row(prompt_ids, result)
+        key = staging_key(rollout_id, 0)
+        await self._data_plane.put(STAGING_PARTITION, {key: row})
+        length = len(result.token_ids)
+        return AttemptOutcome(
+            receipt={
+                "gate_rollout_id": rollout_id,
+                "staging_keys": [key],
+                "row_digests": [{"length": length, "digest": staged_row_digest(row)}],
+            },
+            reward=score.reward,
+            reward_checks=RewardChecks(
+                overlong=not result.finished,
+                format_ok=score.format_ok,
+                finite_logprobs=bool(np.isfinite(row["generation_logprobs"]).all()),
+            ),
+            reward_log_context=RewardLogContext(
+                response_length=length, stop_reason="stop" if result.finished else "length"
+            ),
+            num_tokens=length,
+            weight_version=version,
+        )
+
+    def _prompt_ids(self, request: AttemptRequest) -> list[int]:
+        text = request.prompt.get("prompt_text")
+        if not isinstance(text, str) or not text:
+            raise GateAttemptError(
+                request.gate_rollout_id,
+                FailureKind.DATA,
+                "prompt has no prompt_text to generate from",
+            )
+        ids = list(self._tokenizer(text, add_special_tokens=False).input_ids)
+        if not ids:
+            raise GateAttemptError(
+                request.gate_rollout_id, FailureKind.DATA, "prompt_text has no tokens"
+            )
+        return ids
+
+    def _score(self, request: AttemptRequest, result: GenerationResult) -> TextScore:
+        tokens = result.token_ids[:-1] if result.finished else result.token_ids
+        # Special tokens stay in the text (e.g. "<pad>"), so a response made of
+        # them can never pass as well formed.
+        text = self._tokenizer.decode(tokens, skip_special_tokens=False)
+        if not isinstance(text, str):
+            raise TypeError(f"the tokenizer decoded one sequence to {type(text).__name__}")
+        try:
+            return self._environment.score_text(request.prompt, text, finished=result.finished)
+        except PromptEnvironmentError as error:
+            raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
+
+    async def _generate(
+        self, rollout_id: str, prompt_ids: list[int]
+    ) -> tuple[int, GenerationResult]:
+        if self._closed:
+            raise GateClosedError(f"attempt {rollout_id} started on a closed LocalModelGate")
+        if self._fatal is not None:
+            raise self._fatal
+        future: asyncio.Future[tuple[int, GenerationResult]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._next_request_id += 1
+        request = GenerationRequest(
+            request_id=self._next_request_id,
+            prompt_ids=prompt_ids,
+            seed=self._sample_seed(rollout_id),
+        )
+        self._pending.append(_Pending(request=request, future=future))
+        self._wakeup.set()
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="local-model-gate")
+        try:
+            return await future
+        except WorkerLostError as error:
+            raise GateAttemptError(rollout_id, FailureKind.INFRA, str(error)) from error
+
+    def _sample_seed(self, rollout_id: str) -> int:
+        digest = hashlib.sha256(f"{self._seed}:sample:{rollout_id}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") >> 1  # non-negative int64
+
+    # -- the dispatcher -------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._pending:
+                    batch = self._pending[: self._config.max_batch_size]
+                    del self._pending[: len(batch)]
+                    live = [pending for pending in batch if not pending.future.done()]
+                    if live:
+                        await self._run_batch(live)
+        except WorkerStartError as error:
+            # Not retryable: every waiting and every later attempt raises it, which
+            # stops the run with the worker's own message.
+            self._fatal = error
+            for pending in self._pending:
+                _fail(pending, error)
+            self._pending.clear()
+
+    async def _run_batch(self, batch: list[_Pending]) -> None:
+        command = Generate(
+            requests=[pending.request for pending in batch],
+            max_new_tokens=self._config.max_new_tokens,
+        )
+        try:
+            worker = await self._ready_worker()
+            generated = await asyncio.to_thread(worker.generate, command)
+        except (WorkerLostError, WorkerCommandError) as error:
+            lost = WorkerLostError(str(error))
+            for pending in batch:
+                _fail(pending, lost)
+            await self._retire_worker(error)
+            return
+        except WorkerStartError as error:
+            for pending in batch:
+                _fail(pending, error)
+            raise
+        self._losses_in_a_row = 0
+        version = generated.weight_version
+        if version is None:
+            raise WorkerStartError("the generation worker generated before loading any weights")
+        for pending, result in zip(batch, generated.results, strict=True):
+            if not pending.future.done():  # an attempt cancelled meanwhile takes no result
+                pending.future.set_result((version, result))
+
+    async def _ready_worker(self) -> WorkerProcess:
+        """The worker, started and loaded with the current weights."""
+        self.start()
+        worker = self._worker
+        assert worker is not None
+        if not self._worker_ready:
+            await asyncio.to_thread(worker.wait_ready)
+            self._worker_ready = True
+        version, weights = self._weights
+        if worker.weight_version != version:
+            await asyncio.to_thread(worker.load_weights, version, weights)
+        return worker
+
+    async def _retire_worker(self, error: Exception) -> None:
+        """Stop a dead or failing worker; the next batch starts a fresh one."""
+        self._losses_in_a_row += 1
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await asyncio.to_thread(worker.stop)
+            self.worker_restarts += 1
+        if self._losses_in_a_row > MAX_CONSECUTIVE_WORKER_LOSSES:
+            raise WorkerStartError(
+                f"the generation worker failed {self._losses_in_a_row} times in a row; "
+                f"last: {error}"
+            )
+
+    def _stop_worker(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+    def _worker_settings(self) -> WorkerSettings:
+        return WorkerSettings(
+            model_path=str(self._model_path),
+            temperature=self._config.temperature,
+            eos_token_id=int(self._tokenizer.eos_token_id),
+            pad_token_id=int(self._tokenizer.pad_token_id),
+        )
+
+
+def _fail(pending: _Pending, error: Exception) -> None:
+    if not pending.future.done():
+        pending.future.set_exception(error)
+
+
+def _staged_row(prompt_ids: list[int], result: GenerationResult) -> Row:
+    prompt_length = len(prompt_ids)
+    response_length = len(result.token_ids)
+    return {
+        "input_ids": np.asarray(prompt_ids + result.token_ids, dtype=np.int64),
+        "generation_logprobs": np.concatenate(
+            [np.zeros(prompt_length), np.asarray(result.logprobs, dtype=np.float64)]
+        ).astype(np.float32),
+        "token_mask": np.concatenate([np.zeros(prompt_length), np.ones(response_length)]).astype(
+            np.int8
+        ),
+        "prompt_length": prompt_length,
+    }

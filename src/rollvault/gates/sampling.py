@@ -1,0 +1,125 @@
+"""Plain temperature sampling of a batch of prompts, with per-token logprobs.
+
+Prompts of different lengths are left-padded into one batch. Position ids
+then count real tokens only (``cumsum(attention_mask) - 1``): without them a
+padded prompt would see its tokens at shifted positions and its logprobs
+would not match the trainer's recomputation on the unpadded sequence.
+
+Sampling is plain: softmax of ``logits / temperature``, no top-k, no top-p,
+no repetition penalty, so the logprob reported for a token is exactly the
+log of the probability it was drawn with. Each prompt draws from its own
+seeded generator, so its tokens do not depend on what it was batched with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import torch
+from transformers import PreTrainedModel
+
+from rollvault.gates.causal_lm import cache_argument_name, output_cache
+
+__all__ = ["LeftPadded", "SampledSequence", "left_pad", "sample_batch"]
+
+
+class LeftPadded(msgspec.Struct, frozen=True):
+    """A left-padded batch: ids, attention mask and position ids, each [batch, length]."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+
+
+class SampledSequence(msgspec.Struct, frozen=True):
+    """One prompt's response: its tokens, their logprobs, and whether it ended with eos."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_token_id: int) -> LeftPadded:
+    """Left-pad ``sequences`` to one length; positions count real tokens from 0."""
+    if not sequences or any(len(sequence) == 0 for sequence in sequences):
+        raise ValueError("left_pad: needs at least one sequence, and no empty sequence")
+    length = max(len(sequence) for sequence in sequences)
+    ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, length - len(sequence) :] = torch.as_tensor(list(sequence), dtype=torch.long)
+        mask[row, length - len(sequence) :] = 1
+    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    return LeftPadded(input_ids=ids, attention_mask=mask, position_ids=positions)
+
+
+@torch.no_grad()
+def sample_batch(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    *,
+    seeds: Sequence[int],
+    max_new_tokens: int,
+    temperature: float,
+    eos_token_id: int,
+    pad_token_id: int,
+) -> list[SampledSequence]:
+    """Sample up to ``max_new_tokens`` tokens after each prompt; stop a row at eos."""
+    if len(seeds) != len(prompts):
+        raise ValueError(f"sample_batch: {len(prompts)} prompts but {len(seeds)} seeds")
+    if temperature <= 0.0 or max_new_tokens < 1:
+        raise ValueError(
+            f"sample_batch: temperature must be > 0 and max_new_tokens >= 1, "
+            f"got {temperature} and {max_new_tokens}"
+        )
+    batch = left_pad(prompts, pad_token_id)
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    cache_name = cache_argument_name(model)
+    output = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=True,
+    )
+    mask = batch.attention_mask
+    positions = batch.position_ids[:, -1:]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    logprobs: list[list[float]] = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    for step in range(max_new_tokens):
+        step_logprobs = torch.log_softmax(output.logits[:, -1, :].float() / temperature, dim=-1)
+        chosen = _draw(step_logprobs.exp(), generators, finished)
+        for row, token in enumerate(chosen.tolist()):
+            if finished[row]:
+                continue
+            tokens[row].append(token)
+            logprobs[row].append(float(step_logprobs[row, token]))
+            finished[row] = token == eos_token_id
+        if all(finished) or step == max_new_tokens - 1:
+            break
+        # Finished rows keep decoding (their tokens are ignored): the batch stays rectangular.
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        positions = positions + 1
+        output = model(
+            input_ids=chosen.unsqueeze(-1),
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{cache_name: output_cache(output)},
+        )
+    return [
+        SampledSequence(token_ids=t, logprobs=lp, finished=f)
+        for t, lp, f in zip(tokens, logprobs, finished, strict=True)
+    ]
+
+
+def _draw(
+    probs: torch.Tensor, generators: Sequence[torch.Generator], finished: Sequence[bool]
+) -> torch.Tensor:
+    """One token per row, each from its own generator; finished rows get token 0."""
+    chosen = torch.zeros(probs.shape[0], dtype=torch.long)
+    for row, generator in enumerate(generators):
+        if not finished[row]:
+            chosen[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
+    return chosen

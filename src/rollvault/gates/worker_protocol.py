@@ -1,0 +1,132 @@
+"""Messages between the local model gate and its generation worker process.
+
+Every message is a msgspec Struct encoded with msgpack and sent with
+``Connection.send_bytes`` / ``recv_bytes``: the pipe only ever carries plain
+bytes, so nothing on either side unpickles an object. Weights travel as
+safetensors bytes inside :class:`LoadWeights`. Decoding is strict (tagged
+unions, unknown fields rejected), so a malformed message is an error naming
+the offending field, never a silently wrong batch.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = [
+    "Generate",
+    "Generated",
+    "GenerationRequest",
+    "GenerationResult",
+    "LoadWeights",
+    "Ready",
+    "Shutdown",
+    "WeightsLoaded",
+    "WorkerCommand",
+    "WorkerFailed",
+    "WorkerReply",
+    "WorkerSettings",
+    "decode_command",
+    "decode_reply",
+    "decode_settings",
+    "encode",
+]
+
+
+class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class WorkerSettings(_Message, frozen=True):
+    """What a worker needs to start: the model directory and how to sample."""
+
+    model_path: str
+    temperature: float
+    eos_token_id: int
+    pad_token_id: int
+    torch_threads: int = 1
+
+
+class GenerationRequest(_Message, frozen=True):
+    """One prompt to complete."""
+
+    request_id: int
+    prompt_ids: list[int]
+    seed: int
+
+
+class Generate(_Message, frozen=True, tag="generate"):
+    """Generate one batch (left-padded together) with the worker's current weights."""
+
+    requests: list[GenerationRequest]
+    max_new_tokens: int
+
+
+class LoadWeights(_Message, frozen=True, tag="load_weights"):
+    """Replace the model's weights (safetensors bytes of a full state dict)."""
+
+    version: int
+    weights: bytes
+
+
+class Shutdown(_Message, frozen=True, tag="shutdown"):
+    """Exit the worker loop."""
+
+
+WorkerCommand = Generate | LoadWeights | Shutdown
+
+
+class Ready(_Message, frozen=True, tag="ready"):
+    """The model is loaded; the worker takes commands."""
+
+    pid: int
+
+
+class GenerationResult(_Message, frozen=True):
+    """One request's response tokens and their sampling logprobs."""
+
+    request_id: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool
+    """The response ended with eos (False: cut at ``max_new_tokens``)."""
+
+
+class Generated(_Message, frozen=True, tag="generated"):
+    """A batch's results and the weight version that generated them (None: initial weights)."""
+
+    weight_version: int | None
+    results: list[GenerationResult]
+
+
+class WeightsLoaded(_Message, frozen=True, tag="weights_loaded"):
+    version: int
+
+
+class WorkerFailed(_Message, frozen=True, tag="failed"):
+    """A command failed inside the worker; ``message`` says why."""
+
+    message: str
+
+
+WorkerReply = Ready | Generated | WeightsLoaded | WorkerFailed
+
+_encoder = msgspec.msgpack.Encoder()
+_command_decoder = msgspec.msgpack.Decoder(WorkerCommand)
+_reply_decoder = msgspec.msgpack.Decoder(WorkerReply)
+_settings_decoder = msgspec.msgpack.Decoder(WorkerSettings)
+
+
+def encode(message: _Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_command(data: bytes) -> WorkerCommand:
+    return _command_decoder.decode(data)
+
+
+def decode_reply(data: bytes) -> WorkerReply:
+    return _reply_decoder.decode(data)
+
+
+def decode_settings(data: bytes) -> WorkerSettings:
+    return _settings_decoder.decode(data)
