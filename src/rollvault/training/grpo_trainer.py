@@ -1,0 +1,274 @@
+"""The GRPO trainer: one AdamW step per batch of canonical rows.
+
+It implements :class:`rollvault.controller.trainer.Trainer`. Each step
+recomputes the logprobs of every trainable sequence under the current policy
+(left-padded, temperature-scaled as the gate sampled), evaluates
+:func:`rollvault.training.grpo_loss.grpo_loss` against the generation
+logprobs and the per-token advantages the finalizer published, clips the
+gradient norm and applies AdamW. The step runs in a worker thread, so the
+controller's event loop keeps dispatching and sealing rollouts meanwhile.
+
+A masked sample (``sample_mask`` false) has an all-zero token mask and adds
+nothing; an invalid sibling's row is empty and is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import torch
+from safetensors.torch import save as save_safetensors
+from transformers import PreTrainedModel
+
+from rollvault.controller.config import TrainerConfig
+from rollvault.controller.trainer import TrainBatch, TrainBatchError, TrainerCheckpointError
+from rollvault.dataplane.interface import train_key
+from rollvault.dataplane.rows import RowView
+from rollvault.gates.sampling import left_pad
+from rollvault.training.grpo_loss import GrpoLossStats, grpo_loss
+from rollvault.training.logprobs import left_pad_values, token_logprobs
+from rollvault.training.trainer_files import (
+    MODEL_FILENAME,
+    OPTIMIZER_FILENAME,
+    REFERENCE_FILENAME,
+    STATE_FILENAME,
+    TRAINER_FILES_SCHEMA_VERSION,
+    TrainerStateFile,
+    read_optimizer,
+    read_state_file,
+    read_tensors,
+    write_optimizer,
+    write_state_file,
+    write_tensors,
+)
+
+__all__ = ["GrpoSettings", "GrpoTrainer"]
+
+
+class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Optimisation settings of a :class:`GrpoTrainer`."""
+
+    learning_rate: float
+    weight_decay: float = 0.0
+    clip_epsilon: float = 0.2
+    kl_coef: float = 0.0
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    """The gate's sampling temperature: logprobs are recomputed at the same one."""
+    success_reward: float | None = None
+    """Rewards at least this count as correct in the ``accuracy`` metric (None: no metric)."""
+
+    @classmethod
+    def from_config(
+        cls, config: TrainerConfig, *, temperature: float, success_reward: float | None
+    ) -> GrpoSettings:
+        return cls(
+            learning_rate=config.learning_rate,
+            weight_decay=config.weight_decay,
+            clip_epsilon=config.clip_epsilon,
+            kl_coef=config.kl_coef,
+            grad_clip=config.grad_clip,
+            temperature=temperature,
+            success_reward=success_reward,
+        )
+
+
+class _Sample(msgspec.Struct, frozen=True):
+    input_ids: np.ndarray
+    generation_logprobs: np.ndarray
+    token_mask: np.ndarray
+    advantages: np.ndarray
+
+
+class GrpoTrainer:
+    """Trains ``model`` in place with GRPO (see the module docstring)."""
+
+    def __init__(
+        self, model: PreTrainedModel, *, pad_token_id: int, settings: GrpoSettings
+    ) -> None:
+        self._model = model
+        self._pad_token_id = pad_token_id
+        self._settings = settings
+        self._optimizer = torch.optim.AdamW(
+            model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay
+        )
+        # The frozen reference is the policy as the trainer received it (after warm-up).
+        self._reference = _frozen_copy(model) if settings.kl_coef > 0.0 else None
+        # Steps run in a worker thread; saving and weight export must not interleave with one.
+        self._lock = threading.Lock()
+        self.steps_trained = 0
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on ``batch``, run off the event loop."""
+        return await asyncio.to_thread(self._locked_step, batch)
+
+    def weights_for_gate(self) -> bytes:
+        """The current policy weights, as safetensors bytes (what the gate's worker loads)."""
+        with self._lock:
+            state = self._model.state_dict()
+            return save_safetensors({k: v.detach().clone().contiguous() for k, v in state.items()})
+
+    def save_checkpoint(self, directory: Path) -> None:
+        with self._lock:
+            write_tensors(directory / MODEL_FILENAME, self._model.state_dict())
+            if self._reference is not None:
+                write_tensors(directory / REFERENCE_FILENAME, self._reference.state_dict())
+            optimizer_state = self._optimizer.state_dict()
+            write_optimizer(directory / OPTIMIZER_FILENAME, optimizer_state["state"])
+            write_state_file(
+                directory / STATE_FILENAME,
+                TrainerStateFile(
+                    schema_version=TRAINER_FILES_SCHEMA_VERSION,
+                    steps_trained=self.steps_trained,
+                    param_groups=msgspec.to_builtins(optimizer_state["param_groups"]),
+                    has_reference=self._reference is not None,
+                ),
+            )
+
+    def load_checkpoint(self, directory: Path) -> None:
+        with self._lock:
+            state = read_state_file(directory / STATE_FILENAME)
+            if state.has_reference != (self._reference is not None):
+                raise TrainerCheckpointError(
+                    f"{directory}: checkpoint has_reference={state.has_reference} but this "
+                    f"trainer's kl_coef is {self._settings.kl_coef}"
+                )
+            _load_weights(self._model, directory / MODEL_FILENAME)
+            if self._reference is not None:
+                _load_weights(self._reference, directory / REFERENCE_FILENAME)
+            per_param, rng = read_optimizer(directory / OPTIMIZER_FILENAME)
+            groups = [_tuples(group) for group in state.param_groups]
+            try:
+                self._optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+            except (ValueError, KeyError) as exc:
+                raise TrainerCheckpointError(
+                    f"{directory}: optimizer state does not fit: {exc}"
+                ) from exc
+            torch.set_rng_state(rng)
+            self.steps_trained = state.steps_trained
+
+    # -- one step -----------------------------------------------------------------------
+
+    def _locked_step(self, batch: TrainBatch) -> dict[str, float]:
+        with self._lock:
+            return self._step(batch)
+
+    def _step(self, batch: TrainBatch) -> dict[str, float]:
+        rows = _batch_rows(batch)
+        samples = [s for s in (_sample(row) for row in rows) if s is not None]
+        metrics = self._reward_metrics(rows)
+        metrics["groups"] = float(len(batch.groups))
+        metrics["staleness"] = _mean([batch.step - e.start_weight_version for e in batch.groups])
+        if samples:
+            stats, grad_norm = self._optimize(samples)
+            metrics.update(
+                loss=stats.policy_loss + self._settings.kl_coef * stats.kl,
+                policy_loss=stats.policy_loss,
+                kl=stats.kl,
+                clip_fraction=stats.clip_fraction,
+                mean_ratio=stats.mean_ratio,
+                grad_norm=grad_norm,
+                response_tokens=float(stats.tokens),
+            )
+        self.steps_trained += 1
+        return metrics
+
+    def _optimize(self, samples: Sequence[_Sample]) -> tuple[GrpoLossStats, float]:
+        settings = self._settings
+        padded = left_pad([s.input_ids.tolist() for s in samples], self._pad_token_id)
+        length = padded.input_ids.shape[1]
+        generation = left_pad_values([s.generation_logprobs for s in samples], length)
+        advantages = left_pad_values([s.advantages for s in samples], length)
+        mask = left_pad_values([s.token_mask for s in samples], length)
+        reference = None
+        if self._reference is not None:
+            with torch.no_grad():
+                reference = token_logprobs(
+                    self._reference, padded, temperature=settings.temperature
+                )
+        logprobs = token_logprobs(self._model, padded, temperature=settings.temperature)
+        loss, stats = grpo_loss(
+            logprobs,
+            generation,
+            advantages,
+            mask,
+            clip_epsilon=settings.clip_epsilon,
+            reference_logprobs=reference,
+            kl_coef=settings.kl_coef,
+        )
+        self._optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), settings.grad_clip)
+        self._optimizer.step()
+        return stats, float(grad_norm)
+
+    def _reward_metrics(self, rows: Sequence[RowView]) -> dict[str, float]:
+        rewards = [float(row["reward"]) for row in rows if bool(row["sample_mask"])]
+        metrics = {"samples": float(len(rows)), "reward_mean": _mean(rewards)}
+        if self._settings.success_reward is not None:
+            threshold = self._settings.success_reward
+            metrics["accuracy"] = _mean([float(r >= threshold) for r in rewards])
+        return metrics
+
+
+def _batch_rows(batch: TrainBatch) -> list[RowView]:
+    rows = []
+    for entry in batch.groups:
+        for index in range(batch.generations_per_group):
+            key = train_key(entry.group_id, index)
+            row = batch.rows.get(key)
+            if row is None:
+                raise TrainBatchError(f"step {batch.step}: batch lacks canonical row {key!r}")
+            rows.append(row)
+    return rows
+
+
+def _sample(row: RowView) -> _Sample | None:
+    """The row as a trainable sample, or None when it has no trainable token."""
+    sample = _Sample(
+        input_ids=np.asarray(row["input_ids"], dtype=np.int64),
+        generation_logprobs=np.asarray(row["generation_logprobs"], dtype=np.float32),
+        token_mask=np.asarray(row["token_mask"], dtype=np.float32),
+        advantages=np.asarray(row["advantages"], dtype=np.float32),
+    )
+    lengths = {len(sample.input_ids), len(sample.generation_logprobs), len(sample.token_mask)}
+    if len(lengths | {len(sample.advantages)}) != 1:
+        raise TrainBatchError(f"canonical row has misaligned arrays (lengths {sorted(lengths)})")
+    if len(sample.input_ids) < 2 or not sample.token_mask.any():
+        return None
+    return sample
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else float("nan")
+
+
+def _frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+    reference = copy.deepcopy(model)
+    reference.eval()
+    for parameter in reference.parameters():
+        parameter.requires_grad_(False)
+    return reference
+
+
+def _load_weights(model: PreTrainedModel, path: Path) -> None:
+    tensors = read_tensors(path)
+    try:
+        model.load_state_dict(tensors, strict=True)
+    except RuntimeError as exc:
+        raise TrainerCheckpointError(f"{path} does not fit the model: {exc}") from exc
+
+
+def _tuples(group: dict[str, object]) -> dict[str, object]:
+    """JSON turned the optimizer's tuples (betas) into lists; turn them back."""
+    return {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()}
