@@ -1,45 +1,64 @@
-"""``rollvault run``: wire the simulated gate and a trainer into the pipeline."""
+"""``rollvault run``: build the gate and trainer the config asks for, run, report.
+
+Live progress shows the step, reward, accuracy, rollout tokens/s, groups in
+flight, buffered groups and the age of the newest snapshot;
+``<log_dir>/metrics.jsonl`` gets one line per step. At the end: a one-screen
+summary and ``<log_dir>/reward_accuracy.png`` with the restores marked.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rollvault.controller.config import RunConfig
-from rollvault.controller.parts import RolloutParts
+from rollvault.cli.metrics_log import METRICS_LOG_FILENAME, read_metrics
+from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
+from rollvault.cli.run_setup import RunSetup, build_run_setup
+from rollvault.cli.step_monitor import StepMonitor
+from rollvault.controller.config import RunConfig, TrainerKind
 from rollvault.controller.pipeline import RunSummary, run
 from rollvault.controller.restorer import RestoreError
 from rollvault.controller.resume import RunExistsError
-from rollvault.dataplane.interface import DataPlane
+from rollvault.controller.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
-from rollvault.gates.environment import ParityEnvironment
-from rollvault.gates.simulated import SimulatedGate
-from rollvault.training.recording import RecordingTrainer
+from rollvault.gates.causal_lm import ModelDirError
 
 
 def run_command(config: RunConfig) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
     try:
-        summary = asyncio.run(_run(config, console))
-    except (IncompatibleRunError, RunExistsError, NoUsableSnapshotError, RestoreError) as error:
+        setup = _setup(config, console)
+        summary, steps = asyncio.run(_run(config, setup, console))
+    except (
+        IncompatibleRunError,
+        RunExistsError,
+        NoUsableSnapshotError,
+        RestoreError,
+        ModelDirError,
+    ) as error:
         console.print(f"rollvault run: cannot start: {error}", markup=False, highlight=False)
         return 2
-    elapsed = time.perf_counter() - started
-    _print_summary(console, config, summary, elapsed)
+    _report(console, config, setup, summary, steps, time.perf_counter() - started)
     return 0
 
 
-async def _run(config: RunConfig, console: Console) -> RunSummary:
-
-    def simulated_gate(data_plane: DataPlane) -> SimulatedGate:
-        return SimulatedGate(
-            config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
+def _setup(config: RunConfig, console: Console) -> RunSetup:
+    if config.trainer.warmup.steps and config.trainer.kind is TrainerKind.GRPO:
+        console.print(
+            f"preparing the policy ({config.model.path}); warm-up of up to "
+            f"{config.trainer.warmup.steps} supervised steps unless resuming a trainer checkpoint",
+            markup=False,
+            highlight=False,
         )
+    return build_run_setup(config)
 
+
+async def _run(config: RunConfig, setup: RunSetup, console: Console) -> tuple[RunSummary, int]:
     progress = Progress(
         TextColumn("[bold]step"),
         BarColumn(),
@@ -49,35 +68,60 @@ async def _run(config: RunConfig, console: Console) -> RunSummary:
         console=console,
         disable=not config.logging.progress,
     )
-    task = progress.add_task("", total=config.grpo.max_num_steps)
+    task = progress.add_task("starting", total=config.grpo.max_num_steps)
 
-    def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
-        progress.update(task, completed=parts.trainer_version, description=_status(parts))
+    def show(version: int, status: str) -> None:
+        progress.update(task, completed=version, description=status)
 
-    with progress:
-        return await run(
-            config, gate_factory=simulated_gate, trainer=RecordingTrainer(), on_step=on_step
+    monitor = StepMonitor(config, setup.tokens_generated, on_status=show)
+    if monitor.tensorboard is not None and monitor.tensorboard.unavailable_reason:
+        console.print(
+            f"logging.tensorboard: skipped, {monitor.tensorboard.unavailable_reason}",
+            markup=False,
+            highlight=False,
         )
+    try:
+        with progress:
+            summary = await run(
+                config,
+                gate_factory=setup.gate_factory,
+                trainer=setup.trainer,
+                on_step=monitor.on_step,
+            )
+    finally:
+        monitor.close()
+    return summary, monitor.steps
 
 
-def _status(parts: RolloutParts) -> str:
-    return (
-        f"in flight {len(parts.ledger):3d}  buffered {len(parts.replay):3d}  "
-        f"lost {parts.shortfall.total_lost}"
-    )
-
-
-def _print_summary(
-    console: Console, config: RunConfig, summary: RunSummary, elapsed: float
+def _report(
+    console: Console,
+    config: RunConfig,
+    setup: RunSetup,
+    summary: RunSummary,
+    steps: int,
+    elapsed: float,
 ) -> None:
+    log_dir = Path(config.logging.log_dir)
+    metrics = read_metrics(log_dir / METRICS_LOG_FILENAME)
+    restores = read_jsonl(log_dir / RESTORES_LOG_FILENAME, RestoreLogRecord)
+    for line in summary_lines(
+        summary,
+        elapsed_s=elapsed,
+        metrics=metrics,
+        restores=restores,
+        warmup=setup.warmup,
+        this_start_steps=steps,
+    ):
+        console.print(line, markup=False, highlight=False)
+    plot = plot_run(metrics, restores, log_dir / PLOT_FILENAME)
     console.print(
-        f"rollvault run (incarnation {summary.incarnation}): "
-        f"{summary.trainer_version} steps, {summary.trained_groups} groups trained, "
-        f"{summary.dropped_groups} dropped, failures infra={summary.infra_failures} "
-        f"data={summary.data_failures}, in {elapsed:.1f}s"
+        f"  checkpoints: {config.checkpointing.checkpoint_dir} ({summary.snapshots_written} "
+        f"rollout snapshots, {summary.trainer_checkpoints} trainer checkpoints this start)",
+        markup=False,
+        highlight=False,
     )
     console.print(
-        f"checkpoints: {config.checkpointing.checkpoint_dir} ({summary.snapshots_written} "
-        f"rollout snapshots, {summary.trainer_checkpoints} trainer checkpoints this start); "
-        f"logs: {config.logging.log_dir}"
+        f"  logs: {log_dir / METRICS_LOG_FILENAME}" + (f", plot: {plot}" if plot else ""),
+        markup=False,
+        highlight=False,
     )

@@ -1,0 +1,147 @@
+"""The end of ``rollvault run``: a one-screen summary and a plot of reward and accuracy.
+
+Both read the run's logs, so they cover every start of the run, not only
+this one: ``metrics.jsonl`` for the curves (the last line of each step wins,
+so a step retrained after a restore shows its final training) and
+``restores.jsonl`` for the restores, which the plot marks at the step each
+one resumed from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rollvault.cli.metrics_log import MetricsRecord, effective_metrics
+from rollvault.controller.pipeline import RunSummary
+from rollvault.controller.run_logs import RestoreLogRecord
+from rollvault.training.warmup import WarmupReport
+
+__all__ = ["PLOT_FILENAME", "plot_run", "summary_lines"]
+
+PLOT_FILENAME = "reward_accuracy.png"
+_WINDOW = 20
+_SMOOTHING = 10
+
+
+def _window_mean(records: Sequence[MetricsRecord], name: str) -> float | None:
+    values = [v for r in records if (v := r.metric(name)) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def summary_lines(
+    summary: RunSummary,
+    *,
+    elapsed_s: float,
+    metrics: Sequence[MetricsRecord],
+    restores: Sequence[RestoreLogRecord],
+    warmup: WarmupReport | None,
+    this_start_steps: int,
+) -> list[str]:
+    """The final summary, a dozen lines at most."""
+    steps = effective_metrics(list(metrics))
+    first, last = steps[:_WINDOW], steps[-_WINDOW:]
+    mine = [r for r in metrics if r.incarnation == summary.incarnation]
+    seconds = sum(r.step_seconds for r in mine)
+    lines = [
+        f"rollvault run (start {summary.incarnation}): trainer at step {summary.trainer_version}, "
+        f"{this_start_steps} steps this start in {elapsed_s:.1f}s",
+    ]
+    if warmup is not None:
+        lines.append(
+            f"  warm-up: {warmup.steps} supervised steps, loss {warmup.first_loss:.3f} -> "
+            f"{warmup.final_loss:.3f}, {warmup.seconds:.1f}s"
+        )
+    for name, label, spec in (("reward_mean", "reward", ".3f"), ("accuracy", "accuracy", ".1%")):
+        if any(r.metric(name) is not None for r in steps):
+            lines.append(
+                f"  {label:8s} first {len(first)} steps {_fmt(_window_mean(first, name), spec)}"
+                f"   last {len(last)} steps {_fmt(_window_mean(last, name), spec)}"
+            )
+    if mine and seconds > 0:
+        tokens = sum(r.rollout_tokens_per_s * r.step_seconds for r in mine)
+        lines.append(
+            f"  throughput this start: {tokens / seconds:,.0f} rollout tokens/s, "
+            f"{len(mine) / seconds:.2f} train steps/s"
+        )
+    lines.append(
+        f"  groups trained {summary.trained_groups}, dropped {summary.dropped_groups}, "
+        f"failures infra={summary.infra_failures} data={summary.data_failures}"
+    )
+    for restore in restores:
+        lines.append(
+            f"  restore at start {restore.incarnation} ({restore.restore_mode}): resumed at step "
+            f"{restore.base_train_step}, {restore.siblings_reused} finished rollouts reused, "
+            f"{restore.attempts_redispatched} redispatched, {restore.seconds:.2f}s"
+        )
+    return lines
+
+
+def plot_run(
+    metrics: Sequence[MetricsRecord], restores: Sequence[RestoreLogRecord], path: Path
+) -> Path | None:
+    """Write the reward/accuracy curves to ``path`` (PNG); None when there is nothing to plot."""
+    steps = effective_metrics(list(metrics))
+    series = {
+        name: [(r.step, v) for r in steps if (v := r.metric(name)) is not None]
+        for name in ("reward_mean", "accuracy")
+    }
+    if not any(series.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, none assumed
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 4.8))
+    colors = {"reward_mean": "tab:blue", "accuracy": "tab:green"}
+    for name, points in series.items():
+        if not points:
+            continue
+        x, y = (np.asarray(values, dtype=float) for values in zip(*points, strict=True))
+        axes.plot(x, y, color=colors[name], alpha=0.25, linewidth=0.8)
+        axes.plot(x, _smooth(y), color=colors[name], linewidth=1.8, label=_label(name))
+    for restore in restores:
+        axes.axvline(restore.base_train_step, color="tab:red", linestyle="--", linewidth=1.0)
+        axes.annotate(
+            f"restore (start {restore.incarnation})",
+            xy=(restore.base_train_step, 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color="tab:red",
+        )
+    axes.set_xlabel("optimizer step")
+    axes.set_title("rollvault: reward and accuracy per step")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _smooth(values: np.ndarray) -> np.ndarray:
+    """Trailing mean over the last ``_SMOOTHING`` points."""
+    cumulative = np.cumsum(np.insert(values, 0, 0.0))
+    counts = np.minimum(np.arange(1, len(values) + 1), _SMOOTHING)
+    starts = np.arange(1, len(values) + 1) - counts
+    result: np.ndarray = (cumulative[1:] - cumulative[starts]) / counts
+    return result
+
+
+def _label(name: str) -> str:
+    return {
+        "reward_mean": f"reward (mean of {_SMOOTHING} steps)",
+        "accuracy": f"accuracy (mean of {_SMOOTHING} steps)",
+    }[name]
