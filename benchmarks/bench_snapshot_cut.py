@@ -15,7 +15,7 @@ components, every change inside ``cut.mutation()``:
 
 It then measures:
 
-- the cut hold: ``capture_rollout_state`` inside ``cut.checkpoint()``, as the
+- the cut hold: ``take_cut_capture`` inside ``cut.checkpoint()``, as the
   checkpointer does, ``--repeat`` times (p50, p99, max);
 - the write: ``publish_snapshot`` (``write_snapshot_payload`` in the tmp dir,
   the manifest, fsync of every file and directory, atomic rename, retention),
@@ -49,7 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from rollvault.controller.capacity import ReplayCapacity
-from rollvault.controller.checkpointer import capture_rollout_state
+from rollvault.controller.checkpointer import (
+    build_snapshot,
+    capture_rollout_state,
+    take_cut_capture,
+)
 from rollvault.controller.config import RunConfig, load_run_config
 from rollvault.controller.finalizer import Finalizer, capture_reward_settings
 from rollvault.controller.gate import AttemptRequest
@@ -204,10 +208,12 @@ def describe(parts: RolloutParts) -> dict[str, int]:
 
 
 async def timed_capture(parts: RolloutParts, fingerprint: str) -> tuple[float, RolloutStateCapture]:
+    """As the checkpointer does: only take_cut_capture holds the cut; the build follows."""
     async with parts.cut.checkpoint():
         started = time.perf_counter()
-        capture = capture_rollout_state(parts, fingerprint=fingerprint)
-        return time.perf_counter() - started, capture
+        cut = take_cut_capture(parts)
+        held = time.perf_counter() - started
+    return held, build_snapshot(cut, parts, fingerprint=fingerprint)
 
 
 async def measure_cut(parts: RolloutParts, fingerprint: str, repeat: int) -> list[float]:
@@ -312,14 +318,20 @@ def hold_breakdown(parts: RolloutParts, repeat: int) -> dict[str, float]:
     def without_gc() -> object:
         gc.disable()
         try:
-            return capture_rollout_state(parts, fingerprint=None)
+            return take_cut_capture(parts)
         finally:
             gc.enable()
 
     pieces: dict[str, Callable[[], object]] = {
-        "capture_rollout_state, whole": lambda: capture_rollout_state(parts, fingerprint=None),
-        "capture_rollout_state, whole, cyclic GC disabled": without_gc,
-        "ledger.groups() (deep copies, read for group ids)": parts.ledger.groups,
+        "take_cut_capture (the whole cut hold)": lambda: take_cut_capture(parts),
+        "take_cut_capture, cyclic GC disabled": without_gc,
+        "  of which ledger.capture() (copy-on-write view)": parts.ledger.capture,
+        "build_snapshot (after the cut is released)": lambda: build_snapshot(
+            take_cut_capture(parts), parts, fingerprint=None
+        ),
+        "capture_rollout_state (capture + build, for comparison)": lambda: capture_rollout_state(
+            parts, fingerprint=None
+        ),
         "build_rollout_recovery_state (ledger sidecar as builtins)": lambda: (
             build_rollout_recovery_state(
                 parts.ledger,
@@ -396,7 +408,7 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"({shape['attempts']} attempts, {shape['staged_rows']} staged rows) + "
         f"{shape['replay_groups']} replay groups + {shape['trained_since_checkpoint']} trained "
         f"since the trainer checkpoint ({shape['train_rows']} train rows)",
-        f"  cut hold (capture_rollout_state in cut.checkpoint(), n={hold['n']}): "
+        f"  cut hold (take_cut_capture in cut.checkpoint(), n={hold['n']}): "
         f"p50 {hold['p50']:.2f} ms, p99 {hold['p99']:.2f} ms, max {hold['max']:.2f} ms "
         f"(goal: p99 < 5 ms)",
         f"  write + commit (publish_snapshot, median of {args.writes}): "

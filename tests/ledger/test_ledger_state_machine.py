@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -155,6 +156,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.harness = Harness()
         self.model: dict[str, ModelGroup] = {}
         self.next_idx = 0
+        self.captures: list[tuple[RolloutRecoveryLedger, dict[str, Any]]] = []
 
     def teardown(self) -> None:
         self.harness.close()
@@ -447,7 +449,19 @@ class LedgerMachine(RuleBasedStateMachine):
             return  # a repeated seal is covered by repeat_a_seal
         self.refused(self.ledger_call(operation, group_id, index), LedgerTransitionError)
 
+    @rule()
+    def capture(self) -> None:
+        """A checkpoint's copy-on-write capture; later steps must never change it."""
+        captured = self.ledger.capture()
+        self.captures.append((captured, self.ledger.state_dict()))
+        del self.captures[:-3]
+
     # -- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def captures_never_change(self) -> None:
+        for captured, state in self.captures:
+            assert captured.state_dict() == state
 
     @invariant()
     def ledger_agrees_with_the_model(self) -> None:

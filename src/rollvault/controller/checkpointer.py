@@ -22,10 +22,15 @@ import contextlib
 import dataclasses
 import functools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from rollvault.controller.dataloader import DataLoaderState
 from rollvault.controller.finalizer import capture_reward_settings
-from rollvault.controller.parts import RolloutParts
+from rollvault.controller.parts import GroupOrigin, RolloutParts
+from rollvault.controller.replay_index import ReplayEntry, ReplayIndexState
+from rollvault.controller.sampler import SamplerState
+from rollvault.controller.shortfall import SparePromptsState
 from rollvault.controller.snapshot_files import (
     SNAPSHOT_FILES_SCHEMA_VERSION,
     ControllerStateFile,
@@ -34,6 +39,7 @@ from rollvault.controller.snapshot_files import (
     write_snapshot_payload,
 )
 from rollvault.controller.trainer import Trainer
+from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
 from rollvault.durable.bootstrap import prune_bootstrap_snapshots
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
@@ -48,6 +54,8 @@ from rollvault.durable.trainer_checkpoints import (
     publish_trainer_checkpoint,
     trainer_checkpoint_path,
 )
+from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.ledger.reward_penalties import FinalizedReward
 from rollvault.ledger.sidecar import build_rollout_recovery_state
 
 TRAINER_STATE_DIRNAME = "trainer"
@@ -57,65 +65,118 @@ TRAINER_ROLLOUT_STATE_DIRNAME = "rollout_state"
 KEEP_TRAINER_CHECKPOINTS = 2
 
 
-def capture_rollout_state(
-    parts: RolloutParts, *, fingerprint: str | None, base_step: int | None = None
-) -> RolloutStateCapture:
-    """Copy everything a snapshot holds; call inside ``cut.checkpoint()``.
+@dataclass(frozen=True)
+class CutCapture:
+    """What must be copied while the cut is held: references and O(groups) copies only.
+
+    The ledger is a copy-on-write capture; rows, replay entries, rewards and
+    origins are immutable or never changed in place, so references suffice.
+    """
+
+    base_step: int
+    rolled_back: tuple[ReplayEntry, ...]
+    replay: ReplayIndexState
+    ledger: RolloutRecoveryLedger
+    shortfall: dict[int, int]
+    finalizer_metrics: dict[str, dict[str, float]]
+    finalizer_rewards: dict[str, list[FinalizedReward]]
+    canonical_attempts: dict[str, list[str]]
+    origins: dict[str, GroupOrigin]
+    spares: SparePromptsState
+    sampler: SamplerState
+    dataloader: DataLoaderState
+    data_plane: DataPlaneCapture
+    mutation_version: int
+    log_sequence: int
+
+
+def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> CutCapture:
+    """Copy the rollout state; call inside ``cut.checkpoint()``, keep it short.
 
     ``base_step`` defaults to the last trainer checkpoint; a trainer
     checkpoint being taken now passes the current trainer version, and then
     nothing is rolled back.
     """
     parts.ledger.assert_checkpoint_safe()
-    base = parts.base_step if base_step is None else base_step
-    rolled_back = tuple(parts.trained_since_checkpoint) if base_step is None else ()
-    replay_state = parts.replay.state_dict()
-    entries = rolled_back + replay_state.entries
+    return CutCapture(
+        base_step=parts.base_step if base_step is None else base_step,
+        rolled_back=tuple(parts.trained_since_checkpoint) if base_step is None else (),
+        replay=parts.replay.state_dict(),
+        ledger=parts.ledger.capture(),
+        shortfall=parts.shortfall.as_dict(),
+        finalizer_metrics=dict(parts.finalizer_metrics),
+        finalizer_rewards=dict(parts.finalizer_rewards),
+        canonical_attempts=dict(parts.canonical_attempts),
+        origins=dict(parts.origins),
+        spares=parts.spares.state_dict(),
+        sampler=parts.sampler.state_dict(),
+        dataloader=parts.dataloader.state_dict(),
+        data_plane=parts.data_plane.capture(),
+        mutation_version=parts.cut.mutation_version,
+        log_sequence=parts.logs.sequence.value,
+    )
+
+
+def build_snapshot(
+    cut: CutCapture, parts: RolloutParts, *, fingerprint: str | None
+) -> RolloutStateCapture:
+    """Turn a :class:`CutCapture` into everything a snapshot writes; outside the cut.
+
+    Reads only what never changes from ``parts`` (config, dataset, sampler kind).
+    """
+    entries = cut.rolled_back + cut.replay.entries
     canonical = {entry.group_id for entry in entries}
-    live_groups = [record.group_id for record in parts.ledger.groups()]
+    grouped = canonical | set(cut.ledger.group_ids())
     recovery = build_rollout_recovery_state(
-        parts.ledger,
-        batch_shortfall=parts.shortfall.as_dict(),
+        cut.ledger,
+        batch_shortfall=cut.shortfall,
         sampler_stamps_target_steps=parts.sampler.stamps_target_steps,
-        finalizer_metrics_by_group={g: parts.finalizer_metrics[g] for g in canonical},
-        finalizer_rewards_by_group={g: parts.finalizer_rewards[g] for g in canonical},
+        finalizer_metrics_by_group={g: cut.finalizer_metrics[g] for g in canonical},
+        finalizer_rewards_by_group={g: cut.finalizer_rewards[g] for g in canonical},
         reward_settings=capture_reward_settings(parts.config.reward),
         canonical_group_ids=canonical,
     )
-    data_plane = parts.data_plane.capture()
-    grouped = canonical | set(live_groups)
-    sampler = parts.sampler.state_dict()
     return RolloutStateCapture(
         manifest=RolloutSnapshotManifest(
             schema_version=ROLLOUT_SNAPSHOT_SCHEMA_VERSION,
-            base_train_step=base,
-            trainer_version=base,
-            current_epoch=sampler.epoch,
-            sampler_dispatch_index=sampler.sampler_dispatch_index,
-            mutation_version=parts.cut.mutation_version,
-            rolled_back_train_group_count=len(rolled_back),
+            base_train_step=cut.base_step,
+            trainer_version=cut.base_step,
+            current_epoch=cut.sampler.epoch,
+            sampler_dispatch_index=cut.sampler.sampler_dispatch_index,
+            mutation_version=cut.mutation_version,
+            rolled_back_train_group_count=len(cut.rolled_back),
             bootstrap_fingerprint=fingerprint,
             next_nemo_gym_task_index=None,
         ),
         recovery_state=recovery,
         replay=ReplayBufferFile(
             schema_version=SNAPSHOT_FILES_SCHEMA_VERSION,
-            replay=type(replay_state)(schema_version=replay_state.schema_version, entries=entries),
-            canonical_attempts={g: list(parts.canonical_attempts[g]) for g in canonical},
+            replay=ReplayIndexState(schema_version=cut.replay.schema_version, entries=entries),
+            canonical_attempts={g: list(cut.canonical_attempts[g]) for g in canonical},
         ),
-        spares=parts.spares.state_dict(),
+        spares=cut.spares,
         controller=ControllerStateFile(
             schema_version=SNAPSHOT_FILES_SCHEMA_VERSION,
-            sampler=sampler,
-            dataloader=parts.dataloader.state_dict(),
-            origins={g: parts.origins[g] for g in grouped},
+            sampler=cut.sampler,
+            dataloader=cut.dataloader,
+            origins={g: cut.origins[g] for g in grouped},
             prompt_identities={
-                g: parts.dataset.identity(parts.origins[g].dataset_idx) for g in grouped
+                g: parts.dataset.identity(cut.origins[g].dataset_idx) for g in grouped
             },
-            log_sequence=parts.logs.sequence.value,
+            log_sequence=cut.log_sequence,
         ),
-        data_plane=data_plane,
+        data_plane=cut.data_plane,
         generations_per_group=parts.config.grpo.num_generations_per_prompt,
+    )
+
+
+def capture_rollout_state(
+    parts: RolloutParts, *, fingerprint: str | None, base_step: int | None = None
+) -> RolloutStateCapture:
+    """:func:`take_cut_capture` then :func:`build_snapshot`; the caller holds the cut
+    for the first only (see :meth:`Checkpointer._capture`)."""
+    return build_snapshot(
+        take_cut_capture(parts, base_step=base_step), parts, fingerprint=fingerprint
     )
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from rollvault.controller.capacity import ReplayCapacity
 from rollvault.controller.config import RestoreMode, RunConfig
 from rollvault.controller.finalizer import capture_reward_settings
@@ -38,9 +40,15 @@ from rollvault.controller.snapshot_files import (
 from rollvault.controller.trainer import Trainer
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.ledger.datum import DatumSpec
+from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.sidecar import ParsedRolloutRecoveryState
-from rollvault.ledger.statuses import PromptGroupPhase, PromptGroupStatus, RolloutAttemptStatus
+from rollvault.ledger.statuses import (
+    PromptGroupPhase,
+    PromptGroupStatus,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
 
 _LOG = logging.getLogger("rollvault.restore")
 
@@ -113,6 +121,8 @@ class RolloutRestorer:
         self.counts = RestoreCounts()
         self.restored_group_ids: list[str] = []
         self._identities: dict[str, str] = {}
+        self._records: list[PromptGroupRecoveryRecord] = []
+        """Copies of the restored ledger's groups, taken once (copies are not cheap)."""
 
     async def restore(self) -> bool:
         """Restore the parts listed in the module docstring.
@@ -146,7 +156,7 @@ class RolloutRestorer:
                     await self._queue_replay_groups_for_regeneration()
                 await self._drop_orphan_rows()
                 await self._rehydrate_prompts(snapshot)
-        self.restored_group_ids = [record.group_id for record in parts.ledger.groups()]
+        self.restored_group_ids = [record.group_id for record in self._records]
         self._count_work()
         self._capacity.take_restored(len(parts.replay) + len(parts.ledger))
         self._log_restore_metrics(time.perf_counter() - started)
@@ -164,12 +174,10 @@ class RolloutRestorer:
         work while the train pump drains the replay index. Groups still in
         phase ``reserved`` go to ``admit`` first.
         """
-        parts = self._parts
-        records = [parts.ledger.get_group(group_id) for group_id in self.restored_group_ids]
-        reserved = [r.group_id for r in records if r.phase is PromptGroupPhase.RESERVED]
+        reserved = [r.group_id for r in self._records if r.phase is PromptGroupPhase.RESERVED]
         if reserved:
             await admit(reserved)
-        for record in records:
+        for record in self._records:
             await launch(record.prompt_payload, record.target_step, record.group_id)
 
     # -- the parts, in order ---------------------------------------------------------
@@ -187,7 +195,9 @@ class RolloutRestorer:
     async def _restore_replay_buffer(self, snapshot: LoadedSnapshot) -> int:
         """Rows first, then the canonical groups that index them; returns their count."""
         parts = self._parts
-        await parts.data_plane.load_checkpoint(snapshot.path / DATA_PLANE_DIRNAME)
+        await parts.data_plane.load_verified(
+            snapshot.data_plane, source=snapshot.path / DATA_PLANE_DIRNAME
+        )
         parts.replay.load_state_dict(snapshot.replay.replay)
         parts.canonical_attempts.update(snapshot.replay.canonical_attempts)
         parts.finalizer_rewards.update(snapshot.recovery.finalizer_rewards_by_group)
@@ -200,8 +210,9 @@ class RolloutRestorer:
         """Unfinished groups, with interrupted attempts turned into fresh ones."""
         parts = self._parts
         parts.ledger.load_state_dict(parts.cut, snapshot.recovery.ledger_state)
-        before = parts.ledger.groups()
+        before = parts.ledger.capture()  # copy-on-write: the state before the restart
         parts.ledger.prepare_for_restart(parts.cut)
+        self._records = parts.ledger.groups()
         self._log_discarded_seals(before)
         await self._resolve_finalization_unknown()
         _LOG.debug(
@@ -230,19 +241,22 @@ class RolloutRestorer:
     async def _resolve_finalization_unknown(self) -> None:
         """Canonical rows indexed for training: keep them. Otherwise finalize again."""
         parts = self._parts
-        for record in parts.ledger.groups():
+        for record in self._records:
             if record.status is not PromptGroupStatus.FINALIZATION_UNKNOWN:
                 continue
             if record.group_id in parts.replay:
                 parts.ledger.discard_group(parts.cut, record.group_id)
             else:
                 await parts.data_plane.clear(TRAIN_PARTITION, self._train_keys(record.group_id))
+        self._records = [record for record in self._records if record.group_id in parts.ledger]
 
-    def _log_discarded_seals(self, before: list[PromptGroupRecoveryRecord]) -> None:
+    def _log_discarded_seals(self, before: RolloutRecoveryLedger) -> None:
         """Log sealed siblings that ``prepare_for_restart`` abandoned (``prompt_group``)."""
         parts = self._parts
-        for old in before:
-            new = parts.ledger.get_group(old.group_id)
+        for new in self._records:
+            if new.recovery_granularity is not RecoveryGranularity.PROMPT_GROUP:
+                continue  # sibling granularity never discards a sealed sibling
+            old = before.get_group(new.group_id)
             for sibling in old.siblings:
                 attempt = sibling.current_attempt
                 replaced = new.siblings[sibling.generation_index].current_attempt
@@ -258,7 +272,7 @@ class RolloutRestorer:
     def _validate_sampler_cursor(self) -> None:
         """Require the sampler cursor to cover every restored target step."""
         parts = self._parts
-        steps = [record.target_step for record in parts.ledger.groups()]
+        steps = [record.target_step for record in self._records]
         steps += [entry.target_step for entry in parts.replay]
         parts.sampler.check_cursor_covers(steps)
 
@@ -275,7 +289,7 @@ class RolloutRestorer:
             parts.replay.remove(entry.group_id)
             await parts.data_plane.clear(TRAIN_PARTITION, self._train_keys(entry.group_id))
             stale.append((entry.group_id, entry.target_step))
-        for record in parts.ledger.groups():
+        for record in self._records:
             if record.status is PromptGroupStatus.GENERATING:
                 parts.ledger.abandon_unsealed(parts.cut, record.group_id)
             parts.ledger.drop_group(parts.cut, record.group_id)
@@ -299,6 +313,7 @@ class RolloutRestorer:
             )
             parts.origins[fresh.group_id] = origin
             self.counts.groups_regenerated += 1
+        self._records = parts.ledger.groups()
 
     async def _drop_orphan_rows(self) -> None:
         """Remove rows that neither the ledger nor the replay index references."""
@@ -319,11 +334,14 @@ class RolloutRestorer:
         """
         parts = self._parts
         self._identities = snapshot.controller.prompt_identities
-        for record in parts.ledger.groups():
+        bound = []
+        for record in self._records:
             payload = await self._load_recovery_prompt(
                 group_id=record.group_id, sample_id=record.prompt_ref.sample_id
             )
             parts.ledger.bind_runtime_prompt(parts.cut, record.group_id, payload)
+            bound.append(msgspec.structs.replace(record, runtime_prompt_payload=payload))
+        self._records = bound
 
     async def _load_recovery_prompt(self, *, group_id: str, sample_id: str) -> DatumSpec:
         """Resolve one stable dataset prompt reference and check it is the same prompt."""
@@ -352,7 +370,7 @@ class RolloutRestorer:
         parts = self._parts
         self.counts.replay_groups = len(parts.replay)
         self.counts.ledger_groups = len(parts.ledger)
-        for record in parts.ledger.groups():
+        for record in self._records:
             for sibling in record.siblings:
                 status = sibling.current_attempt.status
                 if status is RolloutAttemptStatus.SEALED:

@@ -10,7 +10,7 @@ from typing import Any
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointInfo, check_user_metadata
-from rollvault.dataplane.checkpoint_io import read_checkpoint, write_checkpoint
+from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint, write_checkpoint
 from rollvault.dataplane.errors import (
     DataPlaneConflictError,
     DataPlaneFieldError,
@@ -160,9 +160,18 @@ class EmbeddedDataPlane(DataPlane):
         """Replace the empty store with a verified checkpoint; return its ``user_metadata``."""
         self._require_empty(directory)
         loaded = await asyncio.to_thread(read_checkpoint, directory)
+        return await self.load_verified(loaded, source=directory)
+
+    async def load_verified(self, loaded: LoadedCheckpoint, *, source: Path) -> dict[str, Any]:
+        """Replace the empty store with a checkpoint :func:`read_checkpoint` already verified.
+
+        Restore verifies a snapshot while choosing it; this saves reading its
+        rows twice. The store takes the loaded rows over. ``source`` names
+        the checkpoint in errors.
+        """
         async with self._cut.mutation():
             # Rows may have been put while the files were being read.
-            self._require_empty(directory)
+            self._require_empty(source)
             self._partitions = loaded.partitions
         return loaded.user_metadata
 

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointInfo
+from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneValidationError
 from rollvault.dataplane.rows import Row, RowInput
 
@@ -156,6 +157,10 @@ class DataPlane(Protocol):
         fsynced: the caller fsyncs and commits the snapshot. ``user_metadata``
         must be a JSON object that round-trips exactly.
         """
+        ...
+
+    async def load_verified(self, loaded: LoadedCheckpoint, *, source: Path) -> dict[str, Any]:
+        """Like :meth:`load_checkpoint`, from rows :func:`read_checkpoint` already verified."""
         ...
 
     async def load_checkpoint(self, directory: Path) -> dict[str, Any]:

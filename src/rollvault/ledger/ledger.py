@@ -128,6 +128,9 @@ class RolloutRecoveryLedger:
     def __init__(self) -> None:
         self._groups: dict[str, PromptGroupRecoveryRecord] = {}
         self._cut: DataPlaneMutationCut | None = None
+        self._captured: set[str] = set()
+        """Groups whose records a :meth:`capture` shares; copied before they change."""
+        self._read_only = False
 
     # -- reading -------------------------------------------------------------------------
 
@@ -141,6 +144,24 @@ class RolloutRecoveryLedger:
 
     def __len__(self) -> int:
         return len(self._groups)
+
+    def group_ids(self) -> list[str]:
+        """Every group's id, in reservation order (no copies of the records)."""
+        return list(self._groups)
+
+    def capture(self) -> RolloutRecoveryLedger:
+        """A read-only ledger holding this ledger's state now, in O(groups) time.
+
+        For the checkpointer, inside the exclusive cut: the records are not
+        copied but shared, and this ledger copies a shared record before its
+        next change (copy-on-write), so the capture never changes and the
+        sidecar can be built from it after the cut is released.
+        """
+        view = type(self)()
+        view._groups = dict(self._groups)
+        view._read_only = True
+        self._captured = set(self._groups)
+        return view
 
     def __contains__(self, group_id: object) -> bool:
         return isinstance(group_id, str) and group_id in self._groups
@@ -306,7 +327,7 @@ class RolloutRecoveryLedger:
     ) -> None:
         """Commit sampler admission without replacing sibling lineage (``reserved -> admitted``)."""
         self._enter(cut, "mark_group_admitted", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         where = f"mark_group_admitted(group {group_id!r})"
         require_optional_int(target_step, name="target_step", where=where)
         require_int(start_weight_version, name="start_weight_version", where=where)
@@ -320,7 +341,7 @@ class RolloutRecoveryLedger:
     ) -> None:
         """Attach a dataset-reconstructed prompt after identity validation."""
         self._enter(cut, "bind_runtime_prompt", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         _validate_prompt_identity(record.prompt_ref, prompt_payload, group_id=group_id)
         record.runtime_prompt_payload = prompt_payload
 
@@ -340,7 +361,7 @@ class RolloutRecoveryLedger:
         ``generating``; every selected attempt must be ``reserved``.
         """
         self._enter(cut, "mark_group_dispatched", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         require_group_status(record, allowed=GENERATING_ONLY, transition="dispatch")
         require_phase(record, allowed=_ADMITTED_ONLY, transition="dispatch")
         if generation_indices is None:
@@ -393,7 +414,7 @@ class RolloutRecoveryLedger:
         different one raises :class:`SealConflictError`.
         """
         self._enter(cut, "mark_sibling_sealed", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         self._require_sibling(record, generation_index)
         attempt = fenced_attempt(record, generation_index, gate_rollout_id)
         values = seal_values(
@@ -428,7 +449,7 @@ class RolloutRecoveryLedger:
         nothing changes. Results identical to an existing seal are no-ops.
         """
         self._enter(cut, "mark_group_sealed", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         check_complete_cohort(record, results)
         pending: list[tuple[RolloutAttemptRecord, SealValues]] = []
         for index in range(len(record.siblings)):
@@ -472,7 +493,7 @@ class RolloutRecoveryLedger:
         with :meth:`prepare_incomplete_retry` or gives the group up.
         """
         self._enter(cut, "mark_sibling_failed", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         self._require_sibling(record, generation_index)
         attempt = fenced_attempt(record, generation_index, gate_rollout_id)
         where = f"group {group_id!r} sibling {generation_index} attempt {attempt.attempt_uuid.hex}"
@@ -501,7 +522,7 @@ class RolloutRecoveryLedger:
         minted; :meth:`prepare_incomplete_retry` does that.
         """
         self._enter(cut, "abandon_unsealed", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         require_group_status(record, allowed=GENERATING_ONLY, transition="abandon unsealed work")
         abandon_unsealed_work(record)
 
@@ -516,7 +537,7 @@ class RolloutRecoveryLedger:
         one sibling must be failed or abandoned. Returns a copy of the group.
         """
         self._enter(cut, "prepare_incomplete_retry", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         require_group_status(record, allowed=GENERATING_ONLY, transition="retry")
         if not retryable_siblings(record):
             raise LedgerTransitionError(
@@ -541,7 +562,8 @@ class RolloutRecoveryLedger:
         canonical rows were published is resolved by looking for them.
         """
         self._enter(cut, "prepare_for_restart")
-        for record in self._groups.values():
+        for group_id in list(self._groups):
+            record = self._mutable_group(group_id)
             if record.status is PromptGroupStatus.FINALIZING:
                 record.status = check_group_transition(record, GroupEvent.FINALIZATION_UNKNOWN)
             elif record.status is PromptGroupStatus.GENERATING:
@@ -561,13 +583,13 @@ class RolloutRecoveryLedger:
     def mark_finalization_started(self, cut: DataPlaneMutationCut, group_id: str) -> None:
         """``ready_to_finalize`` or ``finalization_unknown`` -> ``finalizing``."""
         self._enter(cut, "mark_finalization_started", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         record.status = check_group_transition(record, GroupEvent.START_FINALIZATION)
 
     def mark_finalization_unknown(self, cut: DataPlaneMutationCut, group_id: str) -> None:
         """``finalizing`` -> ``finalization_unknown`` (publication outcome not known)."""
         self._enter(cut, "mark_finalization_unknown", group_id)
-        record = self._require_group(group_id)
+        record = self._mutable_group(group_id)
         record.status = check_group_transition(record, GroupEvent.FINALIZATION_UNKNOWN)
 
     def discard_group(self, cut: DataPlaneMutationCut, group_id: str) -> None:
@@ -579,7 +601,7 @@ class RolloutRecoveryLedger:
         self._enter(cut, "discard_group", group_id)
         record = self._require_group(group_id)
         require_group_status(record, allowed=DISCARDABLE_STATUSES, transition="discard")
-        del self._groups[group_id]
+        self._forget(group_id)
 
     def drop_group(self, cut: DataPlaneMutationCut, group_id: str) -> None:
         """Give a group up for good, with whatever work it holds.
@@ -610,7 +632,7 @@ class RolloutRecoveryLedger:
                 transition="drop",
                 status=record.status.value,
             )
-        del self._groups[group_id]
+        self._forget(group_id)
 
     def discard_canonical_groups(self, cut: DataPlaneMutationCut, group_ids: set[str]) -> int:
         """Prefer canonical TQ ownership over a stale unfinished sidecar row.
@@ -623,7 +645,8 @@ class RolloutRecoveryLedger:
         ids = group_id_collection(group_ids, where="discard_canonical_groups")
         dropped = 0
         for group_id in ids:
-            if self._groups.pop(group_id, None) is not None:
+            if group_id in self._groups:
+                self._forget(group_id)
                 dropped += 1
         return dropped
 
@@ -667,6 +690,7 @@ class RolloutRecoveryLedger:
                 "group(s)"
             )
         self._groups = type(self).from_state_dict(state)._groups
+        self._captured = set()
 
     @classmethod
     def _group_from_state(
@@ -697,6 +721,8 @@ class RolloutRecoveryLedger:
         call = f"RolloutRecoveryLedger.{operation}" + (
             "()" if group_id is None else f"(group {group_id!r})"
         )
+        if self._read_only:
+            raise LedgerError(f"{call}: this ledger is a read-only capture")
         cut.require_mutation(call)
         if bound is None:
             self._cut = cut
@@ -706,6 +732,19 @@ class RolloutRecoveryLedger:
                 "DataPlaneMutationCut than the one this ledger is bound to; a snapshot taken "
                 "under the bound cut would not see this mutation"
             )
+
+    def _forget(self, group_id: str) -> None:
+        del self._groups[group_id]
+        self._captured.discard(group_id)
+
+    def _mutable_group(self, group_id: str) -> PromptGroupRecoveryRecord:
+        """The live record of a group about to change, unshared from any capture first."""
+        record = self._require_group(group_id)
+        if group_id in self._captured:
+            record = copy_group_record(record)
+            self._groups[group_id] = record
+            self._captured.discard(group_id)
+        return record
 
     def _require_group(self, group_id: str) -> PromptGroupRecoveryRecord:
         record = self._groups.get(group_id) if isinstance(group_id, str) else None
