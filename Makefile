@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench
+.PHONY: run test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,14 +13,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The main job: async GRPO on the default tiny causal LM (built offline on the
+# first start). Kill it at any moment and run it again: it resumes.
 run: $(STAMP)
-	$(VENV)/bin/rollvault run
+	$(VENV)/bin/rollvault run --config src/rollvault/configs/grpo_addition.yaml
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
-
-bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
