@@ -112,6 +112,9 @@ class LocalModelGate:
         self.tokens_generated = 0
         """Response tokens of every finished generation, including attempts that failed later."""
         self.worker_restarts = 0
+        self.batches = 0
+        """Generation batches the worker completed."""
+        self.largest_batch = 0
         self.start()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -283,6 +286,8 @@ class LocalModelGate:
                 _fail(pending, error)
             raise
         self._losses_in_a_row = 0
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
         version = generated.weight_version
         if version is None:
             raise WorkerStartError("the generation worker generated before loading any weights")

@@ -1,9 +1,11 @@
 """Plain temperature sampling of a batch of prompts, with per-token logprobs.
 
 Prompts of different lengths are left-padded into one batch. Position ids
-then count real tokens only (``cumsum(attention_mask) - 1``): without them a
-padded prompt would see its tokens at shifted positions and its logprobs
-would not match the trainer's recomputation on the unpadded sequence.
+then count real tokens only (``cumsum(attention_mask) - 1``), so a padded
+prompt sees its tokens at the positions it has alone and in the trainer's
+recomputation. (A rotary model such as the default would tolerate the
+uniform shift that padding causes, up to rounding; a model with absolute
+position embeddings would not.)
 
 Sampling is plain: softmax of ``logits / temperature``, no top-k, no top-p,
 no repetition penalty, so the logprob reported for a token is exactly the
