@@ -127,17 +127,6 @@ def _start(config: RunConfig, crash_after: int | None) -> RunSummary | None:
     return summary
 
 
-@pytest.mark.xfail(
-    raises=TimeoutError,
-    strict=False,
-    reason=(
-        "controller bug, not this gate: TrainPump._train takes a step's groups out of the "
-        "replay index before training and records them as trained only after, so a snapshot "
-        "taken during a (real, non-instant) train step holds neither; a restore from it "
-        "waits forever for that step's groups. Remove this marker once the train pump keeps "
-        "the batch visible to snapshots."
-    ),
-)
 def test_a_crashed_run_resumes_and_trains_every_prompt_exactly_once(tmp_path: Path) -> None:
     steps, per_step = 12, 4
     config = grpo_config(

@@ -100,6 +100,21 @@ class ReplayBufferIndex:
         self._delete(entry)
         return entry
 
+    def step_entries(self, step: int) -> list[ReplayEntry]:
+        """The groups stamped ``step``, in the order they were added, left in the index."""
+        return [self._entries[group_id] for group_id in self._by_step.get(step, ())]
+
+    def window_entries(
+        self, trainer_version: int, max_staleness_versions: int, limit: int
+    ) -> list[ReplayEntry]:
+        """What :meth:`take_window` would take, left in the index."""
+        fresh = [
+            entry
+            for entry in self._entries_by_age(trainer_version)
+            if trainer_version - entry.start_weight_version <= max_staleness_versions
+        ]
+        return fresh[: max(limit, 0)]
+
     def take_step(self, step: int) -> list[ReplayEntry]:
         """Remove and return exactly the groups stamped ``step``, in the order they were added."""
         group_ids = list(self._by_step.get(step, ()))
@@ -114,12 +129,8 @@ class ReplayBufferIndex:
         max_staleness_versions``. The oldest fresh groups go first (they expire
         soonest), ties in the order they were added.
         """
-        fresh = [
-            entry
-            for entry in self._entries_by_age(trainer_version)
-            if trainer_version - entry.start_weight_version <= max_staleness_versions
-        ]
-        return [self.remove(entry.group_id) for entry in fresh[: max(limit, 0)]]
+        window = self.window_entries(trainer_version, max_staleness_versions, limit)
+        return [self.remove(entry.group_id) for entry in window]
 
     def take_stale(self, trainer_version: int, max_staleness_versions: int) -> list[ReplayEntry]:
         """Remove and return every group too stale to train at ``trainer_version``."""

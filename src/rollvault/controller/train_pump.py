@@ -99,21 +99,21 @@ class TrainPump:
         parts = self._parts
         per_group = parts.config.grpo.num_generations_per_prompt
         step = parts.trainer_version
-        async with parts.cut.mutation():
-            entries = self._take_batch()
+        # The batch stays in the replay index while it trains: a snapshot taken
+        # meanwhile must still hold it (the trainer awaits, snapshots go on).
+        entries = self._peek_batch()
         keys = [train_key(e.group_id, i) for e in entries for i in range(per_group)]
         rows = await parts.data_plane.get(TRAIN_PARTITION, keys)
         metrics: dict[str, float] = {}
         if entries:
-            batch = TrainBatch(
-                step=step, groups=entries, rows=rows, generations_per_group=per_group
-            )
+            batch = TrainBatch(step=step, groups=entries, rows=rows, generations_per_group=per_group)
             metrics = await self._trainer.train_step(batch)
         # No attempt may start between the version bump and the gate's weight
         # sync: it would generate with the old weights under the new version.
         self._dispatch_open.clear()
         async with parts.cut.mutation():
             for entry in entries:
+                parts.replay.remove(entry.group_id)
                 self._log_trained(step, entry)
             # Rows stay until the next trainer checkpoint: a restore to the last
             # one trains these groups again, in the same steps.
@@ -125,13 +125,13 @@ class TrainPump:
         self.trained_groups += len(entries)
         return metrics
 
-    def _take_batch(self) -> list[ReplayEntry]:
+    def _peek_batch(self) -> list[ReplayEntry]:
         parts = self._parts
         sampler = parts.sampler
         if isinstance(sampler, InOrderSampler):
-            return parts.replay.take_step(parts.trainer_version)
+            return parts.replay.step_entries(parts.trainer_version)
         assert isinstance(sampler, WindowedSampler)
-        return parts.replay.take_window(
+        return parts.replay.window_entries(
             parts.trainer_version,
             sampler.max_staleness_versions,
             parts.config.grpo.num_prompts_per_step,
