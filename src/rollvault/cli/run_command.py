@@ -61,7 +61,7 @@ def _setup(config: RunConfig, console: Console) -> RunSetup:
 async def _run(config: RunConfig, setup: RunSetup, console: Console) -> tuple[RunSummary, int]:
     progress = Progress(
         TextColumn("[bold]step"),
-        BarColumn(),
+        BarColumn(bar_width=16),
         MofNCompleteColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),

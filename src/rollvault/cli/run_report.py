@@ -78,8 +78,9 @@ def summary_lines(
     for restore in restores:
         lines.append(
             f"  restore at start {restore.incarnation} ({restore.restore_mode}): resumed at step "
-            f"{restore.base_train_step}, {restore.siblings_reused} finished rollouts reused, "
-            f"{restore.attempts_redispatched} redispatched, {restore.seconds:.2f}s"
+            f"{restore.base_train_step}, kept {len(restore.canonical_group_ids)} finalized groups "
+            f"and {restore.siblings_reused} sealed siblings, redispatched "
+            f"{restore.attempts_redispatched} attempts, {restore.seconds:.2f}s"
         )
     return lines
 
@@ -108,11 +109,15 @@ def plot_run(
         x, y = (np.asarray(values, dtype=float) for values in zip(*points, strict=True))
         axes.plot(x, y, color=colors[name], alpha=0.25, linewidth=0.8)
         axes.plot(x, _smooth(y), color=colors[name], linewidth=1.8, label=_label(name))
+    starts_by_step: dict[int, list[int]] = {}
     for restore in restores:
-        axes.axvline(restore.base_train_step, color="tab:red", linestyle="--", linewidth=1.0)
+        starts_by_step.setdefault(restore.base_train_step, []).append(restore.incarnation)
+    for step, starts in sorted(starts_by_step.items()):
+        axes.axvline(step, color="tab:red", linestyle="--", linewidth=1.0)
+        label = "start" if len(starts) == 1 else "starts"
         axes.annotate(
-            f"restore (start {restore.incarnation})",
-            xy=(restore.base_train_step, 1.0),
+            f"restore ({label} {', '.join(map(str, starts))})",
+            xy=(step, 1.0),
             xycoords=("data", "axes fraction"),
             rotation=90,
             va="top",

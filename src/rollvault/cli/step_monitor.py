@@ -99,14 +99,14 @@ class StepMonitor:
         reward = record.metric("reward_mean")
         accuracy = record.metric("accuracy")
         age = record.snapshot_age_s
-        return "  ".join(
+        return " ".join(
             [
                 f"reward {'-' if reward is None else f'{reward:.3f}'}",
                 f"acc {'-' if accuracy is None else f'{accuracy:.0%}'}",
-                f"{rate:,.0f} tok/s",
-                f"in flight {record.groups_in_flight:3d}",
-                f"buffered {record.buffered_groups:3d}",
-                f"snapshot {'-' if age is None else f'{age:.0f}s'} ago",
+                f"| {rate:,.0f} tok/s",
+                f"| in flight {record.groups_in_flight}",
+                f"buffered {record.buffered_groups}",
+                f"| snapshot {'-' if age is None else f'{age:.0f}s ago'}",
             ]
         )
 
