@@ -20,6 +20,10 @@ Transport: each message is a msgspec Struct encoded as msgpack bytes over a
 cross it, and weights travel as safetensors bytes. The one thing
 ``multiprocessing`` pickles itself is the spawn call's arguments, a pipe end
 and a bytes string of settings.
+
+The worker is started with the ``spawn`` context, which re-imports the main
+module in the child: a script that builds this gate must keep its top-level
+work under ``if __name__ == "__main__":`` (the ``rollvault`` command does).
 """
 
 from __future__ import annotations

@@ -1,0 +1,302 @@
+"""Benchmark of the real training recipe (issue 6, "Benchmark").
+
+Runs the addition recipe (``configs/grpo_addition.yaml``: the default tiny
+model, the local model gate with its worker process, the GRPO trainer)
+in-process, several times, alternating two arms in the same run:
+
+- **snapshots**: rollout snapshots every ``rollout_checkpointing.interval_s``
+  (5 s, the recipe's value);
+- **none**: no periodic snapshots (``interval_s`` longer than the run).
+
+Both arms keep the recipe's trainer checkpoints (every ``save_period`` = 50
+steps, each with its full rollout snapshot), so the arms differ only by the
+periodic snapshots. (Turning ``rollout_checkpointing.enabled`` off would drop
+the trainer checkpoints too, and without trainer checkpoints every snapshot
+carries the rows of every step since the start, a cost no real run pays.)
+Every run starts from the
+same warmed-up model: the recipe's supervised warm-up runs once, first, and
+is timed on its own. Per run it measures, between its first and its last
+optimizer step (so the worker's start-up is excluded): train steps per
+second and rollout (response) tokens per second. Arms are interleaved
+(ABBA...) so a drift of the shared machine's load hits both; the script
+prints each run, the median per arm, and the per-round ratio with its median
+(the paired figure, the least sensitive to other processes' bursts).
+
+Memory: the peak resident set (``VmHWM`` from ``/proc/<pid>/status``) of this
+process (controller + trainer) and of every generation worker, sampled at
+each step; their sum bounds the run's peak (both peaks need not coincide).
+
+Snapshot cost, directly: in the snapshots arm the checkpointer's
+``publish_snapshot`` (the encoding and writing, in a worker thread after the
+cut is released) is wrapped to record its wall time and its thread's CPU
+time, so the cost can be read as CPU seconds per snapshot, not only as a
+throughput difference within the machine's noise.
+
+Finally, ``--curve-steps`` more steps of one snapshots run give the reward
+and accuracy curve, summarised by windows of 25 steps.
+
+Usage: python benchmarks/bench_grpo_run.py [--steps N] [--rounds N] [--curve-steps N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollvault.controller import checkpointer as checkpointer_module
+from rollvault.controller.config import RunConfig, load_run_config
+from rollvault.controller.dataset import build_dataset
+from rollvault.controller.parts import RolloutParts
+from rollvault.controller.pipeline import run
+from rollvault.training.grpo_setup import build_grpo_run, warmup_examples
+from rollvault.training.model_store import ensure_model_dir, load_model_dir
+from rollvault.training.warmup import supervised_warmup
+
+RECIPE = Path(__file__).resolve().parent.parent / "src/rollvault/configs/grpo_addition.yaml"
+ARMS = ("snapshots", "none")
+
+
+@dataclass
+class SnapshotTimes:
+    wall_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+
+
+def timed_publish(times: SnapshotTimes) -> Callable[..., Path]:
+    """``publish_snapshot``, recording wall and thread-CPU seconds per call."""
+    publish = checkpointer_module.publish_snapshot
+
+    def wrapper(*args: Any, **kwargs: Any) -> Path:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return publish(*args, **kwargs)
+        finally:
+            times.wall_s.append(time.perf_counter() - wall)
+            times.cpu_s.append(time.thread_time() - cpu)
+
+    return wrapper
+
+
+@dataclass
+class RunResult:
+    arm: str
+    steps: int
+    seconds: float
+    steps_per_s: float
+    tokens_per_s: float
+    snapshots_written: int
+    parent_peak_mib: float
+    worker_peak_mib: float
+    rewards: list[float] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    snapshot_times: SnapshotTimes = field(default_factory=SnapshotTimes)
+
+
+def vm_hwm_mib(pid: int) -> float:
+    """Peak resident set of ``pid`` in MiB (0 if the process is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return 0.0
+    return 0.0
+
+
+def recipe_config(run_dir: Path, *overrides: str) -> RunConfig:
+    return load_run_config(
+        RECIPE,
+        [
+            f"logging.log_dir={run_dir / 'logs'}",
+            f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            *overrides,
+        ],
+    )
+
+
+def warm_model(tmp: Path) -> tuple[Path, dict[str, float]]:
+    """The recipe's warm-up, once; the warmed model is saved as a model directory."""
+    config = recipe_config(tmp / "warmup", f"model.path={tmp / 'base_model'}")
+    torch.set_num_threads(1)
+    model, tokenizer = load_model_dir(
+        ensure_model_dir(Path(config.model.path), build_default=True, seed=config.seed)
+    )
+    dataset = build_dataset(config.dataset, vocab_size=len(tokenizer), seed=config.seed)
+    warm = config.trainer.warmup
+    report = supervised_warmup(
+        model,
+        tokenizer,
+        warmup_examples(dataset),
+        steps=warm.steps,
+        batch_size=warm.batch_size,
+        learning_rate=warm.learning_rate,
+        seed=config.seed,
+    )
+    path = tmp / "warm_model"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, {"steps": warm.steps, "seconds": report.seconds, "final_loss": report.final_loss}
+
+
+def run_arm(arm: str, run_dir: Path, model_dir: Path, steps: int) -> RunResult:
+    config = recipe_config(
+        run_dir,
+        f"model.path={model_dir}",
+        "model.build_default=false",
+        "trainer.warmup.steps=0",
+        f"grpo.max_num_steps={steps}",
+        f"rollout_checkpointing.interval_s={5.0 if arm == 'snapshots' else 1e9}",
+    )
+    setup = build_grpo_run(config)
+    marks: list[tuple[float, int]] = []
+    result = RunResult(arm, 0, 0.0, 0.0, 0.0, 0, 0.0, 0.0)
+
+    def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
+        tokens = sum(gate.tokens_generated for gate in setup.gates)
+        marks.append((time.perf_counter(), tokens))
+        result.rewards.append(metrics.get("reward_mean", float("nan")))
+        result.accuracies.append(metrics.get("accuracy", float("nan")))
+        result.parent_peak_mib = max(result.parent_peak_mib, vm_hwm_mib(os.getpid()))
+        for gate in setup.gates:
+            result.worker_peak_mib = max(result.worker_peak_mib, vm_hwm_mib(gate.worker_pid))
+
+    original = checkpointer_module.publish_snapshot
+    checkpointer_module.publish_snapshot = timed_publish(result.snapshot_times)
+    try:
+        summary = asyncio.run(
+            run(config, gate_factory=setup.gate_factory, trainer=setup.trainer, on_step=on_step)
+        )
+    finally:
+        checkpointer_module.publish_snapshot = original
+    (t0, n0), (t1, n1) = marks[0], marks[-1]
+    result.steps = len(marks)
+    result.seconds = t1 - t0
+    result.steps_per_s = (len(marks) - 1) / (t1 - t0)
+    result.tokens_per_s = (n1 - n0) / (t1 - t0)
+    result.snapshots_written = summary.snapshots_written
+    return result
+
+
+def curve_summary(rewards: list[float], accuracies: list[float], window: int = 25) -> list[str]:
+    lines = []
+    for start in range(0, len(rewards), window):
+        r = np.nanmean(rewards[start : start + window])
+        a = np.nanmean(accuracies[start : start + window])
+        lines.append(
+            f"  steps {start:4d}-{start + window - 1:4d}: reward {r:.3f}  accuracy {a:6.1%}"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps per timed run")
+    parser.add_argument("--rounds", type=int, default=4, help="runs per arm (interleaved)")
+    parser.add_argument("--curve-steps", type=int, default=300, help="steps of the curve run")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench_grpo_") as name:
+        tmp = Path(name)
+        model_dir, warm = warm_model(tmp)
+        print(
+            f"warm-up: {warm['steps']:.0f} steps in {warm['seconds']:.1f}s, "
+            f"final loss {warm['final_loss']:.3f}"
+        )
+        results: list[RunResult] = []
+        for round_index in range(args.rounds):
+            order = ARMS if round_index % 2 == 0 else ARMS[::-1]
+            for arm in order:
+                result = run_arm(arm, tmp / f"r{round_index}_{arm}", model_dir, args.steps)
+                results.append(result)
+                print(
+                    f"round {round_index} {arm:9s}: {result.steps_per_s:5.2f} steps/s "
+                    f"{result.tokens_per_s:7.0f} tokens/s over {result.seconds:5.1f}s, "
+                    f"{result.snapshots_written} snapshots, peak RSS parent "
+                    f"{result.parent_peak_mib:.0f} MiB worker {result.worker_peak_mib:.0f} MiB",
+                    flush=True,
+                )
+        summary = _summarise(results, args.rounds)
+        for line in summary["lines"]:
+            print(line)
+        curve: dict[str, list[float]] = {}
+        if args.curve_steps:
+            result = run_arm("snapshots", tmp / "curve", model_dir, args.curve_steps)
+            results.append(result)
+            curve = {"reward": result.rewards, "accuracy": result.accuracies}
+            print(f"reward curve ({args.curve_steps} steps after the warm-up, snapshots on):")
+            for line in curve_summary(result.rewards, result.accuracies):
+                print(line)
+        parent = max(r.parent_peak_mib for r in results)
+        worker = max(r.worker_peak_mib for r in results)
+        print(
+            f"peak memory: parent {parent:.0f} MiB + worker {worker:.0f} MiB = "
+            f"{parent + worker:.0f} MiB (goal < 2048 MiB)"
+        )
+        if args.json:
+            payload = {
+                "warmup": warm,
+                "runs": [asdict(r) for r in results],
+                "ratios": summary["ratios"],
+                "peak_memory_mib": {"parent": parent, "worker": worker},
+                "curve": curve,
+            }
+            print(json.dumps(payload))
+    return 0
+
+
+def _summarise(results: list[RunResult], rounds: int) -> dict[str, list]:
+    lines = []
+    medians = {}
+    for arm in ARMS:
+        mine = [r for r in results if r.arm == arm]
+        medians[arm] = (
+            statistics.median(r.steps_per_s for r in mine),
+            statistics.median(r.tokens_per_s for r in mine),
+        )
+        lines.append(
+            f"median {arm:9s}: {medians[arm][0]:5.2f} steps/s {medians[arm][1]:7.0f} tokens/s"
+        )
+    times = [r.snapshot_times for r in results if r.arm == "snapshots"]
+    wall = [t for ts in times for t in ts.wall_s]
+    cpu = [t for ts in times for t in ts.cpu_s]
+    if wall:
+        lines.append(
+            f"periodic snapshot write (after the cut, in a thread): median "
+            f"{1000 * statistics.median(wall):.0f} ms wall, "
+            f"{1000 * statistics.median(cpu):.0f} ms CPU, max {1000 * max(wall):.0f} ms wall, "
+            f"over {len(wall)} snapshots; every 5 s that is "
+            f"{100 * statistics.median(cpu) / 5.0:.1f}% of one core"
+        )
+    ratios = []
+    for round_index in range(rounds):
+        with_, without = (results[2 * round_index + k] for k in (0, 1))
+        if with_.arm != "snapshots":
+            with_, without = without, with_
+        ratios.append(with_.steps_per_s / without.steps_per_s)
+    lines.append(
+        "snapshots / none, train steps/s: per round "
+        + ", ".join(f"{r:.3f}" for r in ratios)
+        + f"; median of the rounds {statistics.median(ratios):.3f}"
+        + f"; ratio of medians {medians['snapshots'][0] / medians['none'][0]:.3f} "
+        f"(tokens/s {medians['snapshots'][1] / medians['none'][1]:.3f}); goal >= 0.98"
+    )
+    return {"lines": lines, "ratios": ratios}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
