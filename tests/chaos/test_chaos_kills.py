@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 import pytest
 
+import rollvault
 from rollvault.cli.chaos_command import (
     ChaosPlan,
     ChaosReport,
@@ -46,6 +47,7 @@ from rollvault.dataplane.rows import validate_row
 from rollvault.ledger.statuses import RolloutAttemptStatus
 
 KILLS = 10
+GRPO_RECIPE = Path(rollvault.__file__).parent / "configs" / "grpo_addition.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +111,47 @@ def test_trainer_checkpoint_baseline_regenerates_and_still_trains_once(tmp_path:
     assert all(r.siblings_reused == 0 for r in restores)
     assert any(r.base_train_step > 0 for r in restores), "no kill came after a trainer checkpoint"
     assert sum(r.groups_regenerated for r in restores) > 0
+
+
+GRPO_KILLS = 3
+
+
+@pytest.mark.slow
+def test_kills_of_the_real_grpo_recipe_train_every_prompt_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The packaged recipe: tiny causal LM, local model gate with its worker process,
+    # GRPO trainer. A short warm-up keeps each start quick; the kills land after the
+    # start is counted, so some fall while the worker loads and some while it samples.
+    argv = [
+        "chaos",
+        "--config",
+        str(GRPO_RECIPE),
+        "--kills",
+        str(GRPO_KILLS),
+        "--seed",
+        "4",
+        "--kill-window",
+        "8",
+        "--workdir",
+        str(tmp_path),
+    ]
+    exit_code = main([*argv, "trainer.warmup.steps=20"])
+    out = capsys.readouterr().out
+    assert exit_code == 0, out
+    assert f"{GRPO_KILLS} kills, {GRPO_KILLS + 1} starts" in out
+    assert "OK: every prompt trained exactly once" in out
+    run_dir = tmp_path / "latest"
+    assert (run_dir / "runs/grpo_addition/model/config.json").is_file()
+    history = read_run_history(run_dir / "logs")
+    assert len(history.restores) == GRPO_KILLS
+    assert all(r.restore_mode == "latest" for r in history.restores)
+    assert any(r.snapshot is not None for r in history.restores), "no kill found a snapshot"
+    # The GRPO trainer (not the recording one) trained: its loss is in the metrics.
+    metrics = (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert metrics and all(
+        "policy_loss" in msgspec.json.decode(line)["trainer"] for line in metrics
+    )
 
 
 # -- the checks catch damaged evidence ---------------------------------------------------

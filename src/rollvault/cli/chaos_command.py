@@ -1,7 +1,8 @@
 """``rollvault chaos``: kill a real ``rollvault run`` with SIGKILL, K times, and check it.
 
-The harness starts ``rollvault run`` as a child process with the simulated
-gate slowed down, frequent rollout snapshots, trainer checkpoints every few
+The harness starts ``rollvault run`` as a child process (on the packaged
+config, whose simulated gate it slows down, or on ``--config FILE``, such as
+the real GRPO recipe), with frequent rollout snapshots, trainer checkpoints every few
 steps and a run that ends when its data runs out. Once the child has started
 (its run-log directory counts the new incarnation), it waits a seeded random
 delay and kills it with SIGKILL, then starts it again; after K kills it lets
@@ -127,6 +128,8 @@ class ChaosPlan:
     seed: int = 0
     restore_mode: RestoreMode = RestoreMode.LATEST
     overrides: tuple[str, ...] = ()
+    config_path: Path | None = None
+    """The run config file every start uses (None: the packaged default, simulated gate)."""
     kill_window_s: float = 1.0
     """Each kill comes a uniform random delay in [0, kill_window_s) after its start."""
     start_timeout_s: float = 120.0
@@ -191,7 +194,7 @@ def chaos_config(plan: ChaosPlan) -> RunConfig:
             f"kills ({plan.kills}) must be >= 0, kill_window_s ({plan.kill_window_s}) and "
             f"start_timeout_s ({plan.start_timeout_s}) > 0"
         )
-    config = load_run_config(None, run_overrides(plan))
+    config = load_run_config(plan.config_path, run_overrides(plan))
     total = config.dataset.num_prompts * config.grpo.max_num_epochs
     if config.grpo.max_num_steps < total:
         raise ChaosUsageError(
@@ -224,9 +227,11 @@ def expected_prompts(config: RunConfig) -> set[PromptKey]:
     }
 
 
-def child_command(config_overrides: Sequence[str]) -> list[str]:
+def child_command(config_path: Path | None, config_overrides: Sequence[str]) -> list[str]:
     """The command line of one start: this interpreter running ``rollvault run``."""
-    return [sys.executable, "-m", "rollvault.cli.main", "run", *config_overrides]
+    # Children run with the run dir as cwd, so a relative config path is resolved here.
+    config = ["--config", str(config_path.resolve())] if config_path is not None else []
+    return [sys.executable, "-m", "rollvault.cli.main", "run", *config, *config_overrides]
 
 
 # -- driving the child ---------------------------------------------------------------
@@ -269,7 +274,10 @@ def _one_start(
     output.flush()
     spawned = time.perf_counter()
     child = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
-        child_command(overrides), stdout=output, stderr=subprocess.STDOUT, cwd=plan.run_dir
+        child_command(plan.config_path, overrides),
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        cwd=plan.run_dir,
     )
     try:
         outcome = _supervise(child, plan, incarnation_path, before, kill_delay)
@@ -596,6 +604,9 @@ def add_chaos_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the same kills under latest and trainer_checkpoint and compare work lost",
     )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
+    parser.add_argument(
+        "--config", type=Path, default=None, help="YAML run config (default: the packaged one)"
+    )
     parser.add_argument("--kill-window", type=float, default=1.0, help="max seconds to a kill")
     parser.add_argument("--timeout", type=float, default=120.0, help="max seconds per start")
     parser.add_argument("overrides", nargs="*", help="dotpath=value overrides of the run config")
@@ -617,6 +628,7 @@ def chaos_command(args: argparse.Namespace) -> int:
             seed=args.seed,
             restore_mode=mode,
             overrides=tuple(args.overrides),
+            config_path=args.config,
             kill_window_s=args.kill_window,
             start_timeout_s=args.timeout,
         )
