@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -262,6 +265,28 @@ def test_inspect_shows_a_snapshot_without_manifest_as_damaged(
     (entry,) = [s for a in inventory.anchors for s in a.snapshots if Path(s.path) == newest]
     assert entry.manifest is None and entry.age_s is None
     assert entry.damage == CheckpointProblem(str(newest / "manifest.json"), "missing")
+
+
+@pytest.mark.slow
+def test_inspect_into_a_closed_pipe_ends_with_sigpipe_status_not_a_traceback(
+    trained_dir: Path,
+) -> None:
+    # `rollvault inspect --json DIR | head`: the reader is gone before the write.
+    # Closing our read end first makes every write of the child fail, deterministically.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        child = subprocess.run(
+            [sys.executable, "-m", "rollvault.cli.main", "inspect", "--json", str(trained_dir)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert child.returncode == 128 + signal.SIGPIPE, child.stderr.decode()
+    assert child.stderr == b""
 
 
 # -- verify ----------------------------------------------------------------------------

@@ -5,13 +5,16 @@ GRPO pipeline with the run config (the packaged default unless ``--config``)
 and any overrides, e.g. ``rollvault run grpo.num_generations_per_prompt=8``.
 ``rollvault inspect CKPT_DIR [--json]`` summarizes a checkpoint directory and
 ``rollvault verify CKPT_DIR [--json]`` re-checks it fully (exit 1 on any problem).
-``rollvault chaos [--kills K] [--compare] [dotpath=value ...]`` SIGKILLs a real run
-K times, restarts it, and checks its evidence (exit 1 on any problem).
+``rollvault chaos [--config FILE] [--kills K] [--compare] [dotpath=value ...]``
+SIGKILLs a real run K times, restarts it, and checks its evidence (exit 1 on
+any problem).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,5 +69,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
+def entry() -> int:
+    """The console script: :func:`main`, ending quietly when stdout's reader goes away.
+
+    ``rollvault inspect --json DIR | head`` closes the pipe early; like any Unix
+    filter the command then stops with the SIGPIPE exit status instead of a
+    traceback. Nothing it writes to disk depends on stdout, so nothing is lost.
+    """
+    try:
+        return main()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit, which would raise once more:
+        # point the descriptor at /dev/null first (the recipe in Python's signal docs).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())
