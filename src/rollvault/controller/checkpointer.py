@@ -1,11 +1,12 @@
 """The checkpointer: periodic rollout snapshots and trainer checkpoints.
 
 A snapshot is taken in two phases. Inside the exclusive section of the
-mutation cut, :func:`capture_rollout_state` copies the in-memory state (the
-ledger sidecar, the replay index, spares, cursors, shortfall, and a
-reference view of the live data-plane rows): no file I/O, no encoding of
-rows. After the cut is released, a worker thread encodes and writes the
-files and the durable layer commits them atomically.
+mutation cut, :func:`take_cut_capture` takes an immutable view of the
+in-memory state (a copy-on-write view of the ledger, the replay index,
+spares, cursors, shortfall, and a reference view of the live data-plane
+rows): no file I/O, no encoding, O(groups) work. After the cut is released,
+worker threads build the sidecar from that view (:func:`build_snapshot`),
+encode and write the files, and the durable layer commits them atomically.
 
 Snapshots are anchored to the last durable trainer checkpoint (``step_<N>``,
 or ``bootstrap`` before the first). They describe the run *as of that
@@ -297,12 +298,14 @@ class Checkpointer:
         parts = self._parts
         async with parts.cut.checkpoint():
             started = time.perf_counter()
-            capture = capture_rollout_state(
-                parts, fingerprint=self._fingerprint, base_step=base_step
-            )
+            cut = take_cut_capture(parts, base_step=base_step)
             self.stats.cut_hold_seconds.append(time.perf_counter() - started)
-        self._last_version = capture.manifest.mutation_version
-        return capture
+        self._last_version = cut.mutation_version
+        # Building the sidecar checks and copies every record of the groups kept
+        # since the last trainer checkpoint: tens of milliseconds of Python that
+        # would stall dispatch and sealing on the event loop. The capture is
+        # immutable (copy-on-write ledger, copied maps), so a thread may build it.
+        return await asyncio.to_thread(build_snapshot, cut, parts, fingerprint=self._fingerprint)
 
     def _write_payload(self, capture: RolloutStateCapture, directory: Path) -> None:
         self.stats.bytes_written += write_snapshot_payload(capture, directory)

@@ -108,7 +108,9 @@ def _validate_finalizer_metrics(value: object) -> dict[str, dict[str, float]]:
         for name, number in metrics.items():
             if not isinstance(name, str):
                 raise LedgerStateError(f"{where}: metric names must be str, got {name!r}")
-            copied[name] = _finite(number, where=f"{where}[{name!r}]")
+            if not _is_finite_number(number):  # the message is built only on failure
+                _finite(number, where=f"{where}[{name!r}]")
+            copied[name] = float(number)
         result[group_id] = copied
     return result
 
@@ -134,8 +136,10 @@ def _validate_finalizer_rewards(value: object) -> dict[str, list[FinalizedReward
         except (msgspec.ValidationError, TypeError) as exc:
             raise LedgerStateError(f"{where}: {exc}") from exc
         for index, reward in enumerate(typed):
-            _finite(reward.raw_reward, where=f"{where}[{index}].raw_reward")
-            _finite(reward.reward, where=f"{where}[{index}].reward")
+            # Checked per reward at every snapshot: build the message only on failure.
+            if not (math.isfinite(reward.raw_reward) and math.isfinite(reward.reward)):
+                _finite(reward.raw_reward, where=f"{where}[{index}].raw_reward")
+                _finite(reward.reward, where=f"{where}[{index}].reward")
         result[group_id] = typed
     return result
 
@@ -154,10 +158,16 @@ def _validate_reward_settings(value: object) -> CaptureRewardSettings | None:
     return settings
 
 
+def _is_finite_number(number: object) -> bool:
+    return (
+        not isinstance(number, bool) and isinstance(number, int | float) and math.isfinite(number)
+    )
+
+
 def _finite(number: object, *, where: str) -> float:
-    if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
+    if not _is_finite_number(number):
         raise LedgerStateError(f"{where}: expected a finite number, got {number!r}")
-    return float(number)
+    return float(number)  # type: ignore[arg-type]  # an int or float, checked above
 
 
 def build_rollout_recovery_state(
