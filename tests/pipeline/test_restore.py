@@ -91,7 +91,18 @@ def test_trainer_checkpoint_baseline_regenerates_and_still_trains_once(tmp_path:
     history = read_run_history(Path(config.logging.log_dir))
     (restore,) = history.restores
     assert restore.base_train_step == 4
-    assert restore.groups_regenerated > 0 and restore.siblings_reused == 0
+    assert restore.siblings_reused == 0 and restore.canonical_group_ids == []
+    # Steps 4 and 5 trained after step_4/ and before the crash (at step 6); the
+    # baseline rolls them back and trains them again from new generations. (How
+    # many groups step_4/ held in flight, and so restore.groups_regenerated,
+    # depends on timing: maybe none.)
+    rolled_back = [r for r in history.train if history.is_void(r.incarnation, r.seq)]
+    assert {r.step for r in rolled_back} == {4, 5}
+    assert all(r.incarnation == 1 for r in rolled_back)
+    again = [r for step in (4, 5) for r in history.steps[step]]
+    assert again and all(r.incarnation == 2 for r in again)
+    earlier_ids = {i for r in rolled_back for i in r.gate_rollout_ids}
+    assert not earlier_ids & {i for r in again for i in r.gate_rollout_ids}
     assert check_exactly_once(history, expected_prompts(24, 2)) == []
     accounting = work_accounting(history)
     assert accounting.lost_tokens > 0
