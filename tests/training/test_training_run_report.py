@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from rollvault.cli.metrics_log import (
     METRICS_LOG_FILENAME,
     MetricsRecord,
     MetricsWriter,
+    TensorBoardMirror,
     effective_metrics,
     finite_metrics,
     read_metrics,
@@ -145,3 +147,40 @@ def test_a_simulated_run_writes_one_metrics_line_per_step(tmp_path: Path) -> Non
     # The recording trainer reports no reward: nothing to plot.
     assert not (tmp_path / "logs" / PLOT_FILENAME).exists()
     json.loads((tmp_path / "logs" / METRICS_LOG_FILENAME).read_text().splitlines()[0])
+
+
+def _scalars(event_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(event_dir))
+    events.Reload()
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+
+
+def test_the_tensorboard_mirror_writes_every_scalar_of_every_step(tmp_path: Path) -> None:
+    mirror = TensorBoardMirror(tmp_path)
+    assert mirror.unavailable_reason is None
+    for step in range(3):
+        mirror.write(_record(step, reward=0.25 * step, loss=1.0 - 0.1 * step))
+    mirror.close()
+    scalars = _scalars(tmp_path / "tensorboard")
+    assert scalars["trainer/reward_mean"] == [(0, 0.0), (1, 0.25), (2, 0.5)]
+    assert [step for step, _ in scalars["trainer/loss"]] == [0, 1, 2]
+    assert scalars["trainer/loss"][2][1] == pytest.approx(0.8)
+    assert scalars["rollout_tokens_per_s"] == [(s, 100.0) for s in range(3)]
+    assert scalars["groups_in_flight"] == [(s, 3.0) for s in range(3)]
+
+
+def test_without_tensorboard_the_mirror_says_why_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An entry of None in sys.modules makes the import fail, as when the package is absent.
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    mirror = TensorBoardMirror(tmp_path)
+    assert mirror.unavailable_reason is not None
+    assert "tensorboard is not installed" in mirror.unavailable_reason
+    mirror.write(_record(0))
+    mirror.close()
+    assert not (tmp_path / "tensorboard").exists()
