@@ -94,8 +94,11 @@ CHILD = textwrap.dedent(
 
 def _child(root: Path, step: int, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), str(step)], env={**os.environ, **env},
-        capture_output=True, timeout=60, check=False,
+        [sys.executable, "-c", CHILD, str(root), str(step)],
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -108,7 +111,9 @@ def test_kill_at_every_fault_point_leaves_old_or_new_complete(tmp_path: Path) ->
     subprocess.run(["cp", "-a", str(template), str(traced)], check=True)
     assert _child(traced, 2, {"ROLLVAULT_FAULT_TRACE": str(trace)}).returncode == 0
     points = trace.read_text().split()
-    assert "trainer_checkpoint.after_rename" in points and "trainer_prune.after_trash_rename" in points
+    assert (
+        "trainer_checkpoint.after_rename" in points and "trainer_prune.after_trash_rename" in points
+    )
     seen: dict[str, int] = {}
     for number, point in enumerate(points):
         seen[point] = seen.get(point, 0) + 1

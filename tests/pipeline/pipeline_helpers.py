@@ -151,12 +151,17 @@ def run_stalled_then_kill(config: RunConfig, *, stalled_index: int, seconds: flo
 
     def gate(data_plane: DataPlane) -> SimulatedGate:
         return StallingGate(
-            config.gate.simulated, data_plane, ParityEnvironment(),
-            seed=config.seed, stalled_index=stalled_index,
+            config.gate.simulated,
+            data_plane,
+            ParityEnvironment(),
+            seed=config.seed,
+            stalled_index=stalled_index,
         )
 
     async def main() -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(run(config, gate_factory=gate, trainer=RecordingTrainer()), seconds)
+            await asyncio.wait_for(
+                run(config, gate_factory=gate, trainer=RecordingTrainer()), seconds
+            )
 
     asyncio.run(main())

@@ -26,7 +26,12 @@ def _row(response: list[int], logprob: float = -0.5) -> Row:
     ids = np.array(PROMPT + response, dtype=np.int64)
     mask = np.array([0] * len(PROMPT) + [1] * len(response), dtype=np.int8)
     logprobs = np.array([0.0] * len(PROMPT) + [logprob] * len(response), dtype=np.float32)
-    return {"input_ids": ids, "generation_logprobs": logprobs, "token_mask": mask, "prompt_length": 3}
+    return {
+        "input_ids": ids,
+        "generation_logprobs": logprobs,
+        "token_mask": mask,
+        "prompt_length": 3,
+    }
 
 
 async def _finalize(
@@ -64,7 +69,9 @@ async def _finalize(
                 },
                 reward=reward,
                 mask_sample=False,
-                reward_checks=RewardChecks(overlong=False, format_ok=format_ok, finite_logprobs=True),
+                reward_checks=RewardChecks(
+                    overlong=False, format_ok=format_ok, finite_logprobs=True
+                ),
                 reward_log_context=RewardLogContext(response_length=length, stop_reason="stop"),
             )
     await Finalizer(parts, end_weight_version={}).finalize(group_id)
@@ -88,7 +95,9 @@ def _run(tmp_path: Path, siblings: list[Sibling], *overrides: str) -> Finalized:
     return asyncio.run(main())
 
 
-def test_valid_siblings_get_group_relative_advantages_and_staging_is_cleared(tmp_path: Path) -> None:
+def test_valid_siblings_get_group_relative_advantages_and_staging_is_cleared(
+    tmp_path: Path,
+) -> None:
     good = [(_row([1, 2]), _row([1, 2]), r, True) for r in (1.0, 0.0, 0.5)]
     parts, group_id, rows = _run(tmp_path, good, "reward.normalize_advantages_by_std=false")
     advantages = [float(rows[train_key(group_id, i)]["advantages"][-1]) for i in range(3)]

@@ -106,7 +106,9 @@ class TrainPump:
         rows = await parts.data_plane.get(TRAIN_PARTITION, keys)
         metrics: dict[str, float] = {}
         if entries:
-            batch = TrainBatch(step=step, groups=entries, rows=rows, generations_per_group=per_group)
+            batch = TrainBatch(
+                step=step, groups=entries, rows=rows, generations_per_group=per_group
+            )
             metrics = await self._trainer.train_step(batch)
         # No attempt may start between the version bump and the gate's weight
         # sync: it would generate with the old weights under the new version.

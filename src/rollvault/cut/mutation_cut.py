@@ -81,9 +81,7 @@ class DataPlaneMutationCut:
             task = asyncio.current_task()
         except RuntimeError:
             return False
-        return task is not None and (
-            task in self._mutation_depth or task is self._exclusive_owner
-        )
+        return task is not None and (task in self._mutation_depth or task is self._exclusive_owner)
 
     def require_mutation(self, operation: str) -> None:
         """Raise :class:`MutationCutNotHeldError` unless the caller may mutate.
