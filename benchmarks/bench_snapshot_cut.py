@@ -51,7 +51,6 @@ from typing import Any
 from rollvault.controller.capacity import ReplayCapacity
 from rollvault.controller.checkpointer import (
     build_snapshot,
-    capture_rollout_state,
     take_cut_capture,
 )
 from rollvault.controller.config import RunConfig, load_run_config
@@ -311,7 +310,7 @@ async def bench(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def hold_breakdown(parts: RolloutParts, repeat: int) -> dict[str, float]:
-    """Median ms of each piece of ``capture_rollout_state``, timed one by one."""
+    """Median ms of each piece of a snapshot's capture, timed one by one."""
     entries = tuple(parts.trained_since_checkpoint) + parts.replay.state_dict().entries
     canonical = {entry.group_id for entry in entries}
 
@@ -326,11 +325,8 @@ def hold_breakdown(parts: RolloutParts, repeat: int) -> dict[str, float]:
         "take_cut_capture (the whole cut hold)": lambda: take_cut_capture(parts),
         "take_cut_capture, cyclic GC disabled": without_gc,
         "  of which ledger.capture() (copy-on-write view)": parts.ledger.capture,
-        "build_snapshot (after the cut is released)": lambda: build_snapshot(
+        "take_cut_capture + build_snapshot (the build runs after the cut)": lambda: build_snapshot(
             take_cut_capture(parts), parts, fingerprint=None
-        ),
-        "capture_rollout_state (capture + build, for comparison)": lambda: capture_rollout_state(
-            parts, fingerprint=None
         ),
         "build_rollout_recovery_state (ledger sidecar as builtins)": lambda: (
             build_rollout_recovery_state(
@@ -392,7 +388,8 @@ async def profiles(
     return {
         "breakdown_ms": hold_breakdown(parts, 10),
         "capture": profiled(
-            lambda: capture_rollout_state(parts, fingerprint=fingerprint), args.profile_top
+            lambda: build_snapshot(take_cut_capture(parts), parts, fingerprint=fingerprint),
+            args.profile_top,
         ),
         "write": profiled(lambda: write_once(anchor, capture), args.profile_top),
         "restore": await loop.run_in_executor(None, profiled, restore, args.profile_top),

@@ -171,16 +171,6 @@ def build_snapshot(
     )
 
 
-def capture_rollout_state(
-    parts: RolloutParts, *, fingerprint: str | None, base_step: int | None = None
-) -> RolloutStateCapture:
-    """:func:`take_cut_capture` then :func:`build_snapshot`; the caller holds the cut
-    for the first only (see :meth:`Checkpointer._capture`)."""
-    return build_snapshot(
-        take_cut_capture(parts, base_step=base_step), parts, fingerprint=fingerprint
-    )
-
-
 class SnapshotStats:
     """What the checkpointer did, for logs and benchmarks."""
 
