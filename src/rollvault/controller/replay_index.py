@@ -107,7 +107,12 @@ class ReplayBufferIndex:
     def window_entries(
         self, trainer_version: int, max_staleness_versions: int, limit: int
     ) -> list[ReplayEntry]:
-        """What :meth:`take_window` would take, left in the index."""
+        """Up to ``limit`` groups fresh enough to train now, left in the index.
+
+        Fresh means ``trainer_version - start_weight_version <=
+        max_staleness_versions``. The oldest fresh groups go first (they expire
+        soonest), ties in the order they were added.
+        """
         fresh = [
             entry
             for entry in self._entries_by_age(trainer_version)
@@ -116,19 +121,13 @@ class ReplayBufferIndex:
         return fresh[: max(limit, 0)]
 
     def take_step(self, step: int) -> list[ReplayEntry]:
-        """Remove and return exactly the groups stamped ``step``, in the order they were added."""
-        group_ids = list(self._by_step.get(step, ()))
-        return [self.remove(group_id) for group_id in group_ids]
+        """Remove and return :meth:`step_entries`."""
+        return [self.remove(entry.group_id) for entry in self.step_entries(step)]
 
     def take_window(
         self, trainer_version: int, max_staleness_versions: int, limit: int
     ) -> list[ReplayEntry]:
-        """Remove and return up to ``limit`` groups fresh enough to train now.
-
-        Fresh means ``trainer_version - start_weight_version <=
-        max_staleness_versions``. The oldest fresh groups go first (they expire
-        soonest), ties in the order they were added.
-        """
+        """Remove and return :meth:`window_entries`."""
         window = self.window_entries(trainer_version, max_staleness_versions, limit)
         return [self.remove(entry.group_id) for entry in window]
 
