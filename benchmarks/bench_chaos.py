@@ -54,7 +54,7 @@ from rollvault.cli.chaos_command import (
     lost_work_ratio,
     run_chaos,
 )
-from rollvault.controller.config import RestoreMode
+from rollvault.config.schema import RestoreMode
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / ".bench_tmp" / "chaos"
 

@@ -50,22 +50,22 @@ from typing import Any
 
 import msgspec
 
-from rollvault.controller.config import (
+from rollvault.config.schema import (
     RecoveryGranularity,
     RunConfig,
     SamplerKind,
     load_run_config,
 )
 from rollvault.controller.dataset import build_dataset
-from rollvault.controller.gate import (
+from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
     FailureKind,
     Gate,
     GateAttemptError,
 )
-from rollvault.controller.pipeline import RunSummary, build_parts, run_pipeline
-from rollvault.controller.trainer import TrainBatch
+from rollvault.controller.loop.pipeline import RunSummary, build_parts, run_pipeline
+from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key

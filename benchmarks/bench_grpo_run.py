@@ -60,11 +60,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollvault.config.schema import RunConfig, load_run_config
 from rollvault.controller import checkpointer as checkpointer_module
-from rollvault.controller.config import RunConfig, load_run_config
 from rollvault.controller.dataset import build_dataset
-from rollvault.controller.parts import RolloutParts
-from rollvault.controller.pipeline import run
+from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.pipeline import run
 from rollvault.training.grpo_setup import build_grpo_run, warmup_examples
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.warmup import supervised_warmup

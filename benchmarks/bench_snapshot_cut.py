@@ -48,19 +48,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollvault.controller.capacity import ReplayCapacity
-from rollvault.controller.checkpointer import (
+from rollvault.config.schema import RunConfig, load_run_config
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.finalizer import Finalizer, capture_reward_settings
+from rollvault.controller.loop.gate import AttemptRequest
+from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
+from rollvault.controller.loop.pipeline import build_parts
+from rollvault.controller.snapshots.checkpointer import (
     build_snapshot,
     take_cut_capture,
 )
-from rollvault.controller.config import RunConfig, load_run_config
-from rollvault.controller.finalizer import Finalizer, capture_reward_settings
-from rollvault.controller.gate import AttemptRequest
-from rollvault.controller.parts import GroupOrigin, RolloutParts
-from rollvault.controller.pipeline import build_parts
-from rollvault.controller.restorer import RolloutRestorer
-from rollvault.controller.resume import prepare_checkpoint_dir, run_fingerprint
-from rollvault.controller.snapshot_files import RolloutStateCapture, write_snapshot_payload
+from rollvault.controller.snapshots.restorer import RolloutRestorer
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
+from rollvault.controller.snapshots.snapshot_files import (
+    RolloutStateCapture,
+    write_snapshot_payload,
+)
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.publish import publish_snapshot

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import rollvault
+from rollvault.checkpoint_tools.run_history import read_run_history
 from rollvault.cli.chaos_command import (
     ChaosPlan,
     ChaosReport,
@@ -30,18 +31,17 @@ from rollvault.cli.chaos_command import (
     snapshot_problems,
 )
 from rollvault.cli.main import main
-from rollvault.controller.config import RestoreMode
-from rollvault.controller.replay_index import ReplayEntry
-from rollvault.controller.resume import prepare_checkpoint_dir
-from rollvault.controller.run_history import read_run_history
-from rollvault.controller.run_logs import (
+from rollvault.config.schema import RestoreMode
+from rollvault.controller.data.replay_index import ReplayEntry
+from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
     AttemptLogRecord,
     TrainLogRecord,
     read_jsonl,
 )
-from rollvault.controller.snapshot_files import LoadedSnapshot
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
+from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
 from rollvault.dataplane.rows import validate_row
 from rollvault.ledger.statuses import RolloutAttemptStatus

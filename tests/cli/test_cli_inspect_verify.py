@@ -32,15 +32,15 @@ from pipeline_helpers import (  # noqa: E402
     small_config,
 )
 
-from rollvault.cli.main import main  # noqa: E402
-from rollvault.cli.verify_command import cross_reference_problems  # noqa: E402
-from rollvault.controller.checkpoint_inventory import (  # noqa: E402
+from rollvault.checkpoint_tools.inventory import (  # noqa: E402
     CheckpointInventory,
     CheckpointProblem,
     SnapshotEntry,
     ledger_of,
 )
-from rollvault.controller.snapshot_files import LoadedSnapshot, read_snapshot  # noqa: E402
+from rollvault.cli.main import main  # noqa: E402
+from rollvault.cli.verify_command import cross_reference_problems  # noqa: E402
+from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot, read_snapshot  # noqa: E402
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint  # noqa: E402
 from rollvault.dataplane.interface import (  # noqa: E402
     STAGING_PARTITION,

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 import yaml
 
-from rollvault.controller.config import (
+from rollvault.config.schema import (
     ConfigError,
     OnDroppedPrompt,
     RecoveryGranularity,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollvault.controller.dataloader import (
+from rollvault.controller.data.dataloader import (
     DataLoaderState,
     DataLoaderStateError,
     PromptDataLoader,

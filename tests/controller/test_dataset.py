@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rollvault.controller.config import DatasetConfig
+from rollvault.config.schema import DatasetConfig
 from rollvault.controller.dataset import (
     PromptDataset,
     SyntheticPromptDataset,

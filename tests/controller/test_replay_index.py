@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rollvault.controller.replay_index import (
+from rollvault.controller.data.replay_index import (
     REPLAY_INDEX_SCHEMA_VERSION,
     ReplayBufferIndex,
     ReplayEntry,

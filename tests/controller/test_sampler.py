@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollvault.controller.config import SamplerConfig, SamplerKind
-from rollvault.controller.sampler import (
+from rollvault.config.schema import SamplerConfig, SamplerKind
+from rollvault.controller.data.sampler import (
     InOrderSampler,
     SamplerAdmissionError,
     SamplerState,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollvault.controller.shortfall import (
+from rollvault.controller.data.shortfall import (
     SHORTFALL_SCHEMA_VERSION,
     SPARE_PROMPTS_SCHEMA_VERSION,
     BatchShortfall,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from rollvault.config.schema import DatasetConfig, DatasetKind
 from rollvault.controller.addition_dataset import (
     MAX_ADDITION_PROMPTS,
     AdditionPromptDataset,
     addition_pair,
 )
-from rollvault.controller.config import DatasetConfig, DatasetKind
 from rollvault.controller.dataset import build_dataset
 from rollvault.gates.addition_env import AdditionEnvironment, AdditionPromptError
 from rollvault.gates.text_environment import PromptEnvironmentError

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load
 
+from rollvault.config.schema import LocalModelGateConfig
 from rollvault.controller.addition_dataset import AdditionPromptDataset
-from rollvault.controller.config import LocalModelGateConfig
-from rollvault.controller.gate import (
+from rollvault.controller.loop.gate import (
     AttemptRequest,
     FailureKind,
     GateAttemptError,

@@ -7,11 +7,11 @@ import contextlib
 from collections import Counter
 from pathlib import Path
 
-from rollvault.controller.config import RunConfig, load_run_config
-from rollvault.controller.gate import AttemptOutcome, AttemptRequest
-from rollvault.controller.pipeline import RunSummary, run
-from rollvault.controller.replay_index import ReplayEntry
-from rollvault.controller.run_logs import (
+from rollvault.config.schema import RunConfig, load_run_config
+from rollvault.controller.data.replay_index import ReplayEntry
+from rollvault.controller.loop.gate import AttemptOutcome, AttemptRequest
+from rollvault.controller.loop.pipeline import RunSummary, run
+from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     DROPS_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
@@ -20,7 +20,7 @@ from rollvault.controller.run_logs import (
     TrainLogRecord,
     read_jsonl,
 )
-from rollvault.controller.trainer import TrainBatch
+from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate

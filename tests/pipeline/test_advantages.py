@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rollvault.controller.advantages import group_advantages
+from rollvault.controller.loop.advantages import group_advantages
 
 
 def test_centred_on_the_group_mean_without_std() -> None:

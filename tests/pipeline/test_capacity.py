@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from rollvault.controller.capacity import ReplayCapacity
+from rollvault.controller.loop.capacity import ReplayCapacity
 
 
 def test_acquire_waits_until_a_release() -> None:

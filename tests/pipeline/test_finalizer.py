@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from pipeline_helpers import small_config
 
-from rollvault.controller.finalizer import Finalizer
-from rollvault.controller.gate import staged_row_digest
-from rollvault.controller.parts import GroupOrigin, RolloutParts
-from rollvault.controller.pipeline import build_parts
+from rollvault.controller.loop.finalizer import Finalizer
+from rollvault.controller.loop.gate import staged_row_digest
+from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
+from rollvault.controller.loop.pipeline import build_parts
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, staging_key, train_key
 from rollvault.dataplane.rows import Row
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pipeline_helpers import logs, prompt_outcomes, run_simulated, small_config
 
-from rollvault.controller.config import RunConfig
+from rollvault.config.schema import RunConfig
 
 NUM_PROMPTS = 24
 EPOCHS = 2

@@ -20,16 +20,16 @@ from pipeline_helpers import (
     small_config,
 )
 
-from rollvault.controller.config import RunConfig
-from rollvault.controller.restorer import RestoreError, read_recovery_sidecar
-from rollvault.controller.resume import RunExistsError, prepare_checkpoint_dir
-from rollvault.controller.run_history import (
+from rollvault.checkpoint_tools.run_history import (
     check_exactly_once,
     check_sibling_reuse,
     read_run_history,
     work_accounting,
 )
-from rollvault.controller.snapshot_files import SnapshotCorruptError
+from rollvault.config.schema import RunConfig
+from rollvault.controller.snapshots.restorer import RestoreError, read_recovery_sidecar
+from rollvault.controller.snapshots.resume import RunExistsError, prepare_checkpoint_dir
+from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError
 from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.durable.errors import IncompatibleRunError
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rollvault.controller.run_logs import (
+from rollvault.controller.loop.run_logs import (
     AttemptLogRecord,
     JsonlWriter,
     LogSequence,

@@ -9,9 +9,9 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.controller.config import RunConfig, load_run_config
-from rollvault.controller.replay_index import ReplayEntry
-from rollvault.controller.trainer import TrainBatch
+from rollvault.config.schema import RunConfig, load_run_config
+from rollvault.controller.data.replay_index import ReplayEntry
+from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.dataplane.rows import Row
 from rollvault.gates.sampling import sample_batch
 from rollvault.training.model_store import ensure_model_dir, load_model_dir

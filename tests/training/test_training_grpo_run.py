@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 from grpo_test_helpers import grpo_config
 
-from rollvault.controller.config import RunConfig
-from rollvault.controller.parts import RolloutParts
-from rollvault.controller.pipeline import GateFactory, RunSummary, run
-from rollvault.controller.run_history import (
+from rollvault.checkpoint_tools.run_history import (
     check_exactly_once,
     check_sibling_reuse,
     read_run_history,
 )
-from rollvault.controller.trainer import TrainBatch, Trainer
+from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.pipeline import GateFactory, RunSummary, run
+from rollvault.controller.loop.trainer import TrainBatch, Trainer
 from rollvault.training.grpo_setup import build_grpo_run
 from rollvault.training.grpo_trainer import GrpoTrainer
 

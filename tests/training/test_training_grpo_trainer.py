@@ -13,7 +13,7 @@ import torch
 from grpo_test_helpers import build_model, sampled_batch
 from safetensors.torch import load, load_file, save_file
 
-from rollvault.controller.trainer import TrainBatchError, TrainerCheckpointError
+from rollvault.controller.loop.trainer import TrainBatchError, TrainerCheckpointError
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.trainer_files import (
     MODEL_FILENAME,

@@ -19,9 +19,9 @@ from rollvault.cli.metrics_log import (
 )
 from rollvault.cli.run_command import run_command
 from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
-from rollvault.controller.config import load_run_config
-from rollvault.controller.pipeline import RunSummary
-from rollvault.controller.run_logs import RestoreLogRecord
+from rollvault.config.schema import load_run_config
+from rollvault.controller.loop.pipeline import RunSummary
+from rollvault.controller.loop.run_logs import RestoreLogRecord
 
 
 def _record(

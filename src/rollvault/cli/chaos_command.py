@@ -8,7 +8,7 @@ steps and a run that ends when its data runs out. Once the child has started
 delay and kills it with SIGKILL, then starts it again; after K kills it lets
 the last start finish. Then it checks the run's evidence:
 
-- on the effective history of the logs (:mod:`rollvault.controller.run_history`),
+- on the effective history of the logs (:mod:`rollvault.checkpoint_tools.run_history`),
   every prompt of every epoch was trained exactly once or dropped, no group
   trained twice, a step trained again has the same prompts, and each group a
   restore kept finalized trained as itself;
@@ -42,17 +42,7 @@ from typing import IO, Final
 
 import msgspec
 
-from rollvault.controller.config import (
-    ConfigError,
-    RecoveryGranularity,
-    RestoreMode,
-    RunConfig,
-    load_run_config,
-    parse_override,
-)
-from rollvault.controller.pipeline import INCARNATION_FILENAME
-from rollvault.controller.resume import prepare_checkpoint_dir
-from rollvault.controller.run_history import (
+from rollvault.checkpoint_tools.run_history import (
     PromptKey,
     RunHistory,
     WorkAccounting,
@@ -61,7 +51,17 @@ from rollvault.controller.run_history import (
     read_run_history,
     work_accounting,
 )
-from rollvault.controller.snapshot_files import LoadedSnapshot
+from rollvault.config.schema import (
+    ConfigError,
+    RecoveryGranularity,
+    RestoreMode,
+    RunConfig,
+    load_run_config,
+    parse_override,
+)
+from rollvault.controller.loop.pipeline import INCARNATION_FILENAME
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
+from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root

@@ -4,7 +4,7 @@ One table per anchor (``bootstrap`` and each trainer checkpoint ``step_<N>``)
 with a row per snapshot: age, trainer step, mutation version, rolled-back
 groups, ledger groups by status, canonical groups waiting to train, siblings
 sealed and in flight, staged and train rows, bytes. Reads metadata only
-(see :mod:`rollvault.controller.checkpoint_inventory`); a damaged snapshot is
+(see :mod:`rollvault.checkpoint_tools.inventory`); a damaged snapshot is
 shown as such with its problem. ``--json`` prints the same inventory as JSON.
 """
 
@@ -23,7 +23,7 @@ from rich.filesize import decimal
 from rich.table import Table
 from rich.text import Text
 
-from rollvault.controller.checkpoint_inventory import (
+from rollvault.checkpoint_tools.inventory import (
     AnchorEntry,
     AnchorKind,
     CheckpointInventory,

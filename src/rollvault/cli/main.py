@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollvault.controller.config import ConfigError, load_run_config
+from rollvault.config.schema import ConfigError, load_run_config
 
 
 def _parser() -> argparse.ArgumentParser:

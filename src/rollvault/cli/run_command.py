@@ -19,11 +19,11 @@ from rollvault.cli.metrics_log import METRICS_LOG_FILENAME, read_metrics
 from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
 from rollvault.cli.run_setup import RunSetup, build_run_setup
 from rollvault.cli.step_monitor import StepMonitor
-from rollvault.controller.config import RunConfig, TrainerKind
-from rollvault.controller.pipeline import RunSummary, run
-from rollvault.controller.restorer import RestoreError
-from rollvault.controller.resume import RunExistsError
-from rollvault.controller.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
+from rollvault.config.schema import RunConfig, TrainerKind
+from rollvault.controller.loop.pipeline import RunSummary, run
+from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
+from rollvault.controller.snapshots.restorer import RestoreError
+from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
 from rollvault.gates.causal_lm import ModelDirError
 

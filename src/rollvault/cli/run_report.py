@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from rollvault.cli.metrics_log import MetricsRecord, effective_metrics
-from rollvault.controller.pipeline import RunSummary
-from rollvault.controller.run_logs import RestoreLogRecord
+from rollvault.controller.loop.pipeline import RunSummary
+from rollvault.controller.loop.run_logs import RestoreLogRecord
 from rollvault.training.warmup import WarmupReport
 
 __all__ = ["PLOT_FILENAME", "plot_run", "summary_lines"]

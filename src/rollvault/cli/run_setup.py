@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rollvault.controller.config import RunConfig, TrainerKind
-from rollvault.controller.pipeline import GateFactory
-from rollvault.controller.trainer import Trainer
+from rollvault.config.schema import RunConfig, TrainerKind
+from rollvault.controller.loop.pipeline import GateFactory
+from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate

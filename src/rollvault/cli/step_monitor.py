@@ -15,8 +15,8 @@ from rollvault.cli.metrics_log import (
     TensorBoardMirror,
     finite_metrics,
 )
-from rollvault.controller.config import RunConfig
-from rollvault.controller.parts import RolloutParts
+from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.parts import RolloutParts
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_path, trainer_checkpoint_steps

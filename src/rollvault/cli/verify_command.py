@@ -24,7 +24,7 @@ from typing import Final
 
 import msgspec
 
-from rollvault.controller.checkpoint_inventory import (
+from rollvault.checkpoint_tools.inventory import (
     AnchorEntry,
     AnchorKind,
     CheckpointInventory,
@@ -35,8 +35,8 @@ from rollvault.controller.checkpoint_inventory import (
     problem_of,
     take_inventory,
 )
-from rollvault.controller.checkpointer import TRAINER_STATE_DIRNAME
-from rollvault.controller.snapshot_files import (
+from rollvault.controller.snapshots.checkpointer import TRAINER_STATE_DIRNAME
+from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     REPLAY_BUFFER_METADATA_FILENAME,
     LoadedSnapshot,

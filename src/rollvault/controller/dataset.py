@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from rollvault.controller.config import DatasetConfig, DatasetKind
+from rollvault.config.schema import DatasetConfig, DatasetKind
 from rollvault.ledger.datum import DatumSpec
 
 __all__ = [

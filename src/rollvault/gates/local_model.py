@@ -38,8 +38,8 @@ import msgspec
 import numpy as np
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.controller.config import LocalModelGateConfig
-from rollvault.controller.gate import (
+from rollvault.config.schema import LocalModelGateConfig
+from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
     FailureKind,

@@ -14,8 +14,8 @@ import hashlib
 
 import numpy as np
 
-from rollvault.controller.config import SimulatedGateConfig
-from rollvault.controller.gate import (
+from rollvault.config.schema import SimulatedGateConfig
+from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
     FailureKind,

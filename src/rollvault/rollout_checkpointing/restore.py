@@ -7,17 +7,21 @@ once before the pumps start; the rollout pump then redispatches what it
 loaded. rollvault's files are JSON and safetensors where the reference system
 writes ``.pt`` pickles: loading a checkpoint never runs code from it.
 
-The implementation lives in :mod:`rollvault.controller.restorer` (and
-:mod:`rollvault.controller.resume` for choosing what to restore from).
+The implementation lives in :mod:`rollvault.controller.snapshots.restorer` (and
+:mod:`rollvault.controller.snapshots.resume` for choosing what to restore from).
 """
 
-from rollvault.controller.restorer import (
+from rollvault.controller.snapshots.restorer import (
     RestoreCounts,
     RestoreError,
     RolloutRestorer,
     read_recovery_sidecar,
 )
-from rollvault.controller.resume import ResumeSource, RunExistsError, prepare_checkpoint_dir
+from rollvault.controller.snapshots.resume import (
+    ResumeSource,
+    RunExistsError,
+    prepare_checkpoint_dir,
+)
 
 __all__ = [
     "RestoreCounts",

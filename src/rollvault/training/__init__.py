@@ -1,1 +1,1 @@
-"""Training: trainers that implement :class:`rollvault.controller.trainer.Trainer`."""
+"""Training: trainers that implement :class:`rollvault.controller.loop.trainer.Trainer`."""

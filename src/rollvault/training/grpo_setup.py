@@ -4,7 +4,7 @@
 tiny model on the first start), loads the policy through the same code path
 as any local Hugging Face model, runs the supervised warm-up when the run
 starts from scratch, and returns the GRPO trainer plus a gate factory for
-:func:`rollvault.controller.pipeline.run`. The trainer and the generation
+:func:`rollvault.controller.loop.pipeline.run`. The trainer and the generation
 worker each use one torch thread: on two cores that keeps both busy.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rollvault.controller.config import RestoreMode, RunConfig
+from rollvault.config.schema import RestoreMode, RunConfig
 from rollvault.controller.dataset import PromptDataset, build_dataset
 from rollvault.dataplane.interface import DataPlane
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint

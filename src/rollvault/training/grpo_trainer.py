@@ -1,6 +1,6 @@
 """The GRPO trainer: one AdamW step per batch of canonical rows.
 
-It implements :class:`rollvault.controller.trainer.Trainer`. Each step
+It implements :class:`rollvault.controller.loop.trainer.Trainer`. Each step
 recomputes the logprobs of every trainable sequence under the current policy
 (left-padded, temperature-scaled as the gate sampled), evaluates
 :func:`rollvault.training.grpo_loss.grpo_loss` against the generation
@@ -26,8 +26,8 @@ import torch
 from safetensors.torch import save as save_safetensors
 from transformers import PreTrainedModel
 
-from rollvault.controller.config import TrainerConfig
-from rollvault.controller.trainer import TrainBatch, TrainBatchError, TrainerCheckpointError
+from rollvault.config.schema import TrainerConfig
+from rollvault.controller.loop.trainer import TrainBatch, TrainBatchError, TrainerCheckpointError
 from rollvault.dataplane.interface import train_key
 from rollvault.dataplane.rows import RowView
 from rollvault.gates.sampling import left_pad

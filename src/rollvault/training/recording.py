@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from rollvault.controller.trainer import TrainBatch, TrainBatchError, TrainerCheckpointError
+from rollvault.controller.loop.trainer import TrainBatch, TrainBatchError, TrainerCheckpointError
 from rollvault.dataplane.interface import train_key
 from rollvault.dataplane.rows import RowView
 

@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from rollvault.controller.trainer import TrainerCheckpointError
+from rollvault.controller.loop.trainer import TrainerCheckpointError
 
 __all__ = [
     "MODEL_FILENAME",

@@ -24,9 +24,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollvault.controller.checkpointer import TRAINER_ROLLOUT_STATE_DIRNAME, TRAINER_STATE_DIRNAME
-from rollvault.controller.config import RestoreMode, RunConfig, config_to_dict
-from rollvault.controller.snapshot_files import LoadedSnapshot, read_snapshot
+from rollvault.config.schema import RestoreMode, RunConfig, config_to_dict
+from rollvault.controller.snapshots.checkpointer import (
+    TRAINER_ROLLOUT_STATE_DIRNAME,
+    TRAINER_STATE_DIRNAME,
+)
+from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot, read_snapshot
 from rollvault.durable.bootstrap import ensure_bootstrap_anchor
 from rollvault.durable.compatibility import bootstrap_compatibility_identity
 from rollvault.durable.errors import NoUsableSnapshotError, SnapshotError

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import msgspec
 
-from rollvault.controller.replay_index import ReplayEntry
+from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.dataplane.rows import RowView
 
 

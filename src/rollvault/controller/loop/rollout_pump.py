@@ -17,20 +17,20 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from rollvault.controller.capacity import ReplayCapacity
-from rollvault.controller.config import OnDroppedPrompt
-from rollvault.controller.finalizer import Finalizer
-from rollvault.controller.gate import (
+from rollvault.config.schema import OnDroppedPrompt
+from rollvault.controller.data.sampler import InOrderSampler
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.finalizer import Finalizer
+from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
     FailureKind,
     Gate,
     GateAttemptError,
 )
-from rollvault.controller.parts import GroupOrigin, RolloutParts
-from rollvault.controller.restorer import RestoreError, RolloutRestorer
-from rollvault.controller.run_logs import AttemptLogRecord, DropLogRecord
-from rollvault.controller.sampler import InOrderSampler
+from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
+from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
+from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.ledger.datum import DatumSpec
 from rollvault.ledger.records import PromptGroupRecoveryRecord

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollvault.controller.run_logs import (
+from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     DROPS_LOG_FILENAME,
     RESTORES_LOG_FILENAME,

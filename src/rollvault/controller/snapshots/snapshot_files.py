@@ -30,11 +30,11 @@ from typing import Any, Final
 
 import msgspec
 
-from rollvault.controller.dataloader import DataLoaderState
-from rollvault.controller.parts import GroupOrigin
-from rollvault.controller.replay_index import ReplayIndexState
-from rollvault.controller.sampler import SamplerState
-from rollvault.controller.shortfall import SparePromptsState
+from rollvault.controller.data.dataloader import DataLoaderState
+from rollvault.controller.data.replay_index import ReplayIndexState
+from rollvault.controller.data.sampler import SamplerState
+from rollvault.controller.data.shortfall import SparePromptsState
+from rollvault.controller.loop.parts import GroupOrigin
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint, write_checkpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError

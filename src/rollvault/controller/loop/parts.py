@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from rollvault.controller.config import RunConfig
-from rollvault.controller.dataloader import PromptDataLoader
+from rollvault.config.schema import RunConfig
+from rollvault.controller.data.dataloader import PromptDataLoader
+from rollvault.controller.data.replay_index import ReplayBufferIndex, ReplayEntry
+from rollvault.controller.data.sampler import Sampler
+from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
 from rollvault.controller.dataset import PromptDataset
-from rollvault.controller.replay_index import ReplayBufferIndex, ReplayEntry
-from rollvault.controller.run_logs import (
+from rollvault.controller.loop.run_logs import (
     AttemptLogRecord,
     DropLogRecord,
     JsonlWriter,
@@ -25,8 +27,6 @@ from rollvault.controller.run_logs import (
     RestoreLogRecord,
     TrainLogRecord,
 )
-from rollvault.controller.sampler import Sampler
-from rollvault.controller.shortfall import BatchShortfall, SparePrompts
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.interface import DataPlane
 from rollvault.ledger.ledger import RolloutRecoveryLedger
@@ -44,7 +44,7 @@ class GroupOrigin(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
 @dataclass
 class RunLogs:
-    """The run's append-only evidence (see :mod:`rollvault.controller.run_logs`)."""
+    """The run's append-only evidence (see :mod:`rollvault.controller.loop.run_logs`)."""
 
     train: JsonlWriter[TrainLogRecord]
     attempts: JsonlWriter[AttemptLogRecord]

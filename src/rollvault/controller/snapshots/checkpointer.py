@@ -26,20 +26,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollvault.controller.dataloader import DataLoaderState
-from rollvault.controller.finalizer import capture_reward_settings
-from rollvault.controller.parts import GroupOrigin, RolloutParts
-from rollvault.controller.replay_index import ReplayEntry, ReplayIndexState
-from rollvault.controller.sampler import SamplerState
-from rollvault.controller.shortfall import SparePromptsState
-from rollvault.controller.snapshot_files import (
+from rollvault.controller.data.dataloader import DataLoaderState
+from rollvault.controller.data.replay_index import ReplayEntry, ReplayIndexState
+from rollvault.controller.data.sampler import SamplerState
+from rollvault.controller.data.shortfall import SparePromptsState
+from rollvault.controller.loop.finalizer import capture_reward_settings
+from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
+from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.snapshot_files import (
     SNAPSHOT_FILES_SCHEMA_VERSION,
     ControllerStateFile,
     ReplayBufferFile,
     RolloutStateCapture,
     write_snapshot_payload,
 )
-from rollvault.controller.trainer import Trainer
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
 from rollvault.durable.bootstrap import prune_bootstrap_snapshots

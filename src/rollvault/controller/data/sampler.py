@@ -18,7 +18,7 @@ from typing import Annotated, Protocol
 
 import msgspec
 
-from rollvault.controller.config import SamplerConfig, SamplerKind
+from rollvault.config.schema import SamplerConfig, SamplerKind
 
 __all__ = [
     "InOrderSampler",

@@ -22,14 +22,15 @@ from typing import Any
 
 import msgspec
 
-from rollvault.controller.capacity import ReplayCapacity
-from rollvault.controller.config import RestoreMode, RunConfig
-from rollvault.controller.finalizer import capture_reward_settings
-from rollvault.controller.parts import RolloutParts
-from rollvault.controller.resume import ResumeSource
-from rollvault.controller.run_logs import RestoreLogRecord
-from rollvault.controller.shortfall import SHORTFALL_SCHEMA_VERSION, BatchShortfallState
-from rollvault.controller.snapshot_files import (
+from rollvault.config.schema import RestoreMode, RunConfig
+from rollvault.controller.data.shortfall import SHORTFALL_SCHEMA_VERSION, BatchShortfallState
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.finalizer import capture_reward_settings
+from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.run_logs import RestoreLogRecord
+from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.resume import ResumeSource
+from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     LoadedSnapshot,
     SnapshotCorruptError,
@@ -37,7 +38,6 @@ from rollvault.controller.snapshot_files import (
     checked_bytes,
     decode_recovery_sidecar,
 )
-from rollvault.controller.trainer import Trainer
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.ledger.datum import DatumSpec
 from rollvault.ledger.ledger import RolloutRecoveryLedger

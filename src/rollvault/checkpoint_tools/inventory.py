@@ -24,9 +24,12 @@ from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
-from rollvault.controller.checkpointer import TRAINER_ROLLOUT_STATE_DIRNAME, TRAINER_STATE_DIRNAME
-from rollvault.controller.shortfall import SparePromptsState
-from rollvault.controller.snapshot_files import (
+from rollvault.controller.data.shortfall import SparePromptsState
+from rollvault.controller.snapshots.checkpointer import (
+    TRAINER_ROLLOUT_STATE_DIRNAME,
+    TRAINER_STATE_DIRNAME,
+)
+from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     REPLACEMENT_RESERVE_FILENAME,
     REPLAY_BUFFER_METADATA_FILENAME,

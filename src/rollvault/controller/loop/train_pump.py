@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from rollvault.controller.capacity import ReplayCapacity
-from rollvault.controller.checkpointer import Checkpointer
-from rollvault.controller.gate import Gate
-from rollvault.controller.parts import RolloutParts
-from rollvault.controller.replay_index import ReplayEntry
-from rollvault.controller.run_logs import DropLogRecord, TrainLogRecord
-from rollvault.controller.sampler import InOrderSampler, WindowedSampler
-from rollvault.controller.trainer import TrainBatch, Trainer
+from rollvault.controller.data.replay_index import ReplayEntry
+from rollvault.controller.data.sampler import InOrderSampler, WindowedSampler
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.gate import Gate
+from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.run_logs import DropLogRecord, TrainLogRecord
+from rollvault.controller.loop.trainer import TrainBatch, Trainer
+from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
 
 

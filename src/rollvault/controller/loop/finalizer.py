@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 import msgspec
 import numpy as np
 
-from rollvault.controller.advantages import group_advantages
-from rollvault.controller.config import RewardConfig
-from rollvault.controller.gate import staged_row_digest
-from rollvault.controller.parts import RolloutParts
-from rollvault.controller.replay_index import ReplayEntry
+from rollvault.config.schema import RewardConfig
+from rollvault.controller.data.replay_index import ReplayEntry
+from rollvault.controller.loop.advantages import group_advantages
+from rollvault.controller.loop.gate import staged_row_digest
+from rollvault.controller.loop.parts import RolloutParts
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.dataplane.rows import Row, RowView
 from rollvault.ledger.receipts import validate_receipt

@@ -16,19 +16,18 @@ from pathlib import Path
 
 import msgspec
 
-from rollvault.controller.capacity import ReplayCapacity
-from rollvault.controller.checkpointer import Checkpointer
-from rollvault.controller.config import RunConfig
-from rollvault.controller.dataloader import PromptDataLoader
+from rollvault.config.schema import RunConfig
+from rollvault.controller.data.dataloader import PromptDataLoader
+from rollvault.controller.data.replay_index import ReplayBufferIndex
+from rollvault.controller.data.sampler import build_sampler
+from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
 from rollvault.controller.dataset import PromptDataset, build_dataset
-from rollvault.controller.finalizer import Finalizer
-from rollvault.controller.gate import FailureKind, Gate
-from rollvault.controller.parts import RolloutParts, RunLogs
-from rollvault.controller.replay_index import ReplayBufferIndex
-from rollvault.controller.restorer import RolloutRestorer
-from rollvault.controller.resume import ResumeSource, prepare_checkpoint_dir, run_fingerprint
-from rollvault.controller.rollout_pump import RolloutPump
-from rollvault.controller.run_logs import (
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.finalizer import Finalizer
+from rollvault.controller.loop.gate import FailureKind, Gate
+from rollvault.controller.loop.parts import RolloutParts, RunLogs
+from rollvault.controller.loop.rollout_pump import RolloutPump
+from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     DROPS_LOG_FILENAME,
     RESTORES_LOG_FILENAME,
@@ -36,10 +35,15 @@ from rollvault.controller.run_logs import (
     JsonlWriter,
     LogSequence,
 )
-from rollvault.controller.sampler import build_sampler
-from rollvault.controller.shortfall import BatchShortfall, SparePrompts
-from rollvault.controller.train_pump import TrainPump
-from rollvault.controller.trainer import Trainer
+from rollvault.controller.loop.train_pump import TrainPump
+from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.checkpointer import Checkpointer
+from rollvault.controller.snapshots.restorer import RolloutRestorer
+from rollvault.controller.snapshots.resume import (
+    ResumeSource,
+    prepare_checkpoint_dir,
+    run_fingerprint,
+)
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane

@@ -1,0 +1,1 @@
+"""The run config: schema, loading with dotpath overrides, and cross-field rules."""

@@ -1,0 +1,1 @@
+"""The data path: dataloader, sampler, replay index, spare prompts, batch shortfall."""

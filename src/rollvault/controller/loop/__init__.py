@@ -1,0 +1,1 @@
+"""The asynchronous loop: parts, rollout pump, finalizer, train pump, pipeline."""

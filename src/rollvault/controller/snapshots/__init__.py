@@ -1,0 +1,1 @@
+"""Rollout snapshots: capture and files, the checkpointer, resume, the restorer."""
