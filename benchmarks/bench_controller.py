@@ -50,12 +50,8 @@ from typing import Any
 
 import msgspec
 
-from rollvault.config.schema import (
-    RecoveryGranularity,
-    RunConfig,
-    SamplerKind,
-    load_run_config,
-)
+from rollvault.config.loading import load_run_config
+from rollvault.config.schema import RecoveryGranularity, RunConfig, SamplerKind
 from rollvault.controller.dataset import build_dataset
 from rollvault.controller.loop.gate import (
     AttemptOutcome,

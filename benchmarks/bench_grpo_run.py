@@ -60,7 +60,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollvault.config.schema import RunConfig, load_run_config
+from rollvault.config.loading import load_run_config
+from rollvault.config.schema import RunConfig
 from rollvault.controller import checkpointer as checkpointer_module
 from rollvault.controller.dataset import build_dataset
 from rollvault.controller.loop.parts import RolloutParts

@@ -48,7 +48,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollvault.config.schema import RunConfig, load_run_config
+from rollvault.config.loading import load_run_config
+from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer, capture_reward_settings
 from rollvault.controller.loop.gate import AttemptRequest

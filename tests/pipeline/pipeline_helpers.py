@@ -7,7 +7,8 @@ import contextlib
 from collections import Counter
 from pathlib import Path
 
-from rollvault.config.schema import RunConfig, load_run_config
+from rollvault.config.loading import load_run_config
+from rollvault.config.schema import RunConfig
 from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.gate import AttemptOutcome, AttemptRequest
 from rollvault.controller.loop.pipeline import RunSummary, run

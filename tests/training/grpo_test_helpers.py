@@ -9,7 +9,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.config.schema import RunConfig, load_run_config
+from rollvault.config.loading import load_run_config
+from rollvault.config.schema import RunConfig
 from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.dataplane.rows import Row

@@ -19,7 +19,7 @@ from rollvault.cli.metrics_log import (
 )
 from rollvault.cli.run_command import run_command
 from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
-from rollvault.config.schema import load_run_config
+from rollvault.config.loading import load_run_config
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RestoreLogRecord
 

@@ -51,14 +51,10 @@ from rollvault.checkpoint_tools.run_history import (
     read_run_history,
     work_accounting,
 )
-from rollvault.config.schema import (
-    ConfigError,
-    RecoveryGranularity,
-    RestoreMode,
-    RunConfig,
-    load_run_config,
-    parse_override,
-)
+from rollvault.config.errors import ConfigError
+from rollvault.config.loading import load_run_config
+from rollvault.config.overrides import parse_override
+from rollvault.config.schema import RecoveryGranularity, RestoreMode, RunConfig
 from rollvault.controller.loop.pipeline import INCARNATION_FILENAME
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot

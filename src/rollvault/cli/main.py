@@ -19,7 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollvault.config.schema import ConfigError, load_run_config
+from rollvault.config.errors import ConfigError
+from rollvault.config.loading import load_run_config
 
 
 def _parser() -> argparse.ArgumentParser:

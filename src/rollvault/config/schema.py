@@ -1,29 +1,19 @@
-"""The typed run config: one YAML file plus ``a.b.c=value`` overrides.
+"""The run config's schema: its sections as strict, frozen msgspec Structs, and its enums.
 
 Every knob has a default, so an empty file (or none) is a complete config.
-:func:`load_run_config` reads the YAML, applies the command-line overrides,
-then validates strictly: an unknown key is an error naming its full dotpath
-and the closest valid key, a wrong type names the dotpath and the expected
-type, and cross-field rules name every field involved.
 """
 
 from __future__ import annotations
 
-import difflib
 import enum
-import re
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated
 
 import msgspec
-import yaml  # type: ignore[import-untyped]  # no stubs without types-PyYAML
 
 from rollvault.ledger.statuses import RecoveryGranularity
 
 __all__ = [
     "CheckpointingConfig",
-    "ConfigError",
     "DatasetConfig",
     "DatasetKind",
     "GateConfig",
@@ -45,12 +35,8 @@ __all__ = [
     "TrainerConfig",
     "TrainerKind",
     "WarmupConfig",
-    "config_to_dict",
-    "default_config_path",
-    "load_run_config",
-    "parse_override",
-    "validate_run_config",
 ]
+
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -59,10 +45,6 @@ NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 UnitFraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
-
-
-class ConfigError(ValueError):
-    """The run config is invalid; the message names the offending dotpath(s)."""
 
 
 class SamplerKind(enum.StrEnum):
@@ -320,279 +302,3 @@ class RunConfig(_Section, frozen=True):
     rollout_checkpointing: RolloutCheckpointingConfig = msgspec.field(
         default_factory=RolloutCheckpointingConfig
     )
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-6`` as a float (YAML 1.2), not a string."""
-
-
-_ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-_MSGSPEC_PATH = re.compile(r"^(?P<what>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
-_BAD_ENUM_VALUE = re.compile(r"^Invalid enum value '(?P<value>.*)'$", re.DOTALL)
-
-
-def default_config_path() -> Path:
-    """The packaged ``configs/default.yaml``, equal to the Struct defaults."""
-    return Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
-
-
-def load_run_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Read ``path`` (YAML; ``None`` means all defaults), apply overrides, validate.
-
-    Each override is ``dotted.key=value``; the value is parsed as a YAML scalar.
-    Raises :class:`ConfigError` naming the dotpath of whatever is wrong.
-    """
-    data = _read_yaml(path) if path is not None else {}
-    _check_keys(data, RunConfig, "", f"config file {path}")
-    origins: dict[str, str] = {}
-    for override in overrides:
-        dotpath, value = parse_override(override)
-        _apply_override(data, dotpath, value, override)
-        origins[dotpath] = f"override {override!r}"
-    config = _convert(data, origins, default_origin=f"config file {path}" if path else None)
-    validate_run_config(config)
-    return config
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``a.b.c=value`` into the checked dotpath and the YAML-scalar value."""
-    dotpath, sep, raw = text.partition("=")
-    dotpath = dotpath.strip()
-    if not sep or not dotpath:
-        raise ConfigError(f"override {text!r} must look like dotted.key=value")
-    if any(not part for part in dotpath.split(".")):
-        raise ConfigError(f"override {text!r}: empty segment in key {dotpath!r}")
-    try:
-        value = yaml.load(raw, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
-    if isinstance(value, dict | list):
-        raise ConfigError(
-            f"override {text!r}: value must be a scalar, got {type(value).__name__}; "
-            "override one leaf key at a time"
-        )
-    _leaf_type(dotpath, f"override {text!r}")
-    return dotpath, value
-
-
-def config_to_dict(config: RunConfig) -> dict[str, Any]:
-    """The config as plain builtins (enums as their values), e.g. for the run fingerprint."""
-    result = msgspec.to_builtins(config)
-    if not isinstance(result, dict):
-        raise TypeError(f"config_to_dict expects a RunConfig, got {type(config).__name__}")
-    return result
-
-
-def validate_run_config(config: RunConfig) -> None:
-    """Cross-field rules; raises :class:`ConfigError` naming every field involved."""
-    problems = [
-        *_capacity_problems(config),
-        *_gate_problems(config.gate.simulated),
-        *_kind_problems(config),
-    ]
-    if problems:
-        raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
-
-
-def _capacity_problems(config: RunConfig) -> list[str]:
-    buffered = config.rollout.max_buffered_rollouts
-    per_step = config.grpo.num_prompts_per_step
-    if buffered < per_step:
-        return [
-            f"rollout.max_buffered_rollouts ({buffered}) must be >= "
-            f"grpo.num_prompts_per_step ({per_step}), or no step can ever fill"
-        ]
-    return []
-
-
-def _gate_problems(gate: SimulatedGateConfig) -> list[str]:
-    problems = []
-    lengths = (gate.min_response_tokens, gate.median_response_tokens, gate.max_response_tokens)
-    if not lengths[0] <= lengths[1] <= lengths[2]:
-        problems.append(
-            "gate.simulated.min_response_tokens ({}) <= gate.simulated.median_response_tokens "
-            "({}) <= gate.simulated.max_response_tokens ({}) does not hold".format(*lengths)
-        )
-    failure = gate.transient_failure_rate + gate.permanent_failure_rate
-    if failure > 1.0:
-        problems.append(
-            f"gate.simulated.transient_failure_rate + gate.simulated.permanent_failure_rate "
-            f"({failure}) must be <= 1"
-        )
-    return problems
-
-
-def _kind_problems(config: RunConfig) -> list[str]:
-    """The local model gate and the GRPO trainer only make sense together, on text prompts."""
-    problems = []
-    local = config.gate.kind is GateKind.LOCAL_MODEL
-    grpo = config.trainer.kind is TrainerKind.GRPO
-    if local != grpo:
-        problems.append(
-            f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
-            "do not fit: the grpo trainer trains the model the local_model gate generates with "
-            "(use both, or simulated with recording)"
-        )
-    if local and config.dataset.kind is not DatasetKind.ADDITION:
-        problems.append(
-            f"gate.kind=local_model needs text prompts with a verifier, but "
-            f"dataset.kind={config.dataset.kind.value} has none (use dataset.kind=addition)"
-        )
-    return problems
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    try:
-        data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {path} must hold a mapping at the top level, got {type(data).__name__}"
-        )
-    return data
-
-
-def _check_keys(
-    data: Mapping[str, Any], cls: type[msgspec.Struct], prefix: str, source: str
-) -> None:
-    """Reject unknown keys anywhere in ``data``, naming the dotpath and a suggestion."""
-    fields = _field_types(cls)
-    for key, value in data.items():
-        dotpath = f"{prefix}{key}"
-        if key not in fields:
-            raise ConfigError(_unknown_key_message(str(key), prefix, list(fields), source))
-        sub = _struct_type(fields[key])
-        if sub is not None and isinstance(value, Mapping):
-            _check_keys(value, sub, f"{dotpath}.", source)
-
-
-def _apply_override(data: dict[str, Any], dotpath: str, value: Any, text: str) -> None:
-    *parents, leaf = dotpath.split(".")
-    node = data
-    for depth, part in enumerate(parents):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            section = ".".join(parents[: depth + 1])
-            raise ConfigError(
-                f"override {text!r}: {section} must be a mapping, got {type(child).__name__}"
-            )
-        node = child
-    node[leaf] = value
-
-
-def _leaf_type(dotpath: str, source: str) -> Any:
-    """The annotated type of a leaf dotpath; unknown or non-leaf paths are errors."""
-    cls: type[msgspec.Struct] = RunConfig
-    parts = dotpath.split(".")
-    for depth, part in enumerate(parts):
-        fields = _field_types(cls)
-        prefix = "".join(f"{p}." for p in parts[:depth])
-        if part not in fields:
-            raise ConfigError(_unknown_key_message(part, prefix, list(fields), source))
-        sub = _struct_type(fields[part])
-        if depth == len(parts) - 1:
-            if sub is not None:
-                raise ConfigError(f"{source}: {dotpath} is a section; set one of its keys")
-            return fields[part]
-        if sub is None:
-            raise ConfigError(f"{source}: {prefix}{part} is a value, not a section")
-        cls = sub
-    raise AssertionError("unreachable: a dotpath has at least one segment")
-
-
-def _unknown_key_message(key: str, prefix: str, names: list[str], source: str) -> str:
-    dotpath = f"{prefix}{key}"
-    message = f"{source}: unknown config key {dotpath!r}"
-    suggestion = _suggest(key, prefix, names)
-    if suggestion is not None:
-        message += f"; did you mean {suggestion!r}?"
-    return message + f" (valid keys here: {', '.join(prefix + n for n in sorted(names))})"
-
-
-def _suggest(key: str, prefix: str, names: list[str]) -> str | None:
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    if close:
-        return prefix + close[0]
-    # Not close to anything here: maybe a key of another section (by leaf name).
-    by_leaf_name: dict[str, str] = {}
-    for path in _leaf_paths(RunConfig, ""):
-        by_leaf_name.setdefault(path.rsplit(".", 1)[-1], path)
-    close = difflib.get_close_matches(key, list(by_leaf_name), n=1, cutoff=0.8)
-    return by_leaf_name[close[0]] if close else None
-
-
-def _leaf_paths(cls: type[msgspec.Struct], prefix: str) -> list[str]:
-    paths = []
-    for name, annotation in _field_types(cls).items():
-        sub = _struct_type(annotation)
-        if sub is None:
-            paths.append(prefix + name)
-        else:
-            paths.extend(_leaf_paths(sub, f"{prefix}{name}."))
-    return paths
-
-
-def _field_types(cls: type[msgspec.Struct]) -> dict[str, Any]:
-    return {field.name: field.type for field in msgspec.structs.fields(cls)}
-
-
-def _struct_type(annotation: Any) -> type[msgspec.Struct] | None:
-    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
-        return annotation
-    return None
-
-
-def _convert(
-    data: dict[str, Any], origins: Mapping[str, str], *, default_origin: str | None
-) -> RunConfig:
-    try:
-        return msgspec.convert(data, type=RunConfig, strict=True)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(_describe_validation_error(str(exc), origins, default_origin)) from exc
-
-
-def _describe_validation_error(
-    message: str, origins: Mapping[str, str], default_origin: str | None
-) -> str:
-    """Rewrite msgspec's ``... - at `$.a.b``` as ``a.b: ...`` plus origin and enum choices."""
-    match = _MSGSPEC_PATH.match(message)
-    if match is None:
-        return f"invalid run config: {message}"
-    dotpath = match["path"].lstrip(".") or "<top level>"
-    described = f"invalid run config: {dotpath}: {match['what']}"
-    origin = origins.get(dotpath, default_origin)
-    if origin is not None:
-        described += f" (from {origin})"
-    enum_type = _enum_at(dotpath)
-    if enum_type is not None:
-        choices = [str(member.value) for member in enum_type]
-        described += f" (expected one of: {', '.join(choices)})"
-        bad = _BAD_ENUM_VALUE.match(match["what"])
-        close = difflib.get_close_matches(bad["value"], choices, n=1) if bad else []
-        if close:
-            described += f"; did you mean {close[0]!r}?"
-    return described
-
-
-def _enum_at(dotpath: str) -> type[enum.Enum] | None:
-    try:
-        annotation = _leaf_type(dotpath, "<lookup>")
-    except ConfigError:
-        return None
-    if get_origin(annotation) is Annotated:
-        annotation = get_args(annotation)[0]
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return annotation
-    return None

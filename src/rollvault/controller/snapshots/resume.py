@@ -24,7 +24,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollvault.config.schema import RestoreMode, RunConfig, config_to_dict
+from rollvault.config.loading import config_to_dict
+from rollvault.config.schema import RestoreMode, RunConfig
 from rollvault.controller.snapshots.checkpointer import (
     TRAINER_ROLLOUT_STATE_DIRNAME,
     TRAINER_STATE_DIRNAME,

@@ -8,17 +8,15 @@ import msgspec
 import pytest
 import yaml
 
+from rollvault.config.errors import ConfigError
+from rollvault.config.loading import config_to_dict, default_config_path, load_run_config
+from rollvault.config.overrides import parse_override
 from rollvault.config.schema import (
-    ConfigError,
     OnDroppedPrompt,
     RecoveryGranularity,
     RestoreMode,
     RunConfig,
     SamplerKind,
-    config_to_dict,
-    default_config_path,
-    load_run_config,
-    parse_override,
 )
 
 

@@ -1,0 +1,72 @@
+"""Cross-field rules of the run config, checked after every field is valid on its own."""
+
+from __future__ import annotations
+
+from rollvault.config.errors import ConfigError
+from rollvault.config.schema import (
+    DatasetKind,
+    GateKind,
+    RunConfig,
+    SimulatedGateConfig,
+    TrainerKind,
+)
+
+__all__ = ["validate_run_config"]
+
+
+def validate_run_config(config: RunConfig) -> None:
+    """Cross-field rules; raises :class:`ConfigError` naming every field involved."""
+    problems = [
+        *_capacity_problems(config),
+        *_gate_problems(config.gate.simulated),
+        *_kind_problems(config),
+    ]
+    if problems:
+        raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
+
+
+def _capacity_problems(config: RunConfig) -> list[str]:
+    buffered = config.rollout.max_buffered_rollouts
+    per_step = config.grpo.num_prompts_per_step
+    if buffered < per_step:
+        return [
+            f"rollout.max_buffered_rollouts ({buffered}) must be >= "
+            f"grpo.num_prompts_per_step ({per_step}), or no step can ever fill"
+        ]
+    return []
+
+
+def _gate_problems(gate: SimulatedGateConfig) -> list[str]:
+    problems = []
+    lengths = (gate.min_response_tokens, gate.median_response_tokens, gate.max_response_tokens)
+    if not lengths[0] <= lengths[1] <= lengths[2]:
+        problems.append(
+            "gate.simulated.min_response_tokens ({}) <= gate.simulated.median_response_tokens "
+            "({}) <= gate.simulated.max_response_tokens ({}) does not hold".format(*lengths)
+        )
+    failure = gate.transient_failure_rate + gate.permanent_failure_rate
+    if failure > 1.0:
+        problems.append(
+            f"gate.simulated.transient_failure_rate + gate.simulated.permanent_failure_rate "
+            f"({failure}) must be <= 1"
+        )
+    return problems
+
+
+def _kind_problems(config: RunConfig) -> list[str]:
+    """The local model gate and the GRPO trainer only make sense together, on text prompts."""
+    problems = []
+    local = config.gate.kind is GateKind.LOCAL_MODEL
+    grpo = config.trainer.kind is TrainerKind.GRPO
+    if local != grpo:
+        problems.append(
+            f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
+            "do not fit: the grpo trainer trains the model the local_model gate generates with "
+            "(use both, or simulated with recording)"
+        )
+    if local and config.dataset.kind is not DatasetKind.ADDITION:
+        problems.append(
+            f"gate.kind=local_model needs text prompts with a verifier, but "
+            f"dataset.kind={config.dataset.kind.value} has none (use dataset.kind=addition)"
+        )
+    return problems
