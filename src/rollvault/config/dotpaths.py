@@ -11,8 +11,10 @@ import msgspec
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RunConfig
 
+__all__ = ["check_keys", "leaf_type"]
 
-def _check_keys(
+
+def check_keys(
     data: Mapping[str, Any], cls: type[msgspec.Struct], prefix: str, source: str
 ) -> None:
     """Reject unknown keys anywhere in ``data``, naming the dotpath and a suggestion."""
@@ -23,10 +25,10 @@ def _check_keys(
             raise ConfigError(_unknown_key_message(str(key), prefix, list(fields), source))
         sub = _struct_type(fields[key])
         if sub is not None and isinstance(value, Mapping):
-            _check_keys(value, sub, f"{dotpath}.", source)
+            check_keys(value, sub, f"{dotpath}.", source)
 
 
-def _leaf_type(dotpath: str, source: str) -> Any:
+def leaf_type(dotpath: str, source: str) -> Any:
     """The annotated type of a leaf dotpath; unknown or non-leaf paths are errors."""
     cls: type[msgspec.Struct] = RunConfig
     parts = dotpath.split(".")

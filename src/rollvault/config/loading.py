@@ -18,12 +18,12 @@ from typing import Annotated, Any, get_args, get_origin
 import msgspec
 import yaml  # type: ignore[import-untyped]  # no stubs without types-PyYAML
 
-from rollvault.config.dotpaths import _check_keys, _leaf_type
+from rollvault.config.dotpaths import check_keys, leaf_type
 from rollvault.config.errors import ConfigError
-from rollvault.config.overrides import _apply_override, parse_override
+from rollvault.config.overrides import apply_override, parse_override
 from rollvault.config.rules import validate_run_config
 from rollvault.config.schema import RunConfig
-from rollvault.config.yaml_loader import _ConfigLoader
+from rollvault.config.yaml_loader import load_yaml
 
 __all__ = [
     "config_to_dict",
@@ -48,11 +48,11 @@ def load_run_config(path: Path | None, overrides: Sequence[str] = ()) -> RunConf
     Raises :class:`ConfigError` naming the dotpath of whatever is wrong.
     """
     data = _read_yaml(path) if path is not None else {}
-    _check_keys(data, RunConfig, "", f"config file {path}")
+    check_keys(data, RunConfig, "", f"config file {path}")
     origins: dict[str, str] = {}
     for override in overrides:
         dotpath, value = parse_override(override)
-        _apply_override(data, dotpath, value, override)
+        apply_override(data, dotpath, value, override)
         origins[dotpath] = f"override {override!r}"
     config = _convert(data, origins, default_origin=f"config file {path}" if path else None)
     validate_run_config(config)
@@ -73,7 +73,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     try:
-        data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if data is None:
@@ -119,7 +119,7 @@ def _describe_validation_error(
 
 def _enum_at(dotpath: str) -> type[enum.Enum] | None:
     try:
-        annotation = _leaf_type(dotpath, "<lookup>")
+        annotation = leaf_type(dotpath, "<lookup>")
     except ConfigError:
         return None
     if get_origin(annotation) is Annotated:

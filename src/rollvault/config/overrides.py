@@ -6,11 +6,11 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # no stubs without types-PyYAML
 
-from rollvault.config.dotpaths import _leaf_type
+from rollvault.config.dotpaths import leaf_type
 from rollvault.config.errors import ConfigError
-from rollvault.config.yaml_loader import _ConfigLoader
+from rollvault.config.yaml_loader import load_yaml
 
-__all__ = ["parse_override"]
+__all__ = ["apply_override", "parse_override"]
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -22,7 +22,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if any(not part for part in dotpath.split(".")):
         raise ConfigError(f"override {text!r}: empty segment in key {dotpath!r}")
     try:
-        value = yaml.load(raw, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+        value = load_yaml(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
     if isinstance(value, dict | list):
@@ -30,11 +30,15 @@ def parse_override(text: str) -> tuple[str, Any]:
             f"override {text!r}: value must be a scalar, got {type(value).__name__}; "
             "override one leaf key at a time"
         )
-    _leaf_type(dotpath, f"override {text!r}")
+    leaf_type(dotpath, f"override {text!r}")
     return dotpath, value
 
 
-def _apply_override(data: dict[str, Any], dotpath: str, value: Any, text: str) -> None:
+def apply_override(data: dict[str, Any], dotpath: str, value: Any, text: str) -> None:
+    """Set the leaf ``dotpath`` of ``data`` to ``value``, creating sections on the way.
+
+    ``text`` is the override as given, for the message when a section is not a mapping.
+    """
     *parents, leaf = dotpath.split(".")
     node = data
     for depth, part in enumerate(parents):

@@ -1,10 +1,13 @@
-"""The YAML loader of config files and override values."""
+"""The YAML parsing of config files and override values: safe, with YAML 1.2 floats."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # no stubs without types-PyYAML
+
+__all__ = ["load_yaml"]
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -16,3 +19,8 @@ _ConfigLoader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+
+
+def load_yaml(text: str) -> Any:
+    """Parse ``text`` with the safe config loader; raises ``yaml.YAMLError`` if malformed."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
