@@ -14,6 +14,7 @@ from rollvault.controller.data.dataloader import (
     epoch_permutation,
 )
 from rollvault.controller.dataset import SyntheticPromptDataset
+from rollvault.ledger.datum import DatumSpec
 
 
 def loader(num_prompts: int, *, shuffle: bool = True, seed: int = 0) -> PromptDataLoader:
@@ -145,11 +146,11 @@ def test_empty_dataset_is_rejected() -> None:
         def __len__(self) -> int:
             return 0
 
-        def __getitem__(self, idx: int) -> dict[str, object]:
+        def __getitem__(self, idx: int) -> DatumSpec:
             raise IndexError(idx)
 
         def identity(self, idx: int) -> str:
             raise IndexError(idx)
 
     with pytest.raises(ValueError, match="at least one prompt"):
-        PromptDataLoader(Empty(), shuffle=True, seed=0)  # type: ignore[arg-type]
+        PromptDataLoader(Empty(), shuffle=True, seed=0)

@@ -16,6 +16,7 @@ from rollvault.controller.dataset import (
     build_dataset,
     prompt_identity,
 )
+from rollvault.ledger.datum import DatumSpec
 
 
 def make(seed: int = 0, num_prompts: int = 32) -> SyntheticPromptDataset:
@@ -84,14 +85,19 @@ def test_identity_is_the_digest_of_the_item_and_sees_every_field() -> None:
     datum = dataset[3]
     assert dataset.identity(3) == prompt_identity(datum)
     tokens = datum["prompt_token_ids"]
-    one_token_changed = dict(datum, prompt_token_ids=[*tokens[:-1], (tokens[-1] + 1) % 97])
-    assert prompt_identity(one_token_changed) != dataset.identity(3)  # type: ignore[arg-type]
-    assert prompt_identity(dict(datum, task_name="other")) != dataset.identity(3)  # type: ignore[arg-type]
+    one_token_changed: DatumSpec = {
+        **datum,
+        "prompt_token_ids": [*tokens[:-1], (tokens[-1] + 1) % 97],
+    }
+    other_task: DatumSpec = {**datum, "task_name": "other"}
+    assert prompt_identity(one_token_changed) != dataset.identity(3)
+    assert prompt_identity(other_task) != dataset.identity(3)
 
 
 def test_identity_ignores_key_order() -> None:
     datum = make()[2]
     reordered = dict(reversed(list(datum.items())))
+    # A plain dict: a DatumSpec cannot be built in a computed key order.
     assert prompt_identity(reordered) == prompt_identity(datum)  # type: ignore[arg-type]
 
 

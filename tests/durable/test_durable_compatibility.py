@@ -85,7 +85,7 @@ def test_every_excluded_pattern_is_documented_and_well_formed() -> None:
 
 
 def test_identity_drops_operational_paths_and_keeps_the_rest() -> None:
-    config = {
+    config: dict[str, Any] = {
         "seed": 3,
         "logger": {"wandb": True},
         "policy": {"lr": 1e-6, "log_dir": "/a", "server": {"port": 1, "model": "m"}},

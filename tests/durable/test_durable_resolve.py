@@ -5,25 +5,38 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rollvault.durable.errors import NoUsableSnapshotError, SnapshotError
-from rollvault.durable.manifest_schema import RolloutSnapshotManifest, write_snapshot_manifest
-from rollvault.durable.resolve import resolve_latest_snapshot
+from rollvault.durable.manifest_schema import (
+    ResolvedRolloutCheckpoint,
+    RolloutSnapshotManifest,
+    write_snapshot_manifest,
+)
+from rollvault.durable.resolve import SnapshotVerifier, resolve_latest_snapshot
 
 CommitOne = Callable[..., Path]
 FP = "cd" * 32
 
 
-def _resolve(anchor: Path, **overrides: object) -> object:
-    kwargs: dict[str, object] = {
-        "expected_train_step": 0,
-        "expected_trainer_version": 0,
-        "expected_bootstrap_fingerprint": FP,
-    }
-    kwargs.update(overrides)
-    return resolve_latest_snapshot(anchor, **kwargs)  # type: ignore[arg-type]
+def _resolve(
+    anchor: Path,
+    *,
+    expected_train_step: int = 0,
+    expected_trainer_version: int = 0,
+    expected_bootstrap_fingerprint: str | None = FP,
+    verify_snapshot: SnapshotVerifier | None = None,
+) -> ResolvedRolloutCheckpoint | None:
+    """resolve_latest_snapshot expecting what commit_one writes unless told otherwise."""
+    return resolve_latest_snapshot(
+        anchor,
+        expected_train_step=expected_train_step,
+        expected_trainer_version=expected_trainer_version,
+        expected_bootstrap_fingerprint=expected_bootstrap_fingerprint,
+        verify_snapshot=verify_snapshot,
+    )
 
 
 def test_nothing_to_resolve_returns_none(anchor: Path) -> None:
@@ -39,8 +52,8 @@ def test_the_newest_matching_snapshot_is_chosen(anchor: Path, commit_one: Commit
         commit_one(anchor, bootstrap_fingerprint=FP)
     resolved = _resolve(anchor)
     assert resolved is not None
-    assert resolved.path.name == "snapshot_000003"  # type: ignore[attr-defined]
-    assert resolved.manifest.mutation_version == 3  # type: ignore[attr-defined]
+    assert resolved.path.name == "snapshot_000003"
+    assert resolved.manifest.mutation_version == 3
 
 
 def test_tmp_and_trash_directories_are_never_read(
@@ -54,7 +67,8 @@ def test_tmp_and_trash_directories_are_never_read(
             root / name, make_manifest(bootstrap_fingerprint=FP, mutation_version=99)
         )
     resolved = _resolve(anchor)
-    assert resolved.path.name == "snapshot_000001"  # type: ignore[attr-defined]
+    assert resolved is not None
+    assert resolved.path.name == "snapshot_000001"
 
 
 def test_corrupt_snapshots_are_skipped_with_a_warning(
@@ -67,7 +81,8 @@ def test_corrupt_snapshots_are_skipped_with_a_warning(
     (missing / "manifest.json").unlink()
     with caplog.at_level(logging.WARNING, logger="rollvault.durable"):
         resolved = _resolve(anchor)
-    assert resolved.path == good  # type: ignore[attr-defined]
+    assert resolved is not None
+    assert resolved.path == good
     warnings = [r.getMessage() for r in caplog.records if r.name == "rollvault.durable"]
     assert len(warnings) == 2
     assert (
@@ -90,7 +105,7 @@ def test_corrupt_snapshots_are_skipped_with_a_warning(
     ],
 )
 def test_incompatible_snapshots_are_rejected_naming_the_field(
-    anchor: Path, commit_one: CommitOne, overrides: dict[str, object], reason: str
+    anchor: Path, commit_one: CommitOne, overrides: dict[str, Any], reason: str
 ) -> None:
     only = commit_one(anchor, bootstrap_fingerprint=FP)
     with pytest.raises(NoUsableSnapshotError) as info:
@@ -109,7 +124,8 @@ def test_an_older_compatible_snapshot_is_used_when_the_newest_is_not(
         expected_trainer_version=4,
         expected_bootstrap_fingerprint=None,
     )
-    assert resolved.path == older  # type: ignore[attr-defined]
+    assert resolved is not None
+    assert resolved.path == older
 
 
 def test_verifier_rejections_fall_back_to_an_older_snapshot(
@@ -125,7 +141,8 @@ def test_verifier_rejections_fall_back_to_an_older_snapshot(
             raise SnapshotError("data_plane/metadata.json: checksum mismatch")
 
     resolved = _resolve(anchor, verify_snapshot=verify)
-    assert resolved.path == older  # type: ignore[attr-defined]
+    assert resolved is not None
+    assert resolved.path == older
     assert seen == [(newer, 2), (older, 1)]
 
 

@@ -144,10 +144,10 @@ def test_retention_failure_is_logged_and_the_commit_stands(
 ) -> None:
     commit_one(anchor)
 
-    def broken_rename(src: object, dst: object) -> None:
+    def broken_rename(src: Path, dst: Path) -> None:
         if "trash_" in str(dst):
             raise OSError(errno.EACCES, "Permission denied")
-        os.replace(src, dst)  # type: ignore[arg-type]
+        os.replace(src, dst)
 
     monkeypatch.setattr(snapshot_dirs.os, "rename", broken_rename)
     with caplog.at_level(logging.WARNING, logger="rollvault.durable"):
@@ -270,10 +270,13 @@ def test_abort_removes_only_tmp_dirs(anchor: Path, commit_one: CommitOne) -> Non
 def test_publish_writes_payload_and_manifest_and_commits(
     anchor: Path, make_manifest: MakeManifest
 ) -> None:
+    def write_rows(tmp: Path) -> None:
+        (tmp / "rows.bin").write_bytes(b"r")
+
     final_path = publish_snapshot(
         anchor,
         manifest=make_manifest(mutation_version=3),
-        write_payload=lambda tmp: (tmp / "rows.bin").write_bytes(b"r"),
+        write_payload=write_rows,
         keep_latest_k=1,
     )
     assert final_path.name == "snapshot_000001"

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from rollvault.config.loading import load_run_config
-from rollvault.config.schema import RunConfig
+from rollvault.config.schema import RunConfig, SimulatedGateConfig
 from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.gate import AttemptOutcome, AttemptRequest
 from rollvault.controller.loop.pipeline import RunSummary, run
@@ -23,7 +23,7 @@ from rollvault.controller.loop.run_logs import (
 )
 from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.dataplane.interface import DataPlane
-from rollvault.gates.environment import ParityEnvironment
+from rollvault.gates.environment import Environment, ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.training.recording import RecordingTrainer
 
@@ -137,8 +137,16 @@ def expected_prompts(num_prompts: int, epochs: int) -> set[tuple[int, str]]:
 class StallingGate(SimulatedGate):
     """Never finishes attempts of one sibling slot: a stuck worker, deterministic."""
 
-    def __init__(self, *args: object, stalled_index: int, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        config: SimulatedGateConfig,
+        data_plane: DataPlane,
+        environment: Environment,
+        *,
+        seed: int = 0,
+        stalled_index: int,
+    ) -> None:
+        super().__init__(config, data_plane, environment, seed=seed)
         self._stalled_index = stalled_index
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:

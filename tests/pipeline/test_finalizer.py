@@ -34,9 +34,7 @@ def _row(response: list[int], logprob: float = -0.5) -> Row:
     }
 
 
-async def _finalize(
-    parts: RolloutParts, siblings: list[Sibling]
-) -> tuple[str, dict[str, dict[str, object]]]:
+async def _finalize(parts: RolloutParts, siblings: list[Sibling]) -> tuple[str, dict[str, Row]]:
     """Stage (row put, row in receipt, reward, format ok) per sibling, seal, finalize."""
     cut = parts.cut
     async with cut.mutation():
@@ -81,7 +79,12 @@ async def _finalize(
     return group_id, {key: dict(row) for key, row in rows.items()}
 
 
-Finalized = tuple[RolloutParts, str, dict[str, dict[str, object]]]
+Finalized = tuple[RolloutParts, str, dict[str, Row]]
+
+
+def _last_advantage(rows: dict[str, Row], group_id: str, index: int) -> float:
+    """The advantage at the last token of sibling ``index``."""
+    return float(np.asarray(rows[train_key(group_id, index)]["advantages"])[-1])
 
 
 def _run(tmp_path: Path, siblings: list[Sibling], *overrides: str) -> Finalized:
@@ -100,11 +103,11 @@ def test_valid_siblings_get_group_relative_advantages_and_staging_is_cleared(
 ) -> None:
     good = [(_row([1, 2]), _row([1, 2]), r, True) for r in (1.0, 0.0, 0.5)]
     parts, group_id, rows = _run(tmp_path, good, "reward.normalize_advantages_by_std=false")
-    advantages = [float(rows[train_key(group_id, i)]["advantages"][-1]) for i in range(3)]
+    advantages = [_last_advantage(rows, group_id, i) for i in range(3)]
     assert advantages == pytest.approx([0.5, -0.5, 0.0])
     assert all(rows[train_key(group_id, i)]["sample_mask"] for i in range(3))
     # Prompt positions carry no advantage.
-    assert rows[train_key(group_id, 0)]["advantages"][:3].tolist() == [0.0, 0.0, 0.0]
+    assert np.asarray(rows[train_key(group_id, 0)]["advantages"])[:3].tolist() == [0.0, 0.0, 0.0]
     assert parts.data_plane.keys(STAGING_PARTITION) == []
     assert group_id not in parts.ledger and group_id in parts.replay
 
@@ -120,8 +123,8 @@ def test_a_row_that_is_not_the_one_the_receipt_names_becomes_a_masked_row(tmp_pa
     assert tampered["sample_mask"] is False
     assert not np.asarray(tampered["token_mask"]).any()
     # The masked sibling does not move the baseline of the two valid ones.
-    assert float(rows[train_key(group_id, 0)]["advantages"][-1]) == pytest.approx(0.5)
-    assert float(rows[train_key(group_id, 2)]["advantages"][-1]) == pytest.approx(-0.5)
+    assert _last_advantage(rows, group_id, 0) == pytest.approx(0.5)
+    assert _last_advantage(rows, group_id, 2) == pytest.approx(-0.5)
 
 
 def test_non_finite_logprobs_are_masked(tmp_path: Path) -> None:

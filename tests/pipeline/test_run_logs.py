@@ -10,6 +10,7 @@ from rollvault.controller.loop.run_logs import (
     TrainLogRecord,
     read_jsonl,
 )
+from rollvault.ledger.statuses import RolloutAttemptStatus
 
 
 def _record(step: int) -> TrainLogRecord:
@@ -70,7 +71,7 @@ def test_damage_in_the_middle_is_an_error_naming_the_line(tmp_path: Path) -> Non
         gate_rollout_id="g_g0_a1",
         group_id="g",
         generation_index=0,
-        status="sealed",
+        status=RolloutAttemptStatus.SEALED,
         num_tokens=4,
         incarnation=1,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from grpo_test_helpers import build_model, prompt_ids
@@ -69,20 +71,20 @@ def test_sampling_is_a_function_of_the_seed_not_of_the_batch(
     policy: tuple[PreTrainedModel, PreTrainedTokenizerBase],
 ) -> None:
     model, tokenizer = policy
-    settings = {
-        "max_new_tokens": 6,
-        "temperature": 1.0,
-        "eos_token_id": int(tokenizer.eos_token_id),
-        "pad_token_id": int(tokenizer.pad_token_id),
-    }
+    generate = functools.partial(
+        sample_batch,
+        model,
+        max_new_tokens=6,
+        temperature=1.0,
+        eos_token_id=int(tokenizer.eos_token_id),
+        pad_token_id=int(tokenizer.pad_token_id),
+    )
     target = prompt_ids(tokenizer, "42+17=")
-    alone = sample_batch(model, [target], seeds=[11], **settings)[0]
-    batched = sample_batch(model, [prompt_ids(tokenizer, "5="), target], seeds=[3, 11], **settings)[
-        1
-    ]
+    alone = generate([target], seeds=[11])[0]
+    batched = generate([prompt_ids(tokenizer, "5="), target], seeds=[3, 11])[1]
     assert batched.token_ids == alone.token_ids
     np.testing.assert_allclose(batched.logprobs, alone.logprobs, atol=TOLERANCE)
-    stops = [s for s in sample_batch(model, [target] * 16, seeds=range(16), **settings)]
+    stops = [s for s in generate([target] * 16, seeds=range(16))]
     for sample in stops:
         # A row stops at eos: eos only ever comes last, and only then is it "finished".
         eos = int(tokenizer.eos_token_id)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 from grpo_test_helpers import build_model, prompt_ids
+from transformers import PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rollvault.controller.addition_dataset import AdditionPromptDataset
 from rollvault.gates.sampling import sample_batch
@@ -13,7 +15,7 @@ from rollvault.training.grpo_setup import warmup_examples
 from rollvault.training.warmup import supervised_warmup
 
 
-def _warm(directory: Path, *, seed: int, steps: int) -> tuple[torch.nn.Module, float, float]:
+def _warm(directory: Path, *, seed: int, steps: int) -> tuple[PreTrainedModel, float, float]:
     model, tokenizer = build_model(directory)
     report = supervised_warmup(
         model,
@@ -39,11 +41,11 @@ def test_warmup_is_deterministic_given_the_seed(tmp_path: Path) -> None:
     )
 
 
-def _well_formed(model: torch.nn.Module, directory: Path) -> int:
+def _well_formed(model: PreTrainedModel, directory: Path) -> int:
     _, tokenizer = build_model(directory)
     prompts = [prompt_ids(tokenizer, f"{a:02d}+{(3 * a) % 100:02d}=") for a in range(32)]
     sampled = sample_batch(
-        model,  # type: ignore[arg-type]
+        model,
         prompts,
         seeds=range(32),
         max_new_tokens=6,
@@ -51,7 +53,14 @@ def _well_formed(model: torch.nn.Module, directory: Path) -> int:
         eos_token_id=int(tokenizer.eos_token_id),
         pad_token_id=int(tokenizer.pad_token_id),
     )
-    return sum(s.finished and tokenizer.decode(s.token_ids[:-1]).isdigit() for s in sampled)
+    return sum(s.finished and _decode(tokenizer, s.token_ids[:-1]).isdigit() for s in sampled)
+
+
+def _decode(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> str:
+    text = tokenizer.decode(token_ids)
+    # decode is typed for batches too; one sequence decodes to one string.
+    assert isinstance(text, str), type(text)
+    return text
 
 
 def test_warmup_teaches_digits_then_eos(tmp_path: Path) -> None:
