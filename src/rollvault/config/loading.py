@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
 import msgspec
-import yaml  # type: ignore[import-untyped]  # no stubs without types-PyYAML
+import yaml
 
 from rollvault.config.dotpaths import check_keys, leaf_type
 from rollvault.config.errors import ConfigError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]  # no stubs without types-PyYAML
+import yaml
 
 from rollvault.config.dotpaths import leaf_type
 from rollvault.config.errors import ConfigError

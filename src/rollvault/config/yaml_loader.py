@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]  # no stubs without types-PyYAML
+import yaml
 
 __all__ = ["load_yaml"]
 
