@@ -143,12 +143,6 @@ class RolloutParts:
     spares: SparePrompts
     logs: RunLogs
     trainer_version: int = 0
-    origins: dict[str, GroupOrigin] = field(default_factory=dict)
-    """Every group in the ledger or the replay index, by group id."""
-    finalizer_rewards: dict[str, list[FinalizedReward]] = field(default_factory=dict)
-    finalizer_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    canonical_attempts: dict[str, list[str]] = field(default_factory=dict)
-    """Per canonical group, the gate rollout id of each sibling's published attempt."""
     groups: dict[str, GroupEntry] = field(default_factory=dict)
     """Every group in the ledger, the replay index or ``trained_since_checkpoint``,
     by group id. Change it only through the methods below, which keep its rules."""
