@@ -133,7 +133,7 @@ class Filler:
                 target_step=target,
                 start_weight_version=0,
             )
-            parts.origins[record.group_id] = GroupOrigin(epoch=epoch, dataset_idx=idx)
+            parts.add_reserved_group(record.group_id, GroupOrigin(epoch=epoch, dataset_idx=idx))
             parts.ledger.mark_group_dispatched(parts.cut, record.group_id)
         for index in range(sealed):
             await self.seal(record.group_id, index)
@@ -337,8 +337,12 @@ def hold_breakdown(parts: RolloutParts, repeat: int) -> dict[str, float]:
                 parts.ledger,
                 batch_shortfall=parts.shortfall.as_dict(),
                 sampler_stamps_target_steps=parts.sampler.stamps_target_steps,
-                finalizer_metrics_by_group={g: parts.finalizer_metrics[g] for g in canonical},
-                finalizer_rewards_by_group={g: parts.finalizer_rewards[g] for g in canonical},
+                finalizer_metrics_by_group={
+                    g: parts.group(g).finalization().metrics for g in canonical
+                },
+                finalizer_rewards_by_group={
+                    g: parts.group(g).finalization().rewards for g in canonical
+                },
                 reward_settings=capture_reward_settings(parts.config.reward),
                 canonical_group_ids=canonical,
             )
@@ -347,7 +351,7 @@ def hold_breakdown(parts: RolloutParts, repeat: int) -> dict[str, float]:
             parts.ledger.state_dict
         ),
         "prompt identities (dataset.identity per group, SHA-256)": lambda: [
-            parts.dataset.identity(origin.dataset_idx) for origin in parts.origins.values()
+            parts.dataset.identity(entry.origin.dataset_idx) for entry in parts.groups.values()
         ],
         "data_plane.capture() (reference copy per row)": parts.data_plane.capture,
         "replay, sampler, dataloader, spares state_dict": lambda: (

@@ -47,7 +47,7 @@ async def _finalize(parts: RolloutParts, siblings: list[Sibling]) -> tuple[str, 
             start_weight_version=0,
         )
         group_id = record.group_id
-        parts.origins[group_id] = GroupOrigin(epoch=0, dataset_idx=0)
+        parts.add_reserved_group(group_id, GroupOrigin(epoch=0, dataset_idx=0))
         parts.ledger.mark_group_dispatched(cut, group_id)
     for index, (stored, promised, reward, format_ok) in enumerate(siblings):
         rollout_id = record.gate_rollout_id(index)

@@ -27,7 +27,7 @@ from rollvault.config.schema import RewardConfig
 from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.advantages import group_advantages
 from rollvault.controller.loop.gate import staged_row_digest
-from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.parts import FinalizedGroup, RolloutParts
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.dataplane.rows import Row, RowView
 from rollvault.ledger.receipts import validate_receipt
@@ -155,7 +155,7 @@ class Finalizer:
     ) -> ReplayEntry:
         parts = self._parts
         record = parts.ledger.get_group(group_id)
-        origin = parts.origins[group_id]
+        origin = parts.group(group_id).origin
         entry = ReplayEntry(
             group_id=group_id,
             sample_id=record.prompt_id,
@@ -170,6 +170,11 @@ class Finalizer:
             ),
             target_step=record.target_step,
         )
+        finalized = FinalizedGroup(
+            rewards=[v.reward for v in verdicts],
+            metrics=_metrics(verdicts),
+            gate_rollout_ids=list(gate_rollout_ids),
+        )
         async with parts.cut.mutation():
             parts.ledger.mark_finalization_started(parts.cut, group_id)
             await parts.data_plane.put(TRAIN_PARTITION, canonical)
@@ -178,9 +183,7 @@ class Finalizer:
             )
             parts.ledger.discard_group(parts.cut, group_id)
             parts.replay.add(entry)
-            parts.finalizer_rewards[group_id] = [v.reward for v in verdicts]
-            parts.finalizer_metrics[group_id] = _metrics(verdicts)
-            parts.canonical_attempts[group_id] = list(gate_rollout_ids)
+            parts.record_finalization(group_id, finalized)
         await parts.notify()
         return entry
 

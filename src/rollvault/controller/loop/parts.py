@@ -9,6 +9,8 @@ than polling.
 from __future__ import annotations
 
 import asyncio
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -40,6 +42,53 @@ class GroupOrigin(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
     epoch: int
     dataset_idx: int
+
+
+class GroupStage(enum.StrEnum):
+    """How far a group in :attr:`RolloutParts.groups` has come."""
+
+    PENDING = "pending"
+    """Reserved and in the ledger, not finalized yet."""
+    FINALIZED = "finalized"
+    """Canonical: waiting in the replay index, or trained since the last trainer checkpoint."""
+
+
+class GroupStateError(RuntimeError):
+    """A group transition that its current stage does not allow (a controller bug)."""
+
+
+class FinalizedGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """What the finalizer recorded about a canonical group, for training logs and snapshots.
+
+    Never changed in place, so a snapshot's capture may hold references.
+    """
+
+    rewards: list[FinalizedReward]
+    """Per sibling, its reward after the checks and penalties."""
+    metrics: dict[str, float]
+    gate_rollout_ids: list[str]
+    """Per sibling, the gate rollout id of its published attempt."""
+
+
+class GroupEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One group the controller still answers for: where its prompt came from and,
+    once finalized, what the finalizer recorded. Replaced, never changed in place."""
+
+    group_id: str
+    origin: GroupOrigin
+    finalized: FinalizedGroup | None = None
+
+    @property
+    def stage(self) -> GroupStage:
+        return GroupStage.PENDING if self.finalized is None else GroupStage.FINALIZED
+
+    def finalization(self) -> FinalizedGroup:
+        """The finalized part; raises :class:`GroupStateError` while the group is pending."""
+        if self.finalized is None:
+            raise GroupStateError(
+                f"group {self.group_id!r} is {self.stage.value}: it has no finalization"
+            )
+        return self.finalized
 
 
 @dataclass
@@ -94,12 +143,9 @@ class RolloutParts:
     spares: SparePrompts
     logs: RunLogs
     trainer_version: int = 0
-    origins: dict[str, GroupOrigin] = field(default_factory=dict)
-    """Every group in the ledger or the replay index, by group id."""
-    finalizer_rewards: dict[str, list[FinalizedReward]] = field(default_factory=dict)
-    finalizer_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    canonical_attempts: dict[str, list[str]] = field(default_factory=dict)
-    """Per canonical group, the gate rollout id of each sibling's published attempt."""
+    groups: dict[str, GroupEntry] = field(default_factory=dict)
+    """Every group in the ledger, the replay index or ``trained_since_checkpoint``,
+    by group id. Change it only through the methods below, which keep its rules."""
     base_step: int = 0
     """Trainer version of the last durable trainer checkpoint (0: the bootstrap anchor)."""
     trained_since_checkpoint: list[ReplayEntry] = field(default_factory=list)
@@ -114,3 +160,92 @@ class RolloutParts:
         """Wake every task waiting on ``changed``."""
         async with self.changed:
             self.changed.notify_all()
+
+    # -- the group table ------------------------------------------------------------
+
+    def group(self, group_id: str) -> GroupEntry:
+        """The entry of a group; raises :class:`GroupStateError` for an unknown one."""
+        return group_entry(self.groups, group_id)
+
+    def add_reserved_group(self, group_id: str, origin: GroupOrigin) -> None:
+        """Enter a group just reserved in the ledger, as pending."""
+        entry = self.groups.get(group_id)
+        if entry is not None:
+            raise GroupStateError(
+                f"group {group_id!r} cannot be reserved: it is already {entry.stage.value}"
+            )
+        self.groups[group_id] = GroupEntry(group_id=group_id, origin=origin)
+
+    def record_finalization(self, group_id: str, finalized: FinalizedGroup) -> None:
+        """Mark a pending group finalized with what the finalizer recorded."""
+        entry = self.groups.get(group_id)
+        if entry is None:
+            raise GroupStateError(f"group {group_id!r} cannot be finalized: it is {_UNKNOWN}")
+        if entry.finalized is not None:
+            raise GroupStateError(
+                f"group {group_id!r} cannot be finalized: it is already finalized"
+            )
+        self.groups[group_id] = GroupEntry(
+            group_id=group_id, origin=entry.origin, finalized=finalized
+        )
+
+    def forget_group(self, group_id: str) -> GroupEntry:
+        """Remove a group the controller no longer answers for (dropped, or trained
+        before the last trainer checkpoint); returns its entry."""
+        entry = self.groups.pop(group_id, None)
+        if entry is None:
+            raise GroupStateError(f"group {group_id!r} cannot be forgotten: it is {_UNKNOWN}")
+        return entry
+
+    def load_groups(
+        self,
+        origins: Mapping[str, GroupOrigin],
+        *,
+        rewards: Mapping[str, list[FinalizedReward]],
+        metrics: Mapping[str, dict[str, float]],
+        gate_rollout_ids: Mapping[str, list[str]],
+    ) -> None:
+        """Enter the groups of a restored snapshot, from the per-group maps it stores.
+
+        A group in ``gate_rollout_ids`` (a canonical one) is entered finalized
+        and needs an origin, rewards and metrics; every other origin is
+        entered pending. Raises :class:`GroupStateError` naming the first
+        group that breaks this, before entering any.
+        """
+        for group_id in rewards.keys() | metrics.keys():
+            if group_id not in gate_rollout_ids:
+                raise GroupStateError(
+                    f"group {group_id!r} has finalizer rewards or metrics but no canonical "
+                    "attempt ids"
+                )
+        for group_id in origins:
+            if group_id in self.groups:
+                raise GroupStateError(
+                    f"group {group_id!r} cannot be restored: it is already "
+                    f"{self.groups[group_id].stage.value}"
+                )
+        for group_id in gate_rollout_ids:
+            if group_id not in origins:
+                raise GroupStateError(f"canonical group {group_id!r} has no origin")
+            if group_id not in rewards or group_id not in metrics:
+                raise GroupStateError(
+                    f"canonical group {group_id!r} lacks its finalizer rewards or metrics"
+                )
+        for group_id, origin in origins.items():
+            self.add_reserved_group(group_id, origin)
+        for group_id, attempt_ids in gate_rollout_ids.items():
+            finalized = FinalizedGroup(
+                rewards=rewards[group_id], metrics=metrics[group_id], gate_rollout_ids=attempt_ids
+            )
+            self.record_finalization(group_id, finalized)
+
+
+_UNKNOWN = "unknown (never reserved, or already forgotten)"
+
+
+def group_entry(groups: Mapping[str, GroupEntry], group_id: str) -> GroupEntry:
+    """``groups[group_id]``, or :class:`GroupStateError` naming the unknown group."""
+    entry = groups.get(group_id)
+    if entry is None:
+        raise GroupStateError(f"group {group_id!r} is {_UNKNOWN}")
+    return entry

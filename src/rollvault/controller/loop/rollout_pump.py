@@ -149,7 +149,7 @@ class RolloutPump:
             start_weight_version=parts.trainer_version,
             recovery_granularity=config.rollout.recovery_granularity,
         )
-        parts.origins[record.group_id] = GroupOrigin(epoch=epoch, dataset_idx=dataset_idx)
+        parts.add_reserved_group(record.group_id, GroupOrigin(epoch=epoch, dataset_idx=dataset_idx))
         return record.group_id
 
     # -- one slot ----------------------------------------------------------------------
@@ -300,7 +300,7 @@ class RolloutPump:
                     self._parts.logs.log_discarded_seal(
                         record, sibling.generation_index, "sealed work discarded"
                     )
-            origin = parts.origins.pop(group_id)
+            origin = parts.forget_group(group_id).origin
             step = record.target_step
             must_replace = step is not None and not parts.shortfall.can_shrink(
                 step, per_step, rollout.min_step_batch_fraction

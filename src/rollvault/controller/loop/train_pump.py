@@ -152,7 +152,7 @@ class TrainPump:
             keys = [train_key(entry.group_id, i) for i in range(per_group)]
             await parts.data_plane.clear(TRAIN_PARTITION, keys)
             parts.shortfall.record_loss(version)
-            self._forget(entry.group_id)
+            parts.forget_group(entry.group_id)
             parts.logs.drops.write(
                 DropLogRecord(
                     group_id=entry.group_id,
@@ -167,8 +167,7 @@ class TrainPump:
 
     def _log_trained(self, step: int, entry: ReplayEntry) -> None:
         parts = self._parts
-        rewards = parts.finalizer_rewards[entry.group_id]
-        gate_rollout_ids = parts.canonical_attempts[entry.group_id]
+        finalized = parts.group(entry.group_id).finalization()
         parts.logs.train.write(
             TrainLogRecord(
                 step=step,
@@ -176,19 +175,12 @@ class TrainPump:
                 group_id=entry.group_id,
                 sample_id=entry.sample_id,
                 epoch=entry.epoch,
-                rewards=[reward.reward for reward in rewards],
-                gate_rollout_ids=gate_rollout_ids,
+                rewards=[reward.reward for reward in finalized.rewards],
+                gate_rollout_ids=finalized.gate_rollout_ids,
                 target_step=entry.target_step,
                 incarnation=parts.logs.incarnation,
             )
         )
-
-    def _forget(self, group_id: str) -> None:
-        parts = self._parts
-        parts.finalizer_rewards.pop(group_id, None)
-        parts.finalizer_metrics.pop(group_id, None)
-        parts.canonical_attempts.pop(group_id, None)
-        parts.origins.pop(group_id, None)
 
     async def _sync_weights(self) -> None:
         try:

@@ -31,7 +31,7 @@ from rollvault.controller.data.replay_index import ReplayEntry, ReplayIndexState
 from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.data.shortfall import SparePromptsState
 from rollvault.controller.loop.finalizer import capture_reward_settings
-from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
+from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entry
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.snapshot_files import (
     SNAPSHOT_FILES_SCHEMA_VERSION,
@@ -56,7 +56,6 @@ from rollvault.durable.trainer_checkpoints import (
     trainer_checkpoint_path,
 )
 from rollvault.ledger.ledger import RolloutRecoveryLedger
-from rollvault.ledger.reward_penalties import FinalizedReward
 from rollvault.ledger.sidecar import build_rollout_recovery_state
 
 TRAINER_STATE_DIRNAME = "trainer"
@@ -70,8 +69,8 @@ KEEP_TRAINER_CHECKPOINTS = 2
 class CutCapture:
     """What must be copied while the cut is held: references and O(groups) copies only.
 
-    The ledger is a copy-on-write capture; rows, replay entries, rewards and
-    origins are immutable or never changed in place, so references suffice.
+    The ledger is a copy-on-write capture; rows, replay entries and group
+    entries are immutable or never changed in place, so references suffice.
     """
 
     base_step: int
@@ -79,10 +78,7 @@ class CutCapture:
     replay: ReplayIndexState
     ledger: RolloutRecoveryLedger
     shortfall: dict[int, int]
-    finalizer_metrics: dict[str, dict[str, float]]
-    finalizer_rewards: dict[str, list[FinalizedReward]]
-    canonical_attempts: dict[str, list[str]]
-    origins: dict[str, GroupOrigin]
+    groups: dict[str, GroupEntry]
     spares: SparePromptsState
     sampler: SamplerState
     dataloader: DataLoaderState
@@ -105,10 +101,7 @@ def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> Cu
         replay=parts.replay.state_dict(),
         ledger=parts.ledger.capture(),
         shortfall=parts.shortfall.as_dict(),
-        finalizer_metrics=dict(parts.finalizer_metrics),
-        finalizer_rewards=dict(parts.finalizer_rewards),
-        canonical_attempts=dict(parts.canonical_attempts),
-        origins=dict(parts.origins),
+        groups=dict(parts.groups),
         spares=parts.spares.state_dict(),
         sampler=parts.sampler.state_dict(),
         dataloader=parts.dataloader.state_dict(),
@@ -128,12 +121,15 @@ def build_snapshot(
     entries = cut.rolled_back + cut.replay.entries
     canonical = {entry.group_id for entry in entries}
     grouped = canonical | set(cut.ledger.group_ids())
+    # The files keep one map per kind (their format predates the group entries).
+    finalized = {g: group_entry(cut.groups, g).finalization() for g in canonical}
+    origins = {g: group_entry(cut.groups, g).origin for g in grouped}
     recovery = build_rollout_recovery_state(
         cut.ledger,
         batch_shortfall=cut.shortfall,
         sampler_stamps_target_steps=parts.sampler.stamps_target_steps,
-        finalizer_metrics_by_group={g: cut.finalizer_metrics[g] for g in canonical},
-        finalizer_rewards_by_group={g: cut.finalizer_rewards[g] for g in canonical},
+        finalizer_metrics_by_group={g: f.metrics for g, f in finalized.items()},
+        finalizer_rewards_by_group={g: f.rewards for g, f in finalized.items()},
         reward_settings=capture_reward_settings(parts.config.reward),
         canonical_group_ids=canonical,
     )
@@ -153,16 +149,16 @@ def build_snapshot(
         replay=ReplayBufferFile(
             schema_version=SNAPSHOT_FILES_SCHEMA_VERSION,
             replay=ReplayIndexState(schema_version=cut.replay.schema_version, entries=entries),
-            canonical_attempts={g: list(cut.canonical_attempts[g]) for g in canonical},
+            canonical_attempts={g: list(f.gate_rollout_ids) for g, f in finalized.items()},
         ),
         spares=cut.spares,
         controller=ControllerStateFile(
             schema_version=SNAPSHOT_FILES_SCHEMA_VERSION,
             sampler=cut.sampler,
             dataloader=cut.dataloader,
-            origins={g: cut.origins[g] for g in grouped},
+            origins=origins,
             prompt_identities={
-                g: parts.dataset.identity(cut.origins[g].dataset_idx) for g in grouped
+                g: parts.dataset.identity(o.dataset_idx) for g, o in origins.items()
             },
             log_sequence=cut.log_sequence,
         ),
@@ -274,10 +270,7 @@ class Checkpointer:
             async with parts.cut.mutation():
                 await parts.data_plane.clear(TRAIN_PARTITION, keys)
                 for entry in retired:
-                    parts.finalizer_rewards.pop(entry.group_id, None)
-                    parts.finalizer_metrics.pop(entry.group_id, None)
-                    parts.canonical_attempts.pop(entry.group_id, None)
-                    parts.origins.pop(entry.group_id, None)
+                    parts.forget_group(entry.group_id)
                 del parts.trained_since_checkpoint[: len(retired)]
                 parts.base_step = version
             await asyncio.to_thread(self._prune, path)

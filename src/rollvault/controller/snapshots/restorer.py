@@ -146,6 +146,7 @@ class RolloutRestorer:
                     parts.logs.sequence.value, snapshot.controller.log_sequence
                 )
                 restored_replay_groups = await self._restore_replay_buffer(snapshot)
+                self._restore_groups(snapshot)
                 await self._restore_recovery_ledger(
                     snapshot, restored_replay_groups=restored_replay_groups
                 )
@@ -199,10 +200,17 @@ class RolloutRestorer:
             snapshot.data_plane, source=snapshot.path / DATA_PLANE_DIRNAME
         )
         parts.replay.load_state_dict(snapshot.replay.replay)
-        parts.canonical_attempts.update(snapshot.replay.canonical_attempts)
-        parts.finalizer_rewards.update(snapshot.recovery.finalizer_rewards_by_group)
-        parts.finalizer_metrics.update(snapshot.recovery.finalizer_metrics_by_group)
         return len(parts.replay)
+
+    def _restore_groups(self, snapshot: LoadedSnapshot) -> None:
+        """Every group's origin, and what the finalizer recorded for the canonical ones."""
+        recovery = snapshot.recovery
+        self._parts.load_groups(
+            snapshot.controller.origins,
+            rewards=recovery.finalizer_rewards_by_group,
+            metrics=recovery.finalizer_metrics_by_group,
+            gate_rollout_ids=snapshot.replay.canonical_attempts,
+        )
 
     async def _restore_recovery_ledger(
         self, snapshot: LoadedSnapshot, *, restored_replay_groups: int
@@ -236,7 +244,6 @@ class RolloutRestorer:
                 schema_version=SHORTFALL_SCHEMA_VERSION, losses=snapshot.recovery.batch_shortfall
             )
         )
-        parts.origins.update(controller.origins)
 
     async def _resolve_finalization_unknown(self) -> None:
         """Canonical rows indexed for training: keep them. Otherwise finalize again."""
@@ -295,13 +302,7 @@ class RolloutRestorer:
             parts.ledger.drop_group(parts.cut, record.group_id)
             stale.append((record.group_id, record.target_step))
         for group_id, target_step in stale:
-            origin = parts.origins.pop(group_id)
-            for table in (
-                parts.canonical_attempts,
-                parts.finalizer_rewards,
-                parts.finalizer_metrics,
-            ):
-                table.pop(group_id, None)
+            origin = parts.forget_group(group_id).origin
             fresh = parts.ledger.reserve_group(
                 parts.cut,
                 prompt_id=str(origin.dataset_idx),
@@ -311,7 +312,7 @@ class RolloutRestorer:
                 start_weight_version=parts.trainer_version,
                 recovery_granularity=parts.config.rollout.recovery_granularity,
             )
-            parts.origins[fresh.group_id] = origin
+            parts.add_reserved_group(fresh.group_id, origin)
             self.counts.groups_regenerated += 1
         self._records = parts.ledger.groups()
 
@@ -346,7 +347,7 @@ class RolloutRestorer:
     async def _load_recovery_prompt(self, *, group_id: str, sample_id: str) -> DatumSpec:
         """Resolve one stable dataset prompt reference and check it is the same prompt."""
         parts = self._parts
-        origin = parts.origins[group_id]
+        origin = parts.group(group_id).origin
         if str(origin.dataset_idx) != sample_id:
             raise RestoreError(
                 f"group {group_id!r}: ledger sample id {sample_id!r} disagrees with its recorded "

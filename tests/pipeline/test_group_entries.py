@@ -1,0 +1,244 @@
+"""The per-group entries of RolloutParts: their transitions, and the snapshot round trip."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pipeline_helpers import small_config
+
+from rollvault.config.schema import RestoreMode
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.finalizer import Finalizer
+from rollvault.controller.loop.gate import AttemptRequest
+from rollvault.controller.loop.parts import (
+    FinalizedGroup,
+    GroupOrigin,
+    GroupStage,
+    GroupStateError,
+    RolloutParts,
+)
+from rollvault.controller.loop.pipeline import build_parts
+from rollvault.controller.snapshots.checkpointer import build_snapshot, take_cut_capture
+from rollvault.controller.snapshots.restorer import RolloutRestorer
+from rollvault.controller.snapshots.resume import ResumeSource
+from rollvault.controller.snapshots.snapshot_files import (
+    CONTROLLER_STATE_FILENAME,
+    REPLAY_BUFFER_METADATA_FILENAME,
+    RolloutStateCapture,
+    read_snapshot,
+    write_snapshot_payload,
+)
+from rollvault.durable.manifest_schema import write_snapshot_manifest
+from rollvault.gates.environment import ParityEnvironment
+from rollvault.gates.simulated import SimulatedGate
+from rollvault.ledger.reward_penalties import FinalizedReward
+from rollvault.training.recording import RecordingTrainer
+
+ORIGIN = GroupOrigin(epoch=1, dataset_idx=7)
+FINALIZED = FinalizedGroup(
+    rewards=[FinalizedReward(raw_reward=1.0, reward=0.5, masked=False)],
+    metrics={"reward_mean": 0.5},
+    gate_rollout_ids=["g_g0_a1"],
+)
+
+
+def _parts(tmp_path: Path) -> RolloutParts:
+    async def make() -> RolloutParts:
+        return build_parts(small_config(tmp_path))
+
+    return asyncio.run(make())
+
+
+def test_a_group_is_reserved_pending_then_finalized_keeping_its_origin(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    parts.add_reserved_group("g", ORIGIN)
+    assert parts.group("g").stage is GroupStage.PENDING
+    parts.record_finalization("g", FINALIZED)
+    entry = parts.group("g")
+    assert entry.stage is GroupStage.FINALIZED
+    assert entry.origin == ORIGIN
+    assert entry.finalization() is FINALIZED
+    assert parts.forget_group("g") == entry
+    assert "g" not in parts.groups
+
+
+@pytest.mark.parametrize(
+    ("prepare", "act", "message"),
+    [
+        ([], lambda p: p.record_finalization("g", FINALIZED), "'g' cannot be finalized: it is un"),
+        (["reserve", "finalize"], lambda p: p.record_finalization("g", FINALIZED), "already fin"),
+        (["reserve"], lambda p: p.add_reserved_group("g", ORIGIN), "already pending"),
+        (["reserve", "finalize"], lambda p: p.add_reserved_group("g", ORIGIN), "already finalized"),
+        (["reserve"], lambda p: p.group("g").finalization(), "'g' is pending: it has no final"),
+        ([], lambda p: p.forget_group("g"), "'g' cannot be forgotten: it is unknown"),
+        ([], lambda p: p.group("g"), "'g' is unknown"),
+    ],
+)
+def test_a_transition_the_stage_forbids_names_the_group_and_its_stage(
+    tmp_path: Path, prepare: list[str], act: object, message: str
+) -> None:
+    parts = _parts(tmp_path)
+    if "reserve" in prepare:
+        parts.add_reserved_group("g", ORIGIN)
+    if "finalize" in prepare:
+        parts.record_finalization("g", FINALIZED)
+    before = dict(parts.groups)
+    with pytest.raises(GroupStateError, match=message):
+        act(parts)  # type: ignore[operator]
+    assert parts.groups == before
+
+
+def test_load_groups_enters_canonical_groups_finalized_and_the_rest_pending(
+    tmp_path: Path,
+) -> None:
+    parts = _parts(tmp_path)
+    other = GroupOrigin(epoch=0, dataset_idx=3)
+    parts.load_groups(
+        {"done": ORIGIN, "open": other},
+        rewards={"done": FINALIZED.rewards},
+        metrics={"done": FINALIZED.metrics},
+        gate_rollout_ids={"done": FINALIZED.gate_rollout_ids},
+    )
+    assert parts.group("done").finalization() == FINALIZED
+    assert parts.group("done").origin == ORIGIN
+    assert parts.group("open").stage is GroupStage.PENDING
+    assert parts.group("open").origin == other
+
+
+@pytest.mark.parametrize(
+    ("origins", "rewards", "attempts", "message"),
+    [
+        ({}, {"g": []}, {"g": []}, "canonical group 'g' has no origin"),
+        ({"g": ORIGIN}, {}, {"g": []}, "canonical group 'g' lacks its finalizer rewards"),
+        ({"g": ORIGIN}, {"g": []}, {}, "group 'g' has finalizer rewards or metrics but no"),
+    ],
+)
+def test_load_groups_refuses_maps_that_disagree_and_enters_nothing(
+    tmp_path: Path,
+    origins: dict[str, GroupOrigin],
+    rewards: dict[str, list[FinalizedReward]],
+    attempts: dict[str, list[str]],
+    message: str,
+) -> None:
+    parts = _parts(tmp_path)
+    with pytest.raises(GroupStateError, match=message):
+        parts.load_groups(
+            origins,
+            rewards=rewards,
+            metrics={g: {} for g in rewards},
+            gate_rollout_ids=attempts,
+        )
+    assert parts.groups == {}
+
+
+def test_load_groups_refuses_a_group_already_entered(tmp_path: Path) -> None:
+    parts = _parts(tmp_path)
+    parts.add_reserved_group("g", ORIGIN)
+    with pytest.raises(GroupStateError, match="'g' cannot be restored: it is already pending"):
+        parts.load_groups({"g": ORIGIN}, rewards={}, metrics={}, gate_rollout_ids={})
+
+
+async def _reserve(parts: RolloutParts, *, sealed: int, gate: SimulatedGate) -> str:
+    """Reserve the dataloader's next prompt as the rollout pump does; seal ``sealed`` siblings."""
+    async with parts.cut.mutation():
+        epoch, idx = parts.dataloader.next_index()
+        record = parts.ledger.reserve_group(
+            parts.cut,
+            prompt_id=str(idx),
+            prompt_payload=parts.dataset[idx],
+            expected_generations=parts.config.grpo.num_generations_per_prompt,
+            target_step=parts.sampler.admit(epoch=epoch, trainer_version=0),
+            start_weight_version=0,
+        )
+        parts.add_reserved_group(record.group_id, GroupOrigin(epoch=epoch, dataset_idx=idx))
+        parts.ledger.mark_group_dispatched(parts.cut, record.group_id)
+    for index in range(sealed):
+        request = AttemptRequest(
+            group_id=record.group_id,
+            generation_index=index,
+            gate_rollout_id=record.gate_rollout_id(index),
+            prompt=dict(record.prompt_payload),
+            weight_version=0,
+        )
+        outcome = await gate.run_attempt(request)
+        async with parts.cut.mutation():
+            parts.ledger.mark_sibling_sealed(
+                parts.cut,
+                record.group_id,
+                generation_index=index,
+                gate_rollout_id=request.gate_rollout_id,
+                receipt=outcome.receipt,
+                reward=outcome.reward,
+                mask_sample=False,
+                reward_checks=outcome.reward_checks,
+                reward_log_context=outcome.reward_log_context,
+            )
+    return record.group_id
+
+
+async def _fill(parts: RolloutParts) -> None:
+    """Two canonical groups (one trained since the checkpoint) and two pending ones."""
+    gate = SimulatedGate(parts.config.gate.simulated, parts.data_plane, ParityEnvironment(), seed=0)
+    finalizer = Finalizer(parts, end_weight_version={})
+    siblings = parts.config.grpo.num_generations_per_prompt
+    trained = await finalizer.finalize(await _reserve(parts, sealed=siblings, gate=gate))
+    await finalizer.finalize(await _reserve(parts, sealed=siblings, gate=gate))
+    async with parts.cut.mutation():
+        parts.replay.remove(trained.group_id)
+        parts.trained_since_checkpoint.append(trained)
+    await _reserve(parts, sealed=2, gate=gate)
+    await _reserve(parts, sealed=0, gate=gate)
+
+
+async def _write(parts: RolloutParts, directory: Path) -> RolloutStateCapture:
+    async with parts.cut.checkpoint():
+        cut = take_cut_capture(parts)
+    capture = build_snapshot(cut, parts, fingerprint=None)
+    directory.mkdir()
+    write_snapshot_payload(capture, directory)
+    write_snapshot_manifest(directory, capture.manifest)
+    return capture
+
+
+def test_a_restored_snapshot_captures_back_to_the_same_group_maps(tmp_path: Path) -> None:
+    """Snapshot, restore, snapshot again: the per-group maps the files hold (origins,
+    prompt identities, finalizer rewards and metrics, canonical attempt ids) are
+    unchanged, and the replay-buffer and controller files are byte for byte the same."""
+    config = small_config(tmp_path)
+    first, second = tmp_path / "first", tmp_path / "second"
+
+    async def main() -> tuple[RolloutStateCapture, RolloutStateCapture]:
+        parts = build_parts(config)
+        await _fill(parts)
+        written = await _write(parts, first)
+        parts.logs.close()
+        snapshot = read_snapshot(
+            first, written.manifest, generations_per_group=written.generations_per_group
+        )
+        restored = build_parts(config)
+        restorer = RolloutRestorer(
+            restored,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=ResumeSource(RestoreMode.LATEST, 0, snapshot, None),
+        )
+        await restorer.restore()
+        restored.logs.sequence.value = parts.logs.sequence.value  # restore logged a line
+        again = await _write(restored, second)
+        restored.logs.close()
+        return written, again
+
+    written, again = asyncio.run(main())
+    assert len(written.replay.canonical_attempts) == 2
+    assert len(written.controller.origins) == 4
+    for capture in (written, again):
+        assert all(len(ids) == 4 for ids in capture.replay.canonical_attempts.values())
+    assert written.controller.origins == again.controller.origins
+    assert written.controller.prompt_identities == again.controller.prompt_identities
+    for key in ("finalizer_rewards_by_group", "finalizer_metrics_by_group"):
+        assert written.recovery_state[key] == again.recovery_state[key]
+        assert len(written.recovery_state[key]) == 2
+    for name in (REPLAY_BUFFER_METADATA_FILENAME, CONTROLLER_STATE_FILENAME):
+        assert (first / name).read_bytes() == (second / name).read_bytes()
