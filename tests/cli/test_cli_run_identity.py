@@ -60,7 +60,7 @@ def test_a_finished_run_is_extended_and_trains_every_prompt_once(tmp_path: Path)
         ),
     )
     assert second.returncode == 0, second.stderr
-    assert "restore at start 2 (latest)" in second.stderr
+    assert "resumed at step 5" in second.stderr  # the last step was checkpointed
     history = read_run_history(tmp_path / "logs")
     assert sorted(history.steps) == list(range(16))
     expected = {(epoch, str(idx)) for epoch in range(2) for idx in range(64)}
