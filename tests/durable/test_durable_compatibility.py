@@ -282,6 +282,11 @@ def test_config_drift_over_every_leaf_of_the_default_config(tmp_path: Path) -> N
         "rollout_checkpointing.interval_s",
         "rollout_checkpointing.keep_latest_k",
         "rollout_checkpointing.restore_mode",
+        "grpo.max_num_steps",
+        "grpo.max_num_epochs",
+        "rollout.max_inflight_prompts",
+        "gate.local_model.max_batch_size",
+        "model.path",
     } <= operational
     assert "seed" not in operational and "reward.overlong_penalty" not in operational
 

@@ -10,15 +10,18 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.trainer_checkpoints import (
+    TRAINER_DIGESTS_FILENAME,
     latest_trainer_checkpoint,
     prune_trainer_checkpoints,
     publish_trainer_checkpoint,
     trainer_checkpoint_path,
     trainer_checkpoint_steps,
+    verify_trainer_checkpoint,
 )
 
 
@@ -128,3 +131,36 @@ def test_kill_at_every_fault_point_leaves_old_or_new_complete(tmp_path: Path) ->
         assert _child(root, 3, {}).returncode == 0, point
         assert trainer_checkpoint_steps(root) == [3]
         assert not [p for p in root.iterdir() if p.name.startswith(("tmp_", "trash_"))]
+
+
+def test_publication_records_a_digest_of_every_file(tmp_path: Path) -> None:
+    path = publish_trainer_checkpoint(tmp_path, 3, _write_state(3))
+    assert verify_trainer_checkpoint(path) == []
+    recorded = msgspec.json.decode((path / TRAINER_DIGESTS_FILENAME).read_bytes())
+    assert sorted(recorded["files"]) == ["done", "trainer/state.bin"]
+
+
+def test_a_flipped_byte_in_the_weights_is_named(tmp_path: Path) -> None:
+    path = publish_trainer_checkpoint(tmp_path, 3, _write_state(3))
+    state = path / "trainer" / "state.bin"
+    data = bytearray(state.read_bytes())
+    data[100] ^= 0x10
+    state.write_bytes(bytes(data))
+    assert verify_trainer_checkpoint(path) == [f"{state}: content changed (digest mismatch)"]
+
+
+def test_missing_extra_and_undigested_files_are_named(tmp_path: Path) -> None:
+    path = publish_trainer_checkpoint(tmp_path, 3, _write_state(3))
+    (path / "done").unlink()
+    (path / "trainer" / "stray.bin").write_bytes(b"x")
+    assert verify_trainer_checkpoint(path) == [
+        f"{path / 'done'}: missing",
+        f"{path / 'trainer' / 'stray.bin'}: not in {TRAINER_DIGESTS_FILENAME}",
+    ]
+    (path / TRAINER_DIGESTS_FILENAME).write_bytes(b'{"schema_version": 1}')
+    [problem] = verify_trainer_checkpoint(path)
+    assert "unreadable" in problem and "files" in problem
+    (path / TRAINER_DIGESTS_FILENAME).unlink()
+    assert verify_trainer_checkpoint(path) == [
+        f"{path / TRAINER_DIGESTS_FILENAME}: missing, so the checkpoint's files cannot be checked"
+    ]

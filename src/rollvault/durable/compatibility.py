@@ -54,6 +54,24 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "rollout_checkpointing.force_fresh": "how this start treats an existing run directory",
         "**.restore_mode": "how this start resumes, not what the run computes",
         "gate.simulated.latency_per_token_s": "simulated generation speed: timing, not tokens",
+        "grpo.max_num_steps": (
+            "when the run stops, not what a step computes: a finished run can be extended"
+        ),
+        "grpo.max_num_epochs": (
+            "when the run stops, not what an epoch computes: a finished run can be extended"
+        ),
+        "rollout.max_inflight_prompts": (
+            "how many groups generate at once: throughput; every attempt is seeded by its "
+            "identity, not by what runs beside it"
+        ),
+        "**.max_batch_size": "how many attempts a generation engine batches: throughput",
+        "model.build_default": (
+            "whether a missing model directory is built; what was built is in model.files"
+        ),
+        "model.path": (
+            "where the model's files are; the model's identity is the digest of those files "
+            "(model.files), so a moved model is the same model and new weights are not"
+        ),
         "**.port": "network ports of servers and workers",
         "**.host": "network addresses of servers and workers",
         "cluster": "the machine layout the run happens to be placed on",

@@ -6,6 +6,11 @@ as a rollout snapshot: a crash leaves either no ``step_<N>/`` or a complete
 one. ``tmp_step_`` and ``trash_step_`` directories are never read and are
 cleared by the next publication. Older checkpoints are pruned through
 ``trash_step_<N>`` so a half-deleted directory never keeps a committed name.
+
+Before the rename, ``file_digests.json`` records the SHA-256 of every other
+file of the checkpoint: weights and optimizer state carry no checksum of
+their own, so without it a flipped byte would load silently.
+:func:`verify_trainer_checkpoint` names every file that no longer matches.
 """
 
 from __future__ import annotations
@@ -16,13 +21,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+import msgspec
+
 from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.faults import fault_point
+from rollvault.durable.file_digests import directory_digests
 from rollvault.durable.fsync import _fsync_directory, _fsync_tree
 from rollvault.durable.trash import remove_tree
 
 _STEP_RE: Final = re.compile(r"step_([0-9]+)")
 _LEFTOVER_RE: Final = re.compile(r"(tmp|trash)_step_([0-9]+)")
+
+TRAINER_DIGESTS_FILENAME: Final = "file_digests.json"
+TRAINER_DIGESTS_SCHEMA_VERSION: Final = 1
+SUPPORTED_TRAINER_DIGESTS_SCHEMA_VERSIONS: Final = frozenset({TRAINER_DIGESTS_SCHEMA_VERSION})
+
+
+class TrainerCheckpointDigests(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``file_digests.json``: SHA-256 of every file of a trainer checkpoint but itself."""
+
+    schema_version: int
+    files: dict[str, str]
+    """Relative posix path -> SHA-256 hex."""
 
 
 def trainer_checkpoint_path(checkpoint_dir: Path, step: int) -> Path:
@@ -64,6 +84,7 @@ def publish_trainer_checkpoint(
     try:
         tmp.mkdir(parents=True)
         write(tmp)
+        _write_digests(tmp)
         _fsync_tree(tmp)
         fault_point("trainer_checkpoint.tree_synced")
         os.rename(tmp, final)
@@ -80,6 +101,42 @@ def publish_trainer_checkpoint(
     _fsync_directory(checkpoint_dir)
     fault_point("trainer_checkpoint.parent_synced")
     return final
+
+
+def _write_digests(directory: Path) -> None:
+    digests = TrainerCheckpointDigests(
+        schema_version=TRAINER_DIGESTS_SCHEMA_VERSION, files=directory_digests(directory)
+    )
+    (directory / TRAINER_DIGESTS_FILENAME).write_bytes(msgspec.json.encode(digests))
+
+
+def verify_trainer_checkpoint(step_dir: Path) -> list[str]:
+    """Every problem with ``step_dir``'s files against its digests (empty: none).
+
+    Names the digest file when it is missing, unreadable or of an unsupported
+    schema version, and each file that is missing, changed or not listed.
+    """
+    path = step_dir / TRAINER_DIGESTS_FILENAME
+    try:
+        recorded = msgspec.json.decode(path.read_bytes(), type=TrainerCheckpointDigests)
+    except FileNotFoundError:
+        return [f"{path}: missing, so the checkpoint's files cannot be checked"]
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return [f"{path}: unreadable: {exc}"]
+    if recorded.schema_version not in SUPPORTED_TRAINER_DIGESTS_SCHEMA_VERSIONS:
+        supported = sorted(SUPPORTED_TRAINER_DIGESTS_SCHEMA_VERSIONS)
+        return [f"{path}: schema_version {recorded.schema_version} is not one of {supported}"]
+    actual = directory_digests(step_dir)
+    actual.pop(TRAINER_DIGESTS_FILENAME, None)
+    problems = []
+    for name in sorted(recorded.files.keys() | actual.keys()):
+        if name not in actual:
+            problems.append(f"{step_dir / name}: missing")
+        elif name not in recorded.files:
+            problems.append(f"{step_dir / name}: not in {TRAINER_DIGESTS_FILENAME}")
+        elif actual[name] != recorded.files[name]:
+            problems.append(f"{step_dir / name}: content changed (digest mismatch)")
+    return problems
 
 
 def prune_trainer_checkpoints(checkpoint_dir: Path, *, keep_latest: int) -> list[int]:

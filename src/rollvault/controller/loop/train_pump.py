@@ -55,13 +55,24 @@ class TrainPump:
             async with parts.changed:
                 await parts.changed.wait_for(lambda: self._batch_ready() is not None)
             if not self._batch_ready():
-                return  # no step is left: the data ran out
+                break  # no step is left: the data ran out
             metrics = await self._train()
             await self._sync_weights()
             if self._checkpointer and self._checkpointer.due_for_trainer_checkpoint():
                 await self._checkpointer.trainer_checkpoint()
             if self._on_step is not None:
                 self._on_step(parts, metrics)
+        await self._final_trainer_checkpoint()
+
+    async def _final_trainer_checkpoint(self) -> None:
+        """Make the last step durable, whatever ``save_period`` is.
+
+        Otherwise a run of 60 steps with ``save_period=50`` would keep only
+        ``step_50`` and a later extension of it would train steps 50-59 again.
+        """
+        parts = self._parts
+        if self._checkpointer is not None and parts.trainer_version > parts.base_step:
+            await self._checkpointer.trainer_checkpoint()
 
     # -- readiness (pure: called under the condition's lock) ------------------------------
 

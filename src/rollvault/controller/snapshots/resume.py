@@ -32,8 +32,12 @@ from rollvault.controller.snapshots.checkpointer import (
 )
 from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot, read_snapshot
 from rollvault.durable.bootstrap import ensure_bootstrap_anchor
-from rollvault.durable.compatibility import bootstrap_compatibility_identity
+from rollvault.durable.compatibility import (
+    BootstrapCompatibilityIdentity,
+    bootstrap_compatibility_identity,
+)
 from rollvault.durable.errors import NoUsableSnapshotError, SnapshotError
+from rollvault.durable.file_digests import directory_digests
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME, BOOTSTRAP_MANIFEST_FILENAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
 from rollvault.durable.resolve import resolve_latest_snapshot
@@ -59,9 +63,24 @@ class ResumeSource:
     """The trainer state to load (None at the bootstrap anchor)."""
 
 
+def run_identity(config: RunConfig) -> BootstrapCompatibilityIdentity:
+    """The run's compatibility identity: its config less the operational paths.
+
+    When ``model.path`` holds a model directory, the digest of each of its
+    files joins the identity as ``model.files`` (``model.path`` itself is
+    operational): the model is its weights, config and tokenizer, not where
+    they happen to lie.
+    """
+    data = config_to_dict(config)
+    model_dir = Path(config.model.path)
+    if model_dir.is_dir():
+        data["model"]["files"] = directory_digests(model_dir)
+    return bootstrap_compatibility_identity(data)
+
+
 def run_fingerprint(config: RunConfig) -> str:
     """The run's compatibility fingerprint, stored in every snapshot manifest."""
-    return bootstrap_compatibility_identity(config_to_dict(config)).fingerprint()
+    return run_identity(config).fingerprint()
 
 
 def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
@@ -74,7 +93,7 @@ def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
     """
     settings = config.rollout_checkpointing
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
-    identity = bootstrap_compatibility_identity(config_to_dict(config))
+    identity = run_identity(config)
     holds_run = (checkpoint_dir / BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME).exists()
     if settings.restore_mode is RestoreMode.NONE and holds_run:
         if not settings.force_fresh:

@@ -1,0 +1,121 @@
+"""What a resume accepts and refuses, on real ``rollvault run`` processes.
+
+Stopping criteria and throughput settings are not the run's meaning: a
+finished run can be extended, and its concurrency changed. The model is its
+files, not its path: a moved model directory resumes, new weights at the
+same path are refused.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rollvault
+from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
+
+GRPO_RECIPE = Path(rollvault.__file__).parent / "configs" / "grpo_addition.yaml"
+
+
+def _run(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rollvault.cli.main", "run", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _simulated(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        f"logging.log_dir={tmp_path / 'logs'}",
+        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        "logging.progress=false",
+        "checkpointing.save_period=8",
+        "dataset.num_prompts=64",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_a_finished_run_is_extended_and_trains_every_prompt_once(tmp_path: Path) -> None:
+    # 64 prompts, 8 per step: 8 steps an epoch. Stop mid-way through the first epoch.
+    first = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=5", "grpo.max_num_epochs=1"))
+    assert first.returncode == 0, first.stderr
+    assert len(read_run_history(tmp_path / "logs").steps) == 5
+    # More steps, one more epoch, and another concurrency: all accepted.
+    second = _run(
+        tmp_path,
+        *_simulated(
+            tmp_path,
+            "grpo.max_num_steps=16",
+            "grpo.max_num_epochs=2",
+            "rollout.max_inflight_prompts=4",
+        ),
+    )
+    assert second.returncode == 0, second.stderr
+    assert "resumed at step 5" in second.stderr  # the last step was checkpointed
+    history = read_run_history(tmp_path / "logs")
+    assert sorted(history.steps) == list(range(16))
+    expected = {(epoch, str(idx)) for epoch in range(2) for idx in range(64)}
+    assert check_exactly_once(history, expected) == []
+
+
+@pytest.mark.slow
+def test_a_semantic_change_is_still_refused(tmp_path: Path) -> None:
+    assert _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=2")).returncode == 0
+    refused = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=4", "seed=3"))
+    assert refused.returncode == 2
+    assert "seed: 0 -> 3" in refused.stderr
+    assert "max_num_steps" not in refused.stderr
+
+
+def _grpo(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--config",
+        str(GRPO_RECIPE),
+        f"model.path={model_dir}",
+        f"logging.log_dir={tmp_path / 'logs'}",
+        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "trainer.warmup.steps=0",
+        "dataset.num_prompts=64",
+        "grpo.num_prompts_per_step=4",
+        "grpo.num_generations_per_prompt=2",
+        "rollout.max_inflight_prompts=8",
+        "rollout.max_buffered_rollouts=8",
+        "checkpointing.save_period=2",
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+def test_the_model_is_its_files_not_its_path(tmp_path: Path) -> None:
+    first_dir = tmp_path / "model_a"
+    first = _run(tmp_path, *_grpo(tmp_path, first_dir, "grpo.max_num_steps=2"))
+    assert first.returncode == 0, first.stderr
+    moved_dir = tmp_path / "model_b"
+    shutil.move(first_dir, moved_dir)
+    moved = _run(
+        tmp_path,
+        *_grpo(tmp_path, moved_dir, "grpo.max_num_steps=3", "model.build_default=false"),
+    )
+    assert moved.returncode == 0, moved.stderr
+    assert "resumed at step 2" in moved.stderr
+    weights = moved_dir / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # one bit of the last weight: same shapes, other weights
+    weights.write_bytes(bytes(data))
+    refused = _run(
+        tmp_path,
+        *_grpo(tmp_path, moved_dir, "grpo.max_num_steps=4", "model.build_default=false"),
+    )
+    assert refused.returncode == 2
+    assert "model.files.model.safetensors:" in refused.stderr
