@@ -56,7 +56,6 @@ from rollvault.config.schema import (
     SamplerKind,
     load_run_config,
 )
-from rollvault.controller.dataset import build_dataset
 from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
@@ -70,8 +69,9 @@ from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key
 from rollvault.dataplane.rows import RowInput
-from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.tasks.registry import build_dataset
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 
 CANNED_POOL_SIZE = 512
 

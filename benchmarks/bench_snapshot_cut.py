@@ -67,9 +67,9 @@ from rollvault.controller.snapshots.snapshot_files import (
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.publish import publish_snapshot
-from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.sidecar import build_rollout_recovery_state
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.recording import RecordingTrainer
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / ".bench_tmp" / "snapshot_cut"

@@ -22,8 +22,8 @@ from rollvault.controller.loop.run_logs import (
 )
 from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.dataplane.interface import DataPlane
-from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.recording import RecordingTrainer
 
 

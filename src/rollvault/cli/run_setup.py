@@ -15,8 +15,8 @@ from rollvault.config.schema import RunConfig, TrainerKind
 from rollvault.controller.loop.pipeline import GateFactory
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
-from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.grpo_setup import build_grpo_run
 from rollvault.training.recording import RecordingTrainer
 from rollvault.training.warmup import WarmupReport

@@ -16,17 +16,18 @@ from pathlib import Path
 import torch
 
 from rollvault.config.schema import RestoreMode, RunConfig
-from rollvault.controller.dataset import PromptDataset, build_dataset
 from rollvault.dataplane.interface import DataPlane
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
-from rollvault.gates.addition_env import AdditionEnvironment
 from rollvault.gates.local_model import LocalModelGate
-from rollvault.gates.text_environment import TextEnvironment
+from rollvault.tasks.addition.environment import AdditionEnvironment
+from rollvault.tasks.protocols import PromptDataset, TextEnvironment
+from rollvault.tasks.registry import build_dataset
+from rollvault.tasks.warmup import warmup_examples
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.warmup import WarmupReport, supervised_warmup
 
-__all__ = ["GrpoRun", "build_grpo_run", "warmup_examples", "will_load_trainer_checkpoint"]
+__all__ = ["GrpoRun", "build_grpo_run", "will_load_trainer_checkpoint"]
 
 
 @dataclass
@@ -97,19 +98,3 @@ def will_load_trainer_checkpoint(config: RunConfig) -> bool:
     if config.rollout_checkpointing.restore_mode is RestoreMode.NONE:
         return False  # a fresh start: an old run is refused or deleted, never loaded
     return latest_trainer_checkpoint(Path(config.checkpointing.checkpoint_dir)) is not None
-
-
-def warmup_examples(dataset: PromptDataset) -> list[tuple[str, str]]:
-    """``(prompt_text, answer)`` of every prompt; the answer is ``extra_env_info["answer"]``."""
-    examples = []
-    for idx in range(len(dataset)):
-        datum = dataset[idx]
-        answer = (datum.get("extra_env_info") or {}).get("answer")
-        text = datum.get("prompt_text")
-        if not isinstance(answer, str) or not isinstance(text, str):
-            raise ValueError(
-                f"warm-up needs prompt_text and extra_env_info.answer strings; prompt {idx} "
-                f"has {text!r} and {answer!r} (set trainer.warmup.steps=0 for this dataset)"
-            )
-        examples.append((text, answer))
-    return examples

@@ -21,7 +21,6 @@ from rollvault.controller.data.dataloader import PromptDataLoader
 from rollvault.controller.data.replay_index import ReplayBufferIndex
 from rollvault.controller.data.sampler import build_sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
-from rollvault.controller.dataset import PromptDataset, build_dataset
 from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import FailureKind, Gate
@@ -49,6 +48,8 @@ from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
 from rollvault.durable.fsync import atomic_write_bytes
 from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.tasks.protocols import PromptDataset
+from rollvault.tasks.registry import build_dataset
 
 INCARNATION_FILENAME = "incarnation"
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from rollvault.config.schema import DatasetConfig, DatasetKind
-from rollvault.controller.addition_dataset import (
+from rollvault.tasks.addition.dataset import (
     MAX_ADDITION_PROMPTS,
     AdditionPromptDataset,
     addition_pair,
 )
-from rollvault.controller.dataset import build_dataset
-from rollvault.gates.addition_env import AdditionEnvironment, AdditionPromptError
-from rollvault.gates.text_environment import PromptEnvironmentError
+from rollvault.tasks.addition.environment import AdditionEnvironment, AdditionPromptError
+from rollvault.tasks.protocols import PromptEnvironmentError
+from rollvault.tasks.registry import build_dataset
 
 PROMPT = addition_pair(7, 35)
 

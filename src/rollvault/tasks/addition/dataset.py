@@ -14,8 +14,8 @@ import hashlib
 
 import numpy as np
 
-from rollvault.controller.dataset import prompt_identity
 from rollvault.ledger.datum import DatumSpec
+from rollvault.tasks.protocols import prompt_identity
 
 __all__ = ["ADDITION_TASK_NAME", "MAX_ADDITION_PROMPTS", "AdditionPromptDataset", "addition_pair"]
 

@@ -1,0 +1,1 @@
+"""The addition task: two-digit sums, verified exactly (the real training recipe's)."""
