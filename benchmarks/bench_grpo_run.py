@@ -64,9 +64,9 @@ from rollvault.config.schema import RunConfig, load_run_config
 from rollvault.controller import checkpointer as checkpointer_module
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.pipeline import run
+from rollvault.recipes.async_grpo import build_grpo_run
 from rollvault.tasks.registry import build_dataset
 from rollvault.tasks.warmup import warmup_examples
-from rollvault.training.grpo_setup import build_grpo_run
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.warmup import supervised_warmup
 

@@ -32,7 +32,7 @@ from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.pipeline import GateFactory, RunSummary, run
 from rollvault.controller.loop.trainer import TrainBatch, Trainer
-from rollvault.training.grpo_setup import build_grpo_run
+from rollvault.recipes.async_grpo import build_grpo_run
 from rollvault.training.grpo_trainer import GrpoTrainer
 
 pytestmark = pytest.mark.slow

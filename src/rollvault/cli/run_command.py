@@ -17,7 +17,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollvault.cli.metrics_log import METRICS_LOG_FILENAME, read_metrics
 from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
-from rollvault.cli.run_setup import RunSetup, build_run_setup
 from rollvault.cli.step_monitor import StepMonitor
 from rollvault.config.schema import RunConfig, TrainerKind
 from rollvault.controller.loop.pipeline import RunSummary, run
@@ -26,6 +25,7 @@ from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
 from rollvault.gates.causal_lm import ModelDirError
+from rollvault.recipes.async_grpo import RunSetup, build_run_setup
 
 
 def run_command(config: RunConfig) -> int:

@@ -1,4 +1,9 @@
-"""Everything a real GRPO run needs besides the controller: policy, trainer, gate.
+"""Build the trainer and the gate a run config asks for.
+
+``simulated`` + ``recording``: the deterministic simulated gate and the
+recording trainer (tests, benchmarks of the controller). ``local_model`` +
+``grpo``: the real recipe, a causal LM generating in a worker process and a
+GRPO trainer updating it.
 
 :func:`build_grpo_run` prepares the model directory (building the default
 tiny model on the first start), loads the policy through the same code path
@@ -10,24 +15,36 @@ worker each use one torch thread: on two cores that keeps both busy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from rollvault.config.schema import RestoreMode, RunConfig
+from rollvault.config.schema import RestoreMode, RunConfig, TrainerKind
+from rollvault.controller.loop.pipeline import GateFactory
+from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
 from rollvault.gates.local_model import LocalModelGate
+from rollvault.gates.simulated import SimulatedGate
 from rollvault.tasks.addition.environment import AdditionEnvironment
 from rollvault.tasks.protocols import PromptDataset, TextEnvironment
 from rollvault.tasks.registry import build_dataset
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.tasks.warmup import warmup_examples
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
+from rollvault.training.recording import RecordingTrainer
 from rollvault.training.warmup import WarmupReport, supervised_warmup
 
-__all__ = ["GrpoRun", "build_grpo_run", "will_load_trainer_checkpoint"]
+__all__ = [
+    "GrpoRun",
+    "RunSetup",
+    "build_grpo_run",
+    "build_run_setup",
+    "will_load_trainer_checkpoint",
+]
 
 
 @dataclass
@@ -98,3 +115,40 @@ def will_load_trainer_checkpoint(config: RunConfig) -> bool:
     if config.rollout_checkpointing.restore_mode is RestoreMode.NONE:
         return False  # a fresh start: an old run is refused or deleted, never loaded
     return latest_trainer_checkpoint(Path(config.checkpointing.checkpoint_dir)) is not None
+
+
+@dataclass
+class RunSetup:
+    """What one start runs with."""
+
+    trainer: Trainer
+    gate_factory: GateFactory
+    tokens_generated: Callable[[], int]
+    """Response tokens generated so far by this start's gate(s)."""
+    warmup: WarmupReport | None = None
+
+
+def build_run_setup(config: RunConfig) -> RunSetup:
+    """The trainer and gate factory for ``config`` (the GRPO path may warm the model up)."""
+    if config.trainer.kind is TrainerKind.GRPO:
+        grpo = build_grpo_run(config)
+        return RunSetup(
+            trainer=grpo.trainer,
+            gate_factory=grpo.gate_factory,
+            tokens_generated=lambda: sum(gate.tokens_generated for gate in grpo.gates),
+            warmup=grpo.warmup,
+        )
+    gates: list[SimulatedGate] = []
+
+    def simulated_gate(data_plane: DataPlane) -> SimulatedGate:
+        gate = SimulatedGate(
+            config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
+        )
+        gates.append(gate)
+        return gate
+
+    return RunSetup(
+        trainer=RecordingTrainer(),
+        gate_factory=simulated_gate,
+        tokens_generated=lambda: sum(gate.tokens_generated for gate in gates),
+    )
