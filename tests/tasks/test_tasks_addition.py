@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollvault.config.schema import DatasetConfig, DatasetKind
+from rollvault.config.schema import DatasetConfig
 from rollvault.tasks.addition.dataset import (
     MAX_ADDITION_PROMPTS,
     AdditionPromptDataset,
@@ -81,7 +81,5 @@ def test_dataset_bounds_and_registration() -> None:
         data[5]
     with pytest.raises(TypeError):
         data[True]
-    built = build_dataset(
-        DatasetConfig(kind=DatasetKind.ADDITION, num_prompts=5), vocab_size=2, seed=0
-    )
+    built = build_dataset(DatasetConfig(kind="addition", num_prompts=5), vocab_size=2, seed=0)
     assert isinstance(built, AdditionPromptDataset) and len(built) == 5

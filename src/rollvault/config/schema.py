@@ -25,7 +25,6 @@ __all__ = [
     "CheckpointingConfig",
     "ConfigError",
     "DatasetConfig",
-    "DatasetKind",
     "GateConfig",
     "GateKind",
     "GrpoConfig",
@@ -84,13 +83,6 @@ class GateKind(enum.StrEnum):
 
     SIMULATED = "simulated"
     LOCAL_MODEL = "local_model"
-
-
-class DatasetKind(enum.StrEnum):
-    """Where prompts come from."""
-
-    SYNTHETIC = "synthetic"
-    ADDITION = "addition"
 
 
 class TrainerKind(enum.StrEnum):
@@ -259,7 +251,9 @@ class TrainerConfig(_Section, frozen=True):
 class DatasetConfig(_Section, frozen=True):
     """The prompt dataset."""
 
-    kind: DatasetKind = DatasetKind.SYNTHETIC
+    # The task: the name of a folder under rollvault/tasks/ (synthetic, addition, ...),
+    # checked against those folders when the run is composed.
+    kind: NonEmptyStr = "synthetic"
     # Prompts per epoch.
     num_prompts: PositiveInt = 256
     # Tokens per synthetic prompt.
@@ -428,7 +422,7 @@ def _gate_problems(gate: SimulatedGateConfig) -> list[str]:
 
 
 def _kind_problems(config: RunConfig) -> list[str]:
-    """The local model gate and the GRPO trainer only make sense together, on text prompts."""
+    """The local model gate and the GRPO trainer only make sense together."""
     problems = []
     local = config.gate.kind is GateKind.LOCAL_MODEL
     grpo = config.trainer.kind is TrainerKind.GRPO
@@ -437,11 +431,6 @@ def _kind_problems(config: RunConfig) -> list[str]:
             f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
             "do not fit: the grpo trainer trains the model the local_model gate generates with "
             "(use both, or simulated with recording)"
-        )
-    if local and config.dataset.kind is not DatasetKind.ADDITION:
-        problems.append(
-            f"gate.kind=local_model needs text prompts with a verifier, but "
-            f"dataset.kind={config.dataset.kind.value} has none (use dataset.kind=addition)"
         )
     return problems
 

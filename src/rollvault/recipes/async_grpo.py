@@ -21,18 +21,21 @@ from pathlib import Path
 
 import torch
 
-from rollvault.config.schema import RestoreMode, RunConfig, TrainerKind
+from rollvault.config.schema import ConfigError, RestoreMode, RunConfig, TrainerKind
 from rollvault.controller.loop.pipeline import GateFactory
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.simulated import SimulatedGate
-from rollvault.tasks.addition.environment import AdditionEnvironment
-from rollvault.tasks.protocols import PromptDataset, TextEnvironment
-from rollvault.tasks.registry import build_dataset
-from rollvault.tasks.synthetic.environment import ParityEnvironment
-from rollvault.tasks.warmup import warmup_examples
+from rollvault.tasks.protocols import (
+    Environment,
+    PromptDataset,
+    Task,
+    TextEnvironment,
+    WarmupSource,
+)
+from rollvault.tasks.registry import get_task
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.recording import RecordingTrainer
@@ -43,6 +46,8 @@ __all__ = [
     "RunSetup",
     "build_grpo_run",
     "build_run_setup",
+    "text_environment",
+    "token_environment",
     "will_load_trainer_checkpoint",
 ]
 
@@ -76,20 +81,24 @@ class GrpoRun:
 
 def build_grpo_run(config: RunConfig, *, dataset: PromptDataset | None = None) -> GrpoRun:
     """Prepare the policy, warm it up if this start begins from scratch, build the trainer."""
+    task = get_task(config.dataset.kind)
+    environment = text_environment(config, task)
+    examples = warmup_examples(config, task)
     torch.set_num_threads(1)
     model_path = ensure_model_dir(
         Path(config.model.path), build_default=config.model.build_default, seed=config.seed
     )
     model, tokenizer = load_model_dir(model_path)
-    environment = AdditionEnvironment()
     warmup = None
     steps = config.trainer.warmup.steps
-    if steps > 0 and not will_load_trainer_checkpoint(config):
-        data = dataset or build_dataset(config.dataset, vocab_size=len(tokenizer), seed=config.seed)
+    if examples is not None and not will_load_trainer_checkpoint(config):
+        data = dataset or task.build_dataset(
+            config.dataset, seed=config.seed, vocab_size=len(tokenizer)
+        )
         warmup = supervised_warmup(
             model,
             tokenizer,
-            warmup_examples(data),
+            examples(data),
             steps=steps,
             batch_size=config.trainer.warmup.batch_size,
             learning_rate=config.trainer.warmup.learning_rate,
@@ -108,6 +117,38 @@ def build_grpo_run(config: RunConfig, *, dataset: PromptDataset | None = None) -
         model_path=model_path,
         warmup=warmup,
     )
+
+
+def text_environment(config: RunConfig, task: Task) -> TextEnvironment:
+    """The environment a model gate scores ``task`` with; refused if it has none."""
+    if task.text_environment is None:
+        raise ConfigError(
+            f"gate.kind={config.gate.kind.value} needs a task with a text environment; "
+            f"dataset.kind={task.name} has none"
+        )
+    return task.text_environment()
+
+
+def token_environment(config: RunConfig, task: Task) -> Environment:
+    """The environment the simulated gate scores ``task`` with; refused if it has none."""
+    if task.token_environment is None:
+        raise ConfigError(
+            f"gate.kind={config.gate.kind.value} needs a task with a token environment; "
+            f"dataset.kind={task.name} has none"
+        )
+    return task.token_environment()
+
+
+def warmup_examples(config: RunConfig, task: Task) -> WarmupSource | None:
+    """Where the warm-up's examples come from; None without warm-up; refused if ``task`` has none."""
+    if config.trainer.warmup.steps == 0:
+        return None
+    if task.warmup_examples is None:
+        raise ConfigError(
+            f"trainer.warmup.steps={config.trainer.warmup.steps} needs warm-up examples; "
+            f"dataset.kind={task.name} has none (set trainer.warmup.steps=0)"
+        )
+    return task.warmup_examples
 
 
 def will_load_trainer_checkpoint(config: RunConfig) -> bool:
@@ -130,6 +171,7 @@ class RunSetup:
 
 def build_run_setup(config: RunConfig) -> RunSetup:
     """The trainer and gate factory for ``config`` (the GRPO path may warm the model up)."""
+    task = get_task(config.dataset.kind)
     if config.trainer.kind is TrainerKind.GRPO:
         grpo = build_grpo_run(config)
         return RunSetup(
@@ -138,11 +180,12 @@ def build_run_setup(config: RunConfig) -> RunSetup:
             tokens_generated=lambda: sum(gate.tokens_generated for gate in grpo.gates),
             warmup=grpo.warmup,
         )
+    token_environment(config, task)  # refuse a task the simulated gate cannot score, now
     gates: list[SimulatedGate] = []
 
     def simulated_gate(data_plane: DataPlane) -> SimulatedGate:
         gate = SimulatedGate(
-            config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
+            config.gate.simulated, data_plane, token_environment(config, task), seed=config.seed
         )
         gates.append(gate)
         return gate

@@ -11,25 +11,35 @@ gate); a :class:`TextEnvironment` scores the decoded text (a model gate
 decodes the generated tokens with the model's tokenizer and hands the text
 over). Plug in a verifier of your own task by implementing one of them; the
 gate needs nothing else.
+
+A :class:`Task` puts one task's pieces together: its name (what
+``dataset.kind`` says), how to build its dataset, the environment it scores
+with and, optionally, its supervised warm-up examples. Each folder under
+``rollvault/tasks/`` exports one as ``TASK`` (see :mod:`rollvault.tasks.registry`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
 
 __all__ = [
+    "DatasetBuilder",
     "Environment",
     "PromptDataset",
     "PromptEnvironmentError",
     "Score",
+    "Task",
     "TextEnvironment",
     "TextScore",
+    "WarmupExample",
+    "WarmupSource",
     "prompt_identity",
 ]
 
@@ -103,3 +113,48 @@ class TextEnvironment(Protocol):
         :class:`PromptEnvironmentError` when the prompt cannot be scored.
         """
         ...
+
+
+class DatasetBuilder(Protocol):
+    """Builds a task's dataset from the run's ``dataset`` section."""
+
+    def __call__(self, config: DatasetConfig, *, seed: int, vocab_size: int) -> PromptDataset:
+        """The dataset for ``config``, a pure function of it and ``seed``.
+
+        ``vocab_size`` is the generator's vocabulary: token-level tasks draw
+        their prompt token ids below it; text tasks ignore it (the gate
+        tokenizes their ``prompt_text``).
+        """
+        ...
+
+
+WarmupExample = tuple[str, str]
+"""``(prompt_text, answer)``: one pair of the supervised warm-up."""
+
+WarmupSource = Callable[[PromptDataset], Sequence[WarmupExample]]
+"""Gives a task's warm-up examples from the run's dataset."""
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=True):
+    """One task: its name, its dataset, how it is scored, and its optional warm-up.
+
+    A task scores with a token-level environment (the simulated gate), a
+    text environment (a model gate), or both; the composition of a run
+    refuses a gate the task cannot be scored on. The environments are
+    factories (a class will do), so every gate gets its own.
+    """
+
+    name: str
+    """What ``dataset.kind`` says to select this task; the name of its folder."""
+    build_dataset: DatasetBuilder
+    token_environment: Callable[[], Environment] | None = None
+    text_environment: Callable[[], TextEnvironment] | None = None
+    warmup_examples: WarmupSource | None = None
+    """None when the task has no supervised warm-up (``trainer.warmup.steps`` must be 0)."""
+
+    def __post_init__(self) -> None:
+        if self.token_environment is None and self.text_environment is None:
+            raise ValueError(
+                f"task {self.name!r}: give a token_environment or a text_environment, "
+                "or no gate can score it"
+            )

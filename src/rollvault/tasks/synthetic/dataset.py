@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
+from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
 from rollvault.tasks.protocols import prompt_identity
 
-__all__ = ["SYNTHETIC_TASK_NAME", "SyntheticPromptDataset"]
+__all__ = ["SYNTHETIC_TASK_NAME", "SyntheticPromptDataset", "build_synthetic_dataset"]
 
 SYNTHETIC_TASK_NAME = "synthetic"
 
@@ -69,3 +70,10 @@ class SyntheticPromptDataset:
             raise IndexError(
                 f"SyntheticPromptDataset index {idx} out of range [0, {self._num_prompts})"
             )
+
+
+def build_synthetic_dataset(
+    config: DatasetConfig, *, seed: int, vocab_size: int
+) -> SyntheticPromptDataset:
+    """``num_prompts`` prompts of ``prompt_tokens`` token ids below ``vocab_size``."""
+    return SyntheticPromptDataset(config.num_prompts, config.prompt_tokens, vocab_size, seed)
