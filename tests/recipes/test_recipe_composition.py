@@ -6,12 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from rollvault.cli.main import main
 from rollvault.config.schema import ConfigError, RunConfig, load_run_config
-from rollvault.recipes.async_grpo import build_run_setup, warmup_examples
+from rollvault.cut import DataPlaneMutationCut
+from rollvault.dataplane.embedded import EmbeddedDataPlane
+from rollvault.gates.simulated import SimulatedGate
+from rollvault.recipes.async_grpo import prepare, warmup_source
 from rollvault.tasks.addition.dataset import build_addition_dataset
 from rollvault.tasks.addition.environment import AdditionEnvironment
 from rollvault.tasks.protocols import Task
 from rollvault.tasks.registry import UnknownTaskError
+from rollvault.tasks.synthetic.dataset import SyntheticPromptDataset
+from rollvault.training.recording import RecordingTrainer
 
 
 def _config(tmp_path: Path, *overrides: str) -> RunConfig:
@@ -26,10 +32,23 @@ def _config(tmp_path: Path, *overrides: str) -> RunConfig:
     )
 
 
+def test_the_simulated_run_is_the_synthetic_task_on_the_simulated_gate(tmp_path: Path) -> None:
+    config = _config(tmp_path, "dataset.num_prompts=12", "dataset.prompt_tokens=5")
+    prepared = prepare(config)
+    assert prepared.task.name == "synthetic" and prepared.warmup is None
+    assert isinstance(prepared.trainer, RecordingTrainer)
+    expected = SyntheticPromptDataset(12, 5, config.gate.simulated.vocab_size, config.seed)
+    assert len(prepared.dataset) == 12
+    assert [prepared.dataset[i] for i in range(12)] == [expected[i] for i in range(12)]
+    gate = prepared.gate_factory(EmbeddedDataPlane(DataPlaneMutationCut()))
+    assert isinstance(gate, SimulatedGate) and prepared.gates == [gate]
+    assert prepared.tokens_generated() == 0
+
+
 def test_a_model_gate_needs_a_text_environment(tmp_path: Path) -> None:
     config = _config(tmp_path, "gate.kind=local_model", "trainer.kind=grpo")
     with pytest.raises(ConfigError) as info:
-        build_run_setup(config)
+        prepare(config)
     assert str(info.value) == (
         "gate.kind=local_model needs a task with a text environment; "
         "dataset.kind=synthetic has none"
@@ -43,7 +62,7 @@ def test_the_simulated_gate_needs_a_token_environment(tmp_path: Path) -> None:
         ConfigError,
         match="gate.kind=simulated needs a task with a token environment; dataset.kind=addition has none",
     ):
-        build_run_setup(config)
+        prepare(config)
 
 
 def test_a_warm_up_needs_warm_up_examples(tmp_path: Path) -> None:
@@ -54,16 +73,33 @@ def test_a_warm_up_needs_warm_up_examples(tmp_path: Path) -> None:
     )
     config = _config(tmp_path, "trainer.warmup.steps=5")
     with pytest.raises(ConfigError) as info:
-        warmup_examples(config, bare)
+        warmup_source(config, bare)
     assert str(info.value) == (
         "trainer.warmup.steps=5 needs warm-up examples; dataset.kind=bare_addition has none "
         "(set trainer.warmup.steps=0)"
     )
-    assert warmup_examples(_config(tmp_path, "trainer.warmup.steps=0"), bare) is None
+    assert warmup_source(_config(tmp_path, "trainer.warmup.steps=0"), bare) is None
 
 
 def test_an_unknown_task_is_refused_before_anything_is_built(tmp_path: Path) -> None:
     config = _config(tmp_path, "dataset.kind=nope", "gate.kind=local_model", "trainer.kind=grpo")
     with pytest.raises(UnknownTaskError, match="dataset.kind='nope'"):
-        build_run_setup(config)
+        prepare(config)
     assert not (tmp_path / "model").exists()
+
+
+def test_rollvault_run_refuses_an_unknown_task_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "run",
+        "dataset.kind=additon",
+        f"logging.log_dir={tmp_path / 'logs'}",
+        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        "logging.progress=false",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot start: dataset.kind='additon' names no task" in err
+    assert "did you mean 'addition'?" in err
+    assert not (tmp_path / "ckpt").exists()

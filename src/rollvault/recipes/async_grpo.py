@@ -1,28 +1,36 @@
-"""Build the trainer and the gate a run config asks for.
+"""The async GRPO recipe: one run of rollvault, composed top to bottom.
 
-``simulated`` + ``recording``: the deterministic simulated gate and the
-recording trainer (tests, benchmarks of the controller). ``local_model`` +
-``grpo``: the real recipe, a causal LM generating in a worker process and a
-GRPO trainer updating it.
+Read this file to know what a run is made of. :func:`prepare` builds, in order:
 
-:func:`build_grpo_run` prepares the model directory (building the default
-tiny model on the first start), loads the policy through the same code path
-as any local Hugging Face model, runs the supervised warm-up when the run
-starts from scratch, and returns the GRPO trainer plus a gate factory for
-:func:`rollvault.controller.loop.pipeline.run`. The trainer and the generation
-worker each use one torch thread: on two cores that keeps both busy.
+1. the **task** that ``dataset.kind`` names (the folder ``rollvault/tasks/<name>/``)
+   and its **dataset**; a gate the task cannot be scored on is refused here,
+   before anything is built;
+2. with ``gate.kind=local_model``, the **model and tokenizer** of ``model.path``
+   (the default tiny model is built there on the first start), warmed up on
+   the task's examples when this start begins from scratch;
+3. the **gate** that executes attempts and scores them with the task's
+   environment: the local model gate (generation in a worker process, text
+   environment) or the simulated gate (seeded tokens, token environment);
+4. the **trainer**: GRPO on that model, or, for the simulated run, the
+   recording trainer that checks and records its batches.
+
+:func:`train` then hands all of it to the **pipeline**
+(:func:`rollvault.controller.loop.pipeline.run`), which restores or starts
+the run and runs its rollout and train pumps to the end. ``rollvault run``
+is :func:`prepare`, then :func:`train`, with progress and a report around them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
-from rollvault.config.schema import ConfigError, RestoreMode, RunConfig, TrainerKind
-from rollvault.controller.loop.pipeline import GateFactory
+from rollvault.config.schema import ConfigError, GateKind, RestoreMode, RunConfig
+from rollvault.controller.loop.gate import Gate
+from rollvault.controller.loop.pipeline import GateFactory, RunSummary, StepCallback, run
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
@@ -42,80 +50,152 @@ from rollvault.training.recording import RecordingTrainer
 from rollvault.training.warmup import WarmupReport, supervised_warmup
 
 __all__ = [
-    "GrpoRun",
-    "RunSetup",
-    "build_grpo_run",
-    "build_run_setup",
+    "PreparedRun",
+    "prepare",
+    "prompt_dataset",
     "text_environment",
     "token_environment",
+    "train",
+    "warmup_source",
     "will_load_trainer_checkpoint",
 ]
 
 
+class _CountingGate(Gate, Protocol):
+    tokens_generated: int
+
+
 @dataclass
-class GrpoRun:
-    """The trainer and gate factory of one start of a GRPO run."""
+class PreparedRun:
+    """What one start of the run runs with: the pipeline's inputs, and what built them."""
 
     config: RunConfig
-    trainer: GrpoTrainer
-    environment: TextEnvironment
-    model_path: Path
-    warmup: WarmupReport | None
-    """None when the start resumes from a trainer checkpoint (its weights replace any warm-up)."""
-    gates: list[LocalModelGate] = field(default_factory=list)
-    """Every gate the factory built (one per start), for progress and benchmarks."""
+    task: Task
+    dataset: PromptDataset
+    trainer: Trainer
+    gate_factory: GateFactory
+    """Builds this start's gate on the pipeline's data plane."""
+    warmup: WarmupReport | None = None
+    """The supervised warm-up this start ran; None when it ran none."""
+    gates: list[_CountingGate] = field(default_factory=list)
+    """Every gate the factory built, for progress and benchmarks."""
 
-    def gate_factory(self, data_plane: DataPlane) -> LocalModelGate:
-        """Build the local model gate on ``data_plane`` (what ``run(gate_factory=...)`` calls)."""
-        gate = LocalModelGate(
-            self.config.gate.local_model,
-            data_plane,
-            self.environment,
-            model_path=self.model_path,
-            weights_provider=self.trainer.weights_for_gate,
-            seed=self.config.seed,
-        )
-        self.gates.append(gate)
-        return gate
+    def tokens_generated(self) -> int:
+        """Response tokens generated so far by this start's gates."""
+        return sum(gate.tokens_generated for gate in self.gates)
 
 
-def build_grpo_run(config: RunConfig, *, dataset: PromptDataset | None = None) -> GrpoRun:
-    """Prepare the policy, warm it up if this start begins from scratch, build the trainer."""
+def prepare(config: RunConfig) -> PreparedRun:
+    """Task, dataset, model (warmed up if starting from scratch), gate and trainer for ``config``.
+
+    Raises :class:`~rollvault.config.schema.ConfigError` when ``dataset.kind``
+    names no task or the task does not fit the gate or the warm-up.
+    """
     task = get_task(config.dataset.kind)
+    if config.gate.kind is GateKind.LOCAL_MODEL:
+        return _prepare_model_run(config, task)
+    return _prepare_simulated_run(config, task)
+
+
+async def train(prepared: PreparedRun, *, on_step: StepCallback | None = None) -> RunSummary:
+    """Start or resume the run and run it to the end (see :func:`~rollvault.controller.loop.pipeline.run`)."""
+    return await run(
+        prepared.config,
+        gate_factory=prepared.gate_factory,
+        trainer=prepared.trainer,
+        dataset=prepared.dataset,
+        on_step=on_step,
+    )
+
+
+def _prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
+    """A causal LM generating in a worker process, scored as text, trained by GRPO."""
     environment = text_environment(config, task)
-    examples = warmup_examples(config, task)
+    examples = warmup_source(config, task)
+    dataset = prompt_dataset(config, task)
+    # One torch thread here and one in the generation worker keep two cores busy.
     torch.set_num_threads(1)
     model_path = ensure_model_dir(
         Path(config.model.path), build_default=config.model.build_default, seed=config.seed
     )
     model, tokenizer = load_model_dir(model_path)
     warmup = None
-    steps = config.trainer.warmup.steps
+    # A start that resumes a trainer checkpoint loads its weights over any warm-up.
     if examples is not None and not will_load_trainer_checkpoint(config):
-        data = dataset or task.build_dataset(
-            config.dataset, seed=config.seed, vocab_size=len(tokenizer)
-        )
         warmup = supervised_warmup(
             model,
             tokenizer,
-            examples(data),
-            steps=steps,
+            examples(dataset),
+            steps=config.trainer.warmup.steps,
             batch_size=config.trainer.warmup.batch_size,
             learning_rate=config.trainer.warmup.learning_rate,
             seed=config.seed,
         )
-    settings = GrpoSettings.from_config(
-        config.trainer,
-        temperature=config.gate.local_model.temperature,
-        success_reward=environment.success_reward,
+    trainer = GrpoTrainer(
+        model,
+        pad_token_id=int(tokenizer.pad_token_id),
+        settings=GrpoSettings.from_config(
+            config.trainer,
+            temperature=config.gate.local_model.temperature,
+            success_reward=environment.success_reward,
+        ),
     )
-    trainer = GrpoTrainer(model, pad_token_id=int(tokenizer.pad_token_id), settings=settings)
-    return GrpoRun(
+    gates: list[_CountingGate] = []
+
+    def local_model_gate(data_plane: DataPlane) -> LocalModelGate:
+        gate = LocalModelGate(
+            config.gate.local_model,
+            data_plane,
+            environment,
+            model_path=model_path,
+            weights_provider=trainer.weights_for_gate,
+            seed=config.seed,
+        )
+        gates.append(gate)
+        return gate
+
+    return PreparedRun(
         config=config,
+        task=task,
+        dataset=dataset,
         trainer=trainer,
-        environment=environment,
-        model_path=model_path,
+        gate_factory=local_model_gate,
         warmup=warmup,
+        gates=gates,
+    )
+
+
+def _prepare_simulated_run(config: RunConfig, task: Task) -> PreparedRun:
+    """The simulated gate (seeded tokens, injectable failures) and the recording trainer."""
+    token_environment(config, task)  # refuse a task it cannot score before the run starts
+    gates: list[_CountingGate] = []
+
+    def simulated_gate(data_plane: DataPlane) -> SimulatedGate:
+        gate = SimulatedGate(
+            config.gate.simulated, data_plane, token_environment(config, task), seed=config.seed
+        )
+        gates.append(gate)
+        return gate
+
+    return PreparedRun(
+        config=config,
+        task=task,
+        dataset=prompt_dataset(config, task),
+        trainer=RecordingTrainer(),
+        gate_factory=simulated_gate,
+        gates=gates,
+    )
+
+
+def prompt_dataset(config: RunConfig, task: Task) -> PromptDataset:
+    """The run's dataset: what the sampler draws from and restore rehydrates prompts from.
+
+    Token ids of a token-level task are drawn below the simulated gate's
+    vocabulary: only the simulated gate scores token-level tasks (a model
+    gate needs a text environment), and text tasks ignore the vocabulary.
+    """
+    return task.build_dataset(
+        config.dataset, seed=config.seed, vocab_size=config.gate.simulated.vocab_size
     )
 
 
@@ -139,7 +219,7 @@ def token_environment(config: RunConfig, task: Task) -> Environment:
     return task.token_environment()
 
 
-def warmup_examples(config: RunConfig, task: Task) -> WarmupSource | None:
+def warmup_source(config: RunConfig, task: Task) -> WarmupSource | None:
     """Where the warm-up's examples come from; None without warm-up; refused if ``task`` has none."""
     if config.trainer.warmup.steps == 0:
         return None
@@ -156,42 +236,3 @@ def will_load_trainer_checkpoint(config: RunConfig) -> bool:
     if config.rollout_checkpointing.restore_mode is RestoreMode.NONE:
         return False  # a fresh start: an old run is refused or deleted, never loaded
     return latest_trainer_checkpoint(Path(config.checkpointing.checkpoint_dir)) is not None
-
-
-@dataclass
-class RunSetup:
-    """What one start runs with."""
-
-    trainer: Trainer
-    gate_factory: GateFactory
-    tokens_generated: Callable[[], int]
-    """Response tokens generated so far by this start's gate(s)."""
-    warmup: WarmupReport | None = None
-
-
-def build_run_setup(config: RunConfig) -> RunSetup:
-    """The trainer and gate factory for ``config`` (the GRPO path may warm the model up)."""
-    task = get_task(config.dataset.kind)
-    if config.trainer.kind is TrainerKind.GRPO:
-        grpo = build_grpo_run(config)
-        return RunSetup(
-            trainer=grpo.trainer,
-            gate_factory=grpo.gate_factory,
-            tokens_generated=lambda: sum(gate.tokens_generated for gate in grpo.gates),
-            warmup=grpo.warmup,
-        )
-    token_environment(config, task)  # refuse a task the simulated gate cannot score, now
-    gates: list[SimulatedGate] = []
-
-    def simulated_gate(data_plane: DataPlane) -> SimulatedGate:
-        gate = SimulatedGate(
-            config.gate.simulated, data_plane, token_environment(config, task), seed=config.seed
-        )
-        gates.append(gate)
-        return gate
-
-    return RunSetup(
-        trainer=RecordingTrainer(),
-        gate_factory=simulated_gate,
-        tokens_generated=lambda: sum(gate.tokens_generated for gate in gates),
-    )
