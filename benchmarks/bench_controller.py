@@ -295,7 +295,10 @@ async def timed_pipeline(
     config: RunConfig, make_gate: GateMaker
 ) -> tuple[RunSummary, float, float]:
     """Run the pipeline; wall and CPU seconds of ``run_pipeline`` alone (not the setup)."""
-    parts = build_parts(config)
+    dataset = build_dataset(
+        config.dataset, vocab_size=config.gate.simulated.vocab_size, seed=config.seed
+    )
+    parts = build_parts(config, dataset=dataset)
 
     def gate_factory(data_plane: DataPlane) -> Gate:
         return make_gate(data_plane, lambda: len(parts.ledger))
