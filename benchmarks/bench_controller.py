@@ -52,7 +52,6 @@ import msgspec
 
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RecoveryGranularity, RunConfig, SamplerKind
-from rollvault.controller.dataset import build_dataset
 from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
@@ -66,8 +65,9 @@ from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key
 from rollvault.dataplane.rows import RowInput
-from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.tasks.registry import build_dataset
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 
 CANNED_POOL_SIZE = 512
 
@@ -291,7 +291,10 @@ async def timed_pipeline(
     config: RunConfig, make_gate: GateMaker
 ) -> tuple[RunSummary, float, float]:
     """Run the pipeline; wall and CPU seconds of ``run_pipeline`` alone (not the setup)."""
-    parts = build_parts(config)
+    dataset = build_dataset(
+        config.dataset, vocab_size=config.gate.simulated.vocab_size, seed=config.seed
+    )
+    parts = build_parts(config, dataset=dataset)
 
     def gate_factory(data_plane: DataPlane) -> Gate:
         return make_gate(data_plane, lambda: len(parts.ledger))

@@ -62,11 +62,12 @@ import torch
 
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RunConfig
-from rollvault.controller.dataset import build_dataset
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.pipeline import run
 from rollvault.controller.snapshots import checkpointer as checkpointer_module
-from rollvault.training.grpo_setup import build_grpo_run, warmup_examples
+from rollvault.recipes.async_grpo import prepare
+from rollvault.tasks.registry import build_dataset
+from rollvault.tasks.warmup import warmup_examples
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.warmup import supervised_warmup
 
@@ -212,12 +213,12 @@ def run_arm(
         f"grpo.max_num_steps={steps}",
         f"rollout_checkpointing.interval_s={5.0 if arm == 'snapshots' else 1e9}",
     )
-    setup = build_grpo_run(config)
+    setup = prepare(config)
     marks: list[tuple[float, int, float]] = []
     result = RunResult(arm, 0, 0.0, 0.0, 0.0, 0, 0.0)
 
     def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
-        tokens = sum(gate.tokens_generated for gate in setup.gates)
+        tokens = setup.tokens_generated()
         marks.append((time.perf_counter(), tokens, process_cpu_s()))
         result.rewards.append(metrics.get("reward_mean", float("nan")))
         result.accuracies.append(metrics.get("accuracy", float("nan")))
@@ -232,7 +233,13 @@ def run_arm(
         setattr(checkpointer_module, name, timed(function, result.snapshot_times[name]))
     try:
         summary = asyncio.run(
-            run(config, gate_factory=setup.gate_factory, trainer=setup.trainer, on_step=on_step)
+            run(
+                config,
+                gate_factory=setup.gate_factory,
+                trainer=setup.trainer,
+                dataset=setup.dataset,
+                on_step=on_step,
+            )
         )
     finally:
         for name, function in originals.items():

@@ -68,13 +68,22 @@ from rollvault.controller.snapshots.snapshot_files import (
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.publish import publish_snapshot
-from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.sidecar import build_rollout_recovery_state
+from rollvault.tasks.protocols import PromptDataset
+from rollvault.tasks.registry import build_dataset
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.recording import RecordingTrainer
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / ".bench_tmp" / "snapshot_cut"
 PROMPTS_PER_STEP = 512
+
+
+def _dataset(config: RunConfig) -> PromptDataset:
+    """The run's dataset, as the recipe builds it for the simulated gate."""
+    return build_dataset(
+        config.dataset, vocab_size=config.gate.simulated.vocab_size, seed=config.seed
+    )
 
 
 def bench_config(root: Path, args: argparse.Namespace) -> RunConfig:
@@ -256,7 +265,7 @@ async def restore_once(config: RunConfig, args: argparse.Namespace) -> dict[str,
     resolved = time.perf_counter()
     if source is None or source.snapshot is None:
         raise RuntimeError("the benchmark's snapshot was not found for restore")
-    parts = build_parts(config)
+    parts = build_parts(config, dataset=_dataset(config))
     restorer = RolloutRestorer(
         parts,
         trainer=RecordingTrainer(),
@@ -283,7 +292,7 @@ async def bench(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     if prepare_checkpoint_dir(config) is not None:
         raise RuntimeError(f"{root} already holds a run")
     fingerprint = run_fingerprint(config)
-    parts = build_parts(config)
+    parts = build_parts(config, dataset=_dataset(config))
     started = time.perf_counter()
     await fill(parts, args)
     fill_seconds = time.perf_counter() - started

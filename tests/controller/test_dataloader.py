@@ -13,8 +13,8 @@ from rollvault.controller.data.dataloader import (
     PromptDataLoader,
     epoch_permutation,
 )
-from rollvault.controller.dataset import SyntheticPromptDataset
 from rollvault.ledger.datum import DatumSpec
+from rollvault.tasks.synthetic.dataset import SyntheticPromptDataset
 
 
 def loader(num_prompts: int, *, shuffle: bool = True, seed: int = 0) -> PromptDataLoader:

@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import load
 
 from rollvault.config.schema import LocalModelGateConfig
-from rollvault.controller.addition_dataset import AdditionPromptDataset
 from rollvault.controller.loop.gate import (
     AttemptRequest,
     FailureKind,
@@ -23,8 +22,9 @@ from rollvault.controller.loop.gate import (
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION
-from rollvault.gates.addition_env import AdditionEnvironment
 from rollvault.gates.local_model import LocalModelGate
+from rollvault.tasks.addition.dataset import AdditionPromptDataset
+from rollvault.tasks.addition.environment import AdditionEnvironment
 from rollvault.training.logprobs import sequence_logprobs
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 

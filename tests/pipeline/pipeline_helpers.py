@@ -23,8 +23,10 @@ from rollvault.controller.loop.run_logs import (
 )
 from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.dataplane.interface import DataPlane
-from rollvault.gates.environment import Environment, ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.tasks.protocols import Environment, PromptDataset
+from rollvault.tasks.registry import build_dataset
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.recording import RecordingTrainer
 
 
@@ -59,6 +61,13 @@ def small_config(tmp_path: Path, *overrides: str) -> RunConfig:
     return load_run_config(None, [*base, *overrides])
 
 
+def dataset_of(config: RunConfig) -> PromptDataset:
+    """The run's dataset, as the recipe builds it for the simulated gate."""
+    return build_dataset(
+        config.dataset, vocab_size=config.gate.simulated.vocab_size, seed=config.seed
+    )
+
+
 def run_simulated(config: RunConfig) -> tuple[RunSummary, BatchKeepingTrainer]:
     trainer = BatchKeepingTrainer()
 
@@ -68,7 +77,7 @@ def run_simulated(config: RunConfig) -> tuple[RunSummary, BatchKeepingTrainer]:
         )
 
     async def main() -> RunSummary:
-        return await run(config, gate_factory=gate, trainer=trainer)
+        return await run(config, gate_factory=gate, trainer=trainer, dataset=dataset_of(config))
 
     return asyncio.run(main()), trainer
 
@@ -124,7 +133,7 @@ def run_until_crash(config: RunConfig, crash_after_step: int) -> None:
 
     crashed = False
     try:
-        asyncio.run(run(config, gate_factory=gate, trainer=trainer))
+        asyncio.run(run(config, gate_factory=gate, trainer=trainer, dataset=dataset_of(config)))
     except* SimulatedCrash:
         crashed = True
     assert crashed, f"the run finished before step {crash_after_step}"
@@ -170,7 +179,13 @@ def run_stalled_then_kill(config: RunConfig, *, stalled_index: int, seconds: flo
     async def main() -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
-                run(config, gate_factory=gate, trainer=RecordingTrainer()), seconds
+                run(
+                    config,
+                    gate_factory=gate,
+                    trainer=RecordingTrainer(),
+                    dataset=dataset_of(config),
+                ),
+                seconds,
             )
 
     asyncio.run(main())

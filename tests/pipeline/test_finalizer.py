@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pipeline_helpers import small_config
+from pipeline_helpers import dataset_of, small_config
 
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import staged_row_digest
@@ -91,7 +91,7 @@ def _run(tmp_path: Path, siblings: list[Sibling], *overrides: str) -> Finalized:
     config = small_config(tmp_path, "reward.max_response_tokens=6", *overrides)
 
     async def main() -> Finalized:
-        parts = build_parts(config)
+        parts = build_parts(config, dataset=dataset_of(config))
         group_id, rows = await _finalize(parts, siblings)
         return parts, group_id, rows
 

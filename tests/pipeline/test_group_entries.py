@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import small_config
+from pipeline_helpers import dataset_of, small_config
 
 from rollvault.config.schema import RestoreMode
 from rollvault.controller.loop.capacity import ReplayCapacity
@@ -31,9 +31,9 @@ from rollvault.controller.snapshots.snapshot_files import (
     write_snapshot_payload,
 )
 from rollvault.durable.manifest_schema import write_snapshot_manifest
-from rollvault.gates.environment import ParityEnvironment
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.reward_penalties import FinalizedReward
+from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.recording import RecordingTrainer
 
 ORIGIN = GroupOrigin(epoch=1, dataset_idx=7)
@@ -46,7 +46,8 @@ FINALIZED = FinalizedGroup(
 
 def _parts(tmp_path: Path) -> RolloutParts:
     async def make() -> RolloutParts:
-        return build_parts(small_config(tmp_path))
+        config = small_config(tmp_path)
+        return build_parts(config, dataset=dataset_of(config))
 
     return asyncio.run(make())
 
@@ -210,14 +211,14 @@ def test_a_restored_snapshot_captures_back_to_the_same_group_maps(tmp_path: Path
     first, second = tmp_path / "first", tmp_path / "second"
 
     async def main() -> tuple[RolloutStateCapture, RolloutStateCapture]:
-        parts = build_parts(config)
+        parts = build_parts(config, dataset=dataset_of(config))
         await _fill(parts)
         written = await _write(parts, first)
         parts.logs.close()
         snapshot = read_snapshot(
             first, written.manifest, generations_per_group=written.generations_per_group
         )
-        restored = build_parts(config)
+        restored = build_parts(config, dataset=dataset_of(config))
         restorer = RolloutRestorer(
             restored,
             trainer=RecordingTrainer(),

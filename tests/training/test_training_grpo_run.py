@@ -32,8 +32,8 @@ from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.pipeline import GateFactory, RunSummary, run
 from rollvault.controller.loop.trainer import TrainBatch, Trainer
-from rollvault.training.grpo_setup import build_grpo_run
-from rollvault.training.grpo_trainer import GrpoTrainer
+from rollvault.recipes.async_grpo import prepare
+from rollvault.tasks.protocols import PromptDataset
 
 pytestmark = pytest.mark.slow
 
@@ -57,9 +57,15 @@ def test_a_fixed_seed_run_raises_the_mean_reward(tmp_path: Path) -> None:
     def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
         rewards.append(metrics["reward_mean"])
 
-    setup = build_grpo_run(config)
+    setup = prepare(config)
     summary = asyncio.run(
-        run(config, gate_factory=setup.gate_factory, trainer=setup.trainer, on_step=on_step)
+        run(
+            config,
+            gate_factory=setup.gate_factory,
+            trainer=setup.trainer,
+            dataset=setup.dataset,
+            on_step=on_step,
+        )
     )
     assert summary.trainer_version == 60 and len(rewards) == 60
     first, last = float(np.mean(rewards[:20])), float(np.mean(rewards[-20:]))
@@ -73,7 +79,7 @@ class _Crash(RuntimeError):
 class _CrashAfter:
     """The GRPO trainer, dying right after ``step``: the run stops there, like a kill."""
 
-    def __init__(self, inner: GrpoTrainer, step: int) -> None:
+    def __init__(self, inner: Trainer, step: int) -> None:
         self._inner = inner
         self._step = step
 
@@ -94,7 +100,9 @@ STALL_S = 40.0
 """No step for this long means the run waits forever (a step here takes well under a second)."""
 
 
-async def _watched(config: RunConfig, trainer: Trainer, gate_factory: GateFactory) -> RunSummary:
+async def _watched(
+    config: RunConfig, trainer: Trainer, gate_factory: GateFactory, dataset: PromptDataset
+) -> RunSummary:
     """Run the pipeline; fail with TimeoutError instead of hanging when it stops stepping."""
     last_step = [time.monotonic()]
 
@@ -102,7 +110,7 @@ async def _watched(config: RunConfig, trainer: Trainer, gate_factory: GateFactor
         last_step[0] = time.monotonic()
 
     task = asyncio.create_task(
-        run(config, gate_factory=gate_factory, trainer=trainer, on_step=on_step)
+        run(config, gate_factory=gate_factory, trainer=trainer, dataset=dataset, on_step=on_step)
     )
     while not task.done():
         # A hang guard, not a timing assertion: polled, generous, and it only turns a
@@ -117,11 +125,11 @@ async def _watched(config: RunConfig, trainer: Trainer, gate_factory: GateFactor
 
 
 def _start(config: RunConfig, crash_after: int | None) -> RunSummary | None:
-    setup = build_grpo_run(config)
+    setup = prepare(config)
     trainer = setup.trainer if crash_after is None else _CrashAfter(setup.trainer, crash_after)
     summary = None
     try:
-        summary = asyncio.run(_watched(config, trainer, setup.gate_factory))
+        summary = asyncio.run(_watched(config, trainer, setup.gate_factory, setup.dataset))
     except* _Crash:
         pass  # the crash this start was told to have
     return summary

@@ -9,9 +9,9 @@ from grpo_test_helpers import build_model, prompt_ids
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.controller.addition_dataset import AdditionPromptDataset
 from rollvault.gates.sampling import sample_batch
-from rollvault.training.grpo_setup import warmup_examples
+from rollvault.tasks.addition.dataset import AdditionPromptDataset
+from rollvault.tasks.warmup import warmup_examples
 from rollvault.training.warmup import supervised_warmup
 
 

@@ -63,6 +63,8 @@ from rollvault.durable.errors import SnapshotError
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.statuses import RolloutAttemptStatus
+from rollvault.recipes.async_grpo import prompt_dataset
+from rollvault.tasks.registry import get_task
 
 CHAOS_OVERRIDES: Final = (
     "dataset.num_prompts=48",
@@ -191,7 +193,7 @@ def chaos_config(plan: ChaosPlan) -> RunConfig:
             f"start_timeout_s ({plan.start_timeout_s}) > 0"
         )
     config = load_run_config(plan.config_path, run_overrides(plan))
-    total = config.dataset.num_prompts * config.grpo.max_num_epochs
+    total = num_prompts(config) * config.grpo.max_num_epochs
     if config.grpo.max_num_steps < total:
         raise ChaosUsageError(
             f"grpo.max_num_steps ({config.grpo.max_num_steps}) must be at least the number of "
@@ -214,12 +216,21 @@ def run_overrides(plan: ChaosPlan) -> list[str]:
     ]
 
 
+def num_prompts(config: RunConfig) -> int:
+    """Prompts per epoch of the run: the length of its task's dataset.
+
+    Raises :class:`~rollvault.tasks.registry.UnknownTaskError` (a ``ConfigError``)
+    when ``dataset.kind`` names no task, before any child starts.
+    """
+    return len(prompt_dataset(config, get_task(config.dataset.kind)))
+
+
 def expected_prompts(config: RunConfig) -> set[PromptKey]:
     """Every (epoch, sample id) a run that ends by data exhaustion must account for."""
     return {
         (epoch, str(idx))
         for epoch in range(config.grpo.max_num_epochs)
-        for idx in range(config.dataset.num_prompts)
+        for idx in range(num_prompts(config))
     }
 
 

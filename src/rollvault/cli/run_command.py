@@ -1,4 +1,4 @@
-"""``rollvault run``: build the gate and trainer the config asks for, run, report.
+"""``rollvault run``: the recipe (:mod:`rollvault.recipes.async_grpo`) with progress and a report.
 
 Live progress shows the step, reward, accuracy, rollout tokens/s, groups in
 flight, buffered groups and the age of the newest snapshot;
@@ -17,24 +17,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollvault.cli.metrics_log import METRICS_LOG_FILENAME, read_metrics
 from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
-from rollvault.cli.run_setup import RunSetup, build_run_setup
 from rollvault.cli.step_monitor import StepMonitor
+from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RunConfig, TrainerKind
-from rollvault.controller.loop.pipeline import RunSummary, run
+from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
 from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
 from rollvault.gates.causal_lm import ModelDirError
+from rollvault.recipes.async_grpo import PreparedRun, prepare, train
 
 
 def run_command(config: RunConfig) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
     try:
-        setup = _setup(config, console)
-        summary, steps = asyncio.run(_run(config, setup, console))
+        prepared = _prepare(config, console)
+        summary, steps = asyncio.run(_train(prepared, console))
     except (
+        ConfigError,
         IncompatibleRunError,
         RunExistsError,
         NoUsableSnapshotError,
@@ -43,11 +45,11 @@ def run_command(config: RunConfig) -> int:
     ) as error:
         console.print(f"rollvault run: cannot start: {error}", markup=False, highlight=False)
         return 2
-    _report(console, config, setup, summary, steps, time.perf_counter() - started)
+    _report(console, prepared, summary, steps, time.perf_counter() - started)
     return 0
 
 
-def _setup(config: RunConfig, console: Console) -> RunSetup:
+def _prepare(config: RunConfig, console: Console) -> PreparedRun:
     if config.trainer.warmup.steps and config.trainer.kind is TrainerKind.GRPO:
         console.print(
             f"preparing the policy ({config.model.path}); warm-up of up to "
@@ -55,10 +57,11 @@ def _setup(config: RunConfig, console: Console) -> RunSetup:
             markup=False,
             highlight=False,
         )
-    return build_run_setup(config)
+    return prepare(config)
 
 
-async def _run(config: RunConfig, setup: RunSetup, console: Console) -> tuple[RunSummary, int]:
+async def _train(prepared: PreparedRun, console: Console) -> tuple[RunSummary, int]:
+    config = prepared.config
     progress = Progress(
         TextColumn("[bold]step"),
         BarColumn(bar_width=16),
@@ -73,7 +76,7 @@ async def _run(config: RunConfig, setup: RunSetup, console: Console) -> tuple[Ru
     def show(version: int, status: str) -> None:
         progress.update(task, completed=version, description=status)
 
-    monitor = StepMonitor(config, setup.tokens_generated, on_status=show)
+    monitor = StepMonitor(config, prepared.tokens_generated, on_status=show)
     if monitor.tensorboard is not None and monitor.tensorboard.unavailable_reason:
         console.print(
             f"logging.tensorboard: skipped, {monitor.tensorboard.unavailable_reason}",
@@ -82,25 +85,16 @@ async def _run(config: RunConfig, setup: RunSetup, console: Console) -> tuple[Ru
         )
     try:
         with progress:
-            summary = await run(
-                config,
-                gate_factory=setup.gate_factory,
-                trainer=setup.trainer,
-                on_step=monitor.on_step,
-            )
+            summary = await train(prepared, on_step=monitor.on_step)
     finally:
         monitor.close()
     return summary, monitor.steps
 
 
 def _report(
-    console: Console,
-    config: RunConfig,
-    setup: RunSetup,
-    summary: RunSummary,
-    steps: int,
-    elapsed: float,
+    console: Console, prepared: PreparedRun, summary: RunSummary, steps: int, elapsed: float
 ) -> None:
+    config = prepared.config
     log_dir = Path(config.logging.log_dir)
     metrics = read_metrics(log_dir / METRICS_LOG_FILENAME)
     restores = read_jsonl(log_dir / RESTORES_LOG_FILENAME, RestoreLogRecord)
@@ -109,7 +103,7 @@ def _report(
         elapsed_s=elapsed,
         metrics=metrics,
         restores=restores,
-        warmup=setup.warmup,
+        warmup=prepared.warmup,
         this_start_steps=steps,
     ):
         console.print(line, markup=False, highlight=False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import (
-    DatasetKind,
     GateKind,
     RunConfig,
     SimulatedGateConfig,
@@ -54,7 +53,7 @@ def _gate_problems(gate: SimulatedGateConfig) -> list[str]:
 
 
 def _kind_problems(config: RunConfig) -> list[str]:
-    """The local model gate and the GRPO trainer only make sense together, on text prompts."""
+    """The local model gate and the GRPO trainer only make sense together."""
     problems = []
     local = config.gate.kind is GateKind.LOCAL_MODEL
     grpo = config.trainer.kind is TrainerKind.GRPO
@@ -63,10 +62,5 @@ def _kind_problems(config: RunConfig) -> list[str]:
             f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
             "do not fit: the grpo trainer trains the model the local_model gate generates with "
             "(use both, or simulated with recording)"
-        )
-    if local and config.dataset.kind is not DatasetKind.ADDITION:
-        problems.append(
-            f"gate.kind=local_model needs text prompts with a verifier, but "
-            f"dataset.kind={config.dataset.kind.value} has none (use dataset.kind=addition)"
         )
     return problems

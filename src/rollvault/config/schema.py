@@ -15,7 +15,6 @@ from rollvault.ledger.statuses import RecoveryGranularity
 __all__ = [
     "CheckpointingConfig",
     "DatasetConfig",
-    "DatasetKind",
     "GateConfig",
     "GateKind",
     "GrpoConfig",
@@ -66,13 +65,6 @@ class GateKind(enum.StrEnum):
 
     SIMULATED = "simulated"
     LOCAL_MODEL = "local_model"
-
-
-class DatasetKind(enum.StrEnum):
-    """Where prompts come from."""
-
-    SYNTHETIC = "synthetic"
-    ADDITION = "addition"
 
 
 class TrainerKind(enum.StrEnum):
@@ -241,7 +233,9 @@ class TrainerConfig(_Section, frozen=True):
 class DatasetConfig(_Section, frozen=True):
     """The prompt dataset."""
 
-    kind: DatasetKind = DatasetKind.SYNTHETIC
+    # The task: the name of a folder under rollvault/tasks/ (synthetic, addition, ...),
+    # checked against those folders when the run is composed.
+    kind: NonEmptyStr = "synthetic"
     # Prompts per epoch.
     num_prompts: PositiveInt = 256
     # Tokens per synthetic prompt.

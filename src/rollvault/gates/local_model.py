@@ -49,7 +49,6 @@ from rollvault.controller.loop.gate import (
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key
 from rollvault.dataplane.rows import Row
 from rollvault.gates.causal_lm import load_tokenizer
-from rollvault.gates.text_environment import PromptEnvironmentError, TextEnvironment, TextScore
 from rollvault.gates.worker_process import (
     WorkerCommandError,
     WorkerLostError,
@@ -63,6 +62,7 @@ from rollvault.gates.worker_protocol import (
     WorkerSettings,
 )
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+from rollvault.tasks.protocols import PromptEnvironmentError, TextEnvironment, TextScore
 
 __all__ = ["GateClosedError", "LocalModelGate", "WeightsProvider"]
 

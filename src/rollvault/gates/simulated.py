@@ -24,8 +24,8 @@ from rollvault.controller.loop.gate import (
 )
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key
 from rollvault.dataplane.rows import Row
-from rollvault.gates.environment import Environment
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+from rollvault.tasks.protocols import Environment
 
 
 def _unit_draw(text: str) -> float:

@@ -14,7 +14,7 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
-from rollvault.controller.dataset import PromptDataset
+from rollvault.tasks.protocols import PromptDataset
 
 __all__ = ["DataLoaderState", "DataLoaderStateError", "PromptDataLoader", "epoch_permutation"]
 

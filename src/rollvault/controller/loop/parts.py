@@ -20,7 +20,6 @@ from rollvault.controller.data.dataloader import PromptDataLoader
 from rollvault.controller.data.replay_index import ReplayBufferIndex, ReplayEntry
 from rollvault.controller.data.sampler import Sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
-from rollvault.controller.dataset import PromptDataset
 from rollvault.controller.loop.run_logs import (
     AttemptLogRecord,
     DropLogRecord,
@@ -35,6 +34,7 @@ from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.reward_penalties import FinalizedReward
 from rollvault.ledger.statuses import RolloutAttemptStatus
+from rollvault.tasks.protocols import PromptDataset
 
 
 class GroupOrigin(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

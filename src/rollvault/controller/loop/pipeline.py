@@ -1,5 +1,8 @@
 """One run of the asynchronous pipeline: build the parts, run both pumps.
 
+The caller (a recipe) gives the dataset, the gate factory and the trainer;
+the controller knows them only by their protocols.
+
 The rollout pump and the train pump run concurrently in one TaskGroup on one
 event loop. The run ends when the train pump has trained the step budget or
 no step is left; the rollout pump is then cancelled (groups still in flight
@@ -21,7 +24,6 @@ from rollvault.controller.data.dataloader import PromptDataLoader
 from rollvault.controller.data.replay_index import ReplayBufferIndex
 from rollvault.controller.data.sampler import build_sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
-from rollvault.controller.dataset import PromptDataset, build_dataset
 from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import FailureKind, Gate
@@ -49,6 +51,7 @@ from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
 from rollvault.durable.fsync import atomic_write_bytes
 from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.tasks.protocols import PromptDataset
 
 INCARNATION_FILENAME = "incarnation"
 
@@ -81,22 +84,19 @@ def next_incarnation(log_dir: Path) -> int:
     return previous + 1
 
 
-def build_parts(config: RunConfig, *, dataset: PromptDataset | None = None) -> RolloutParts:
-    """Fresh parts for a run; call on the event loop that will run it."""
+def build_parts(config: RunConfig, *, dataset: PromptDataset) -> RolloutParts:
+    """Fresh parts for a run on ``dataset``; call on the event loop that will run it."""
     log_dir = Path(config.logging.log_dir)
     incarnation = next_incarnation(log_dir)
     cut = DataPlaneMutationCut()
     sequence = LogSequence()
-    data = dataset or build_dataset(
-        config.dataset, vocab_size=config.gate.simulated.vocab_size, seed=config.seed
-    )
     return RolloutParts(
         config=config,
         cut=cut,
         ledger=RolloutRecoveryLedger(),
         data_plane=EmbeddedDataPlane(cut),
-        dataset=data,
-        dataloader=PromptDataLoader(data, shuffle=config.sampler.shuffle, seed=config.seed),
+        dataset=dataset,
+        dataloader=PromptDataLoader(dataset, shuffle=config.sampler.shuffle, seed=config.seed),
         sampler=build_sampler(
             config.sampler, num_prompts_per_step=config.grpo.num_prompts_per_step
         ),
@@ -119,10 +119,13 @@ async def run(
     *,
     gate_factory: GateFactory,
     trainer: Trainer,
+    dataset: PromptDataset,
     on_step: StepCallback | None = None,
-    dataset: PromptDataset | None = None,
 ) -> RunSummary:
-    """Start or resume the run ``config`` describes, and run it to the end.
+    """Start or resume the run ``config`` describes, on ``dataset``, and run it to the end.
+
+    ``dataset`` must be the run's (the task's dataset for ``config.dataset``):
+    a restore rehydrates its prompts by index and checks their identities.
 
     Raises ``IncompatibleRunError`` (config changed), ``RunExistsError``
     (``restore_mode=none`` on an existing run) or ``NoUsableSnapshotError``

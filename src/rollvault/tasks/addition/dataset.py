@@ -14,10 +14,17 @@ import hashlib
 
 import numpy as np
 
-from rollvault.controller.dataset import prompt_identity
+from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
+from rollvault.tasks.protocols import prompt_identity
 
-__all__ = ["ADDITION_TASK_NAME", "MAX_ADDITION_PROMPTS", "AdditionPromptDataset", "addition_pair"]
+__all__ = [
+    "ADDITION_TASK_NAME",
+    "MAX_ADDITION_PROMPTS",
+    "AdditionPromptDataset",
+    "addition_pair",
+    "build_addition_dataset",
+]
 
 ADDITION_TASK_NAME = "addition"
 MAX_ADDITION_PROMPTS = 100 * 100
@@ -65,3 +72,10 @@ class AdditionPromptDataset:
     def identity(self, idx: int) -> str:
         """SHA-256 of the prompt at ``idx`` (see :func:`prompt_identity`)."""
         return prompt_identity(self[idx])
+
+
+def build_addition_dataset(
+    config: DatasetConfig, *, seed: int, vocab_size: int
+) -> AdditionPromptDataset:
+    """``num_prompts`` additions; ``vocab_size`` is unused (the gate tokenizes the text)."""
+    return AdditionPromptDataset(config.num_prompts, seed=seed)

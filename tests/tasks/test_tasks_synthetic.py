@@ -10,13 +10,10 @@ import sys
 import pytest
 
 from rollvault.config.schema import DatasetConfig
-from rollvault.controller.dataset import (
-    PromptDataset,
-    SyntheticPromptDataset,
-    build_dataset,
-    prompt_identity,
-)
 from rollvault.ledger.datum import DatumSpec
+from rollvault.tasks.protocols import PromptDataset, prompt_identity
+from rollvault.tasks.registry import build_dataset
+from rollvault.tasks.synthetic.dataset import SyntheticPromptDataset
 
 
 def make(seed: int = 0, num_prompts: int = 32) -> SyntheticPromptDataset:
@@ -60,7 +57,7 @@ def test_prefix_is_independent_of_dataset_size() -> None:
 def test_same_prompts_in_a_fresh_process_with_another_hash_seed() -> None:
     script = (
         "import json\n"
-        "from rollvault.controller.dataset import SyntheticPromptDataset\n"
+        "from rollvault.tasks.synthetic.dataset import SyntheticPromptDataset\n"
         "d = SyntheticPromptDataset(num_prompts=32, prompt_tokens=12, vocab_size=97, seed=5)\n"
         "print(json.dumps([[d[i]['prompt_token_ids'], d.identity(i)] for i in range(32)]))\n"
     )

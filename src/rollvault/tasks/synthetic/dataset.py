@@ -1,51 +1,16 @@
-"""Map-style prompt datasets: a stable integer index and a digest per prompt.
-
-Restore rehydrates prompts by dataset index, so a dataset must return the same
-prompt for the same index in every process; :meth:`PromptDataset.identity`
-lets restore check that it did.
-"""
+"""The synthetic task's prompts: seeded random token ids, for the simulated gate."""
 
 from __future__ import annotations
 
 import hashlib
-from typing import Protocol, runtime_checkable
 
-import msgspec
-
-from rollvault.config.schema import DatasetConfig, DatasetKind
+from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
+from rollvault.tasks.protocols import prompt_identity
 
-__all__ = [
-    "SYNTHETIC_TASK_NAME",
-    "PromptDataset",
-    "SyntheticPromptDataset",
-    "build_dataset",
-    "prompt_identity",
-]
+__all__ = ["SYNTHETIC_TASK_NAME", "SyntheticPromptDataset", "build_synthetic_dataset"]
 
 SYNTHETIC_TASK_NAME = "synthetic"
-
-
-@runtime_checkable
-class PromptDataset(Protocol):
-    """A stable map-style dataset: same index, same prompt, in any process."""
-
-    def __len__(self) -> int:
-        """Number of prompts in one epoch."""
-        ...
-
-    def __getitem__(self, idx: int) -> DatumSpec:
-        """The prompt at ``idx`` (0 <= idx < len); its ``idx`` field equals ``idx``."""
-        ...
-
-    def identity(self, idx: int) -> str:
-        """A stable digest of the prompt at ``idx``, compared on restore."""
-        ...
-
-
-def prompt_identity(datum: DatumSpec) -> str:
-    """SHA-256 hex of the prompt's canonical JSON (sorted keys), stable across processes."""
-    return hashlib.sha256(msgspec.json.encode(datum, order="sorted")).hexdigest()
 
 
 class SyntheticPromptDataset:
@@ -107,13 +72,8 @@ class SyntheticPromptDataset:
             )
 
 
-def build_dataset(config: DatasetConfig, *, vocab_size: int, seed: int) -> PromptDataset:
-    """The dataset a run config asks for."""
-    if config.kind is DatasetKind.SYNTHETIC:
-        return SyntheticPromptDataset(config.num_prompts, config.prompt_tokens, vocab_size, seed)
-    if config.kind is DatasetKind.ADDITION:
-        # Imported here: addition_dataset imports prompt_identity from this module.
-        from rollvault.controller.addition_dataset import AdditionPromptDataset
-
-        return AdditionPromptDataset(config.num_prompts, seed=seed)
-    raise ValueError(f"dataset.kind {config.kind.value!r} has no builder")
+def build_synthetic_dataset(
+    config: DatasetConfig, *, seed: int, vocab_size: int
+) -> SyntheticPromptDataset:
+    """``num_prompts`` prompts of ``prompt_tokens`` token ids below ``vocab_size``."""
+    return SyntheticPromptDataset(config.num_prompts, config.prompt_tokens, vocab_size, seed)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rollvault.gates.text_environment import PromptEnvironmentError, TextScore
+from rollvault.tasks.protocols import PromptEnvironmentError, TextScore
 
 __all__ = ["AdditionEnvironment", "AdditionPromptError"]
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from rollvault.config.schema import DatasetConfig, DatasetKind
-from rollvault.controller.addition_dataset import (
+from rollvault.config.schema import DatasetConfig
+from rollvault.tasks.addition.dataset import (
     MAX_ADDITION_PROMPTS,
     AdditionPromptDataset,
     addition_pair,
 )
-from rollvault.controller.dataset import build_dataset
-from rollvault.gates.addition_env import AdditionEnvironment, AdditionPromptError
-from rollvault.gates.text_environment import PromptEnvironmentError
+from rollvault.tasks.addition.environment import AdditionEnvironment, AdditionPromptError
+from rollvault.tasks.protocols import PromptEnvironmentError
+from rollvault.tasks.registry import build_dataset
 
 PROMPT = addition_pair(7, 35)
 
@@ -81,7 +81,5 @@ def test_dataset_bounds_and_registration() -> None:
         data[5]
     with pytest.raises(TypeError):
         data[True]
-    built = build_dataset(
-        DatasetConfig(kind=DatasetKind.ADDITION, num_prompts=5), vocab_size=2, seed=0
-    )
+    built = build_dataset(DatasetConfig(kind="addition", num_prompts=5), vocab_size=2, seed=0)
     assert isinstance(built, AdditionPromptDataset) and len(built) == 5

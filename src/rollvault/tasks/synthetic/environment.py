@@ -1,30 +1,13 @@
-"""Environments score a response; the gate runs them after generation.
-
-The interface is general (prompt in, reward and checks out), so a user plugs
-in a verifier of their own task by implementing :class:`Environment`.
-"""
+"""The synthetic task's environment: a token-level toy verifier for the simulated gate."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-import msgspec
+from rollvault.tasks.protocols import Score
 
-
-class Score(msgspec.Struct, frozen=True, kw_only=True):
-    """An environment's verdict on one response."""
-
-    reward: float
-    format_ok: bool
-
-
-class Environment(Protocol):
-    """Scores one response to one prompt."""
-
-    def score(self, prompt: dict[str, Any], response_token_ids: Sequence[int]) -> Score:
-        """Return the response's reward and whether its format is acceptable."""
-        ...
+__all__ = ["ParityEnvironment"]
 
 
 class ParityEnvironment:

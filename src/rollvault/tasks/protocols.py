@@ -1,0 +1,160 @@
+"""What the layers above see of a task: its dataset and its environment, as protocols.
+
+Datasets are map-style: a stable integer index and a digest per prompt.
+Restore rehydrates prompts by dataset index, so a dataset must return the same
+prompt for the same index in every process; :meth:`PromptDataset.identity`
+lets restore check that it did.
+
+Environments score a response; the gate runs them after generation. A
+token-level :class:`Environment` scores response token ids (the simulated
+gate); a :class:`TextEnvironment` scores the decoded text (a model gate
+decodes the generated tokens with the model's tokenizer and hands the text
+over). Plug in a verifier of your own task by implementing one of them; the
+gate needs nothing else.
+
+A :class:`Task` puts one task's pieces together: its name (what
+``dataset.kind`` says), how to build its dataset, the environment it scores
+with and, optionally, its supervised warm-up examples. Each folder under
+``rollvault/tasks/`` exports one as ``TASK`` (see :mod:`rollvault.tasks.registry`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from rollvault.config.schema import DatasetConfig
+from rollvault.ledger.datum import DatumSpec
+
+__all__ = [
+    "DatasetBuilder",
+    "Environment",
+    "PromptDataset",
+    "PromptEnvironmentError",
+    "Score",
+    "Task",
+    "TextEnvironment",
+    "TextScore",
+    "WarmupExample",
+    "WarmupSource",
+    "prompt_identity",
+]
+
+
+@runtime_checkable
+class PromptDataset(Protocol):
+    """A stable map-style dataset: same index, same prompt, in any process."""
+
+    def __len__(self) -> int:
+        """Number of prompts in one epoch."""
+        ...
+
+    def __getitem__(self, idx: int) -> DatumSpec:
+        """The prompt at ``idx`` (0 <= idx < len); its ``idx`` field equals ``idx``."""
+        ...
+
+    def identity(self, idx: int) -> str:
+        """A stable digest of the prompt at ``idx``, compared on restore."""
+        ...
+
+
+def prompt_identity(datum: DatumSpec) -> str:
+    """SHA-256 hex of the prompt's canonical JSON (sorted keys), stable across processes."""
+    return hashlib.sha256(msgspec.json.encode(datum, order="sorted")).hexdigest()
+
+
+class Score(msgspec.Struct, frozen=True, kw_only=True):
+    """An environment's verdict on one response."""
+
+    reward: float
+    format_ok: bool
+
+
+class Environment(Protocol):
+    """Scores one response to one prompt."""
+
+    def score(self, prompt: dict[str, Any], response_token_ids: Sequence[int]) -> Score:
+        """Return the response's reward and whether its format is acceptable."""
+        ...
+
+
+class PromptEnvironmentError(ValueError):
+    """The prompt lacks what the environment needs to score it (a data failure)."""
+
+
+class TextScore(msgspec.Struct, frozen=True, kw_only=True):
+    """An environment's verdict on one text response."""
+
+    reward: float
+    format_ok: bool
+    """The response has the shape the task asks for (whether or not it is right)."""
+    correct: bool
+    """The response solves the task (what accuracy counts)."""
+
+
+class TextEnvironment(Protocol):
+    """Scores one decoded response to one prompt."""
+
+    @property
+    def success_reward(self) -> float:
+        """The least reward a correct response gets (so a trainer can count accuracy)."""
+        ...
+
+    def score_text(
+        self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
+    ) -> TextScore:
+        """Score ``response_text`` (decoded, without the eos token) to ``prompt``.
+
+        ``finished`` is False when generation was cut at the token limit
+        before the model ended its response. Raises
+        :class:`PromptEnvironmentError` when the prompt cannot be scored.
+        """
+        ...
+
+
+class DatasetBuilder(Protocol):
+    """Builds a task's dataset from the run's ``dataset`` section."""
+
+    def __call__(self, config: DatasetConfig, *, seed: int, vocab_size: int) -> PromptDataset:
+        """The dataset for ``config``, a pure function of it and ``seed``.
+
+        ``vocab_size`` is the generator's vocabulary: token-level tasks draw
+        their prompt token ids below it; text tasks ignore it (the gate
+        tokenizes their ``prompt_text``).
+        """
+        ...
+
+
+WarmupExample = tuple[str, str]
+"""``(prompt_text, answer)``: one pair of the supervised warm-up."""
+
+WarmupSource = Callable[[PromptDataset], Sequence[WarmupExample]]
+"""Gives a task's warm-up examples from the run's dataset."""
+
+
+class Task(msgspec.Struct, frozen=True, kw_only=True):
+    """One task: its name, its dataset, how it is scored, and its optional warm-up.
+
+    A task scores with a token-level environment (the simulated gate), a
+    text environment (a model gate), or both; the composition of a run
+    refuses a gate the task cannot be scored on. The environments are
+    factories (a class will do), so every gate gets its own.
+    """
+
+    name: str
+    """What ``dataset.kind`` says to select this task; the name of its folder."""
+    build_dataset: DatasetBuilder
+    token_environment: Callable[[], Environment] | None = None
+    text_environment: Callable[[], TextEnvironment] | None = None
+    warmup_examples: WarmupSource | None = None
+    """None when the task has no supervised warm-up (``trainer.warmup.steps`` must be 0)."""
+
+    def __post_init__(self) -> None:
+        if self.token_environment is None and self.text_environment is None:
+            raise ValueError(
+                f"task {self.name!r}: give a token_environment or a text_environment, "
+                "or no gate can score it"
+            )
