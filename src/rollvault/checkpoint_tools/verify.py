@@ -39,8 +39,8 @@ from rollvault.controller.snapshots.snapshot_files import (
     SnapshotCorruptError,
     advertised_digests,
     checked_bytes,
-    read_snapshot,
 )
+from rollvault.controller.snapshots.verification import read_snapshot
 from rollvault.dataplane.checkpoint_format import partition_file_name
 from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.dataplane.errors import DataPlaneCheckpointError, DataPlaneValidationError

@@ -29,7 +29,8 @@ from rollvault.controller.snapshots.checkpointer import (
     TRAINER_ROLLOUT_STATE_DIRNAME,
     TRAINER_STATE_DIRNAME,
 )
-from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot, read_snapshot
+from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
+from rollvault.controller.snapshots.verification import read_snapshot
 from rollvault.durable.bootstrap import ensure_bootstrap_anchor
 from rollvault.durable.compatibility import bootstrap_compatibility_identity
 from rollvault.durable.errors import NoUsableSnapshotError, SnapshotError
