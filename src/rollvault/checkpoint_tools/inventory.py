@@ -39,6 +39,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     checked_bytes,
     decode_recovery_sidecar,
 )
+from rollvault.controller.snapshots.verification import ledger_of, problem_from_error
 from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointContent, partition_file_name
 from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.dataplane.errors import DataPlaneCheckpointError
@@ -56,7 +57,6 @@ from rollvault.durable.layout import (
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_path, trainer_checkpoint_steps
-from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
@@ -337,14 +337,8 @@ def problem_of(
     exc: SnapshotError | DataPlaneCheckpointError | OSError, path: Path
 ) -> CheckpointProblem:
     """The file and problem an error names; ``path`` when the error carries no path."""
-    if isinstance(exc, (SnapshotCorruptError, DataPlaneCheckpointError)):
-        return CheckpointProblem(str(exc.path), exc.problem)
-    if isinstance(exc, OSError):
-        where = exc.filename if exc.filename is not None else path
-        return CheckpointProblem(str(where), f"cannot read: {exc.strerror or exc}")
-    # The durable layer's messages start with the path they are about.
-    message = str(exc).removeprefix(f"{path}: ")
-    return CheckpointProblem(str(path), message)
+    found = problem_from_error(exc, path)
+    return CheckpointProblem(str(found.path), found.problem)
 
 
 def _sequence(path: Path) -> int:
@@ -419,14 +413,6 @@ def _check_partition_sizes(directory: Path, content: DataPlaneCheckpointContent)
                 f"size is {size} bytes, metadata.json records {partition.byte_size} "
                 "(truncated or overwritten)",
             )
-
-
-def ledger_of(path: Path, ledger_state: dict[str, Any]) -> RolloutRecoveryLedger:
-    """The ledger a validated sidecar describes, to read its records with their enums."""
-    try:
-        return RolloutRecoveryLedger.from_state_dict(ledger_state)
-    except LedgerError as exc:
-        raise SnapshotCorruptError(path, str(exc)) from exc
 
 
 def _decode(path: Path, raw: dict[str, bytes], kind: type[_T]) -> _T:

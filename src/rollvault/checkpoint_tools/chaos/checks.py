@@ -19,10 +19,14 @@ from rollvault.checkpoint_tools.run_history import (
 from rollvault.config.schema import RecoveryGranularity, RestoreMode, RunConfig
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
-from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
+from rollvault.controller.snapshots.verification import (
+    ProblemKind,
+    SnapshotProblem,
+    VerificationLevel,
+    verify_loaded_snapshot,
+)
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
-from rollvault.ledger.ledger import RolloutRecoveryLedger
 
 
 @dataclass(frozen=True)
@@ -99,34 +103,30 @@ def _fallback_problems(chosen: Path) -> list[str]:
 
 
 def snapshot_problems(snapshot: LoadedSnapshot, generations_per_group: int) -> list[str]:
-    """Orphan or missing rows, and work left undone, in a finished run's snapshot.
+    """Every problem of a finished run's snapshot, one line per row for row problems.
 
-    Staged rows must be exactly those the ledger's sealed attempts own, and
-    train rows exactly those of the replay index's groups; no group may be
-    left in the ledger, and the replay index may hold only the groups
-    trained since the last trainer checkpoint (kept for a rollback).
+    What :func:`~rollvault.controller.snapshots.verification.verify_loaded_snapshot`
+    finds at the ``FINISHED`` level: staged rows must be exactly those the
+    ledger's sealed attempts own, and train rows exactly those of the replay
+    index's groups; no group may be left in the ledger, and the replay index
+    may hold only the groups trained since the last trainer checkpoint (kept
+    for a rollback).
     """
-    ledger = RolloutRecoveryLedger.from_state_dict(dict(snapshot.recovery.ledger_state))
-    rows = snapshot.data_plane.partitions
-    entries = snapshot.replay.replay.entries
-    canonical = {train_key(e.group_id, i) for e in entries for i in range(generations_per_group)}
-    problems = _row_problems(
-        STAGING_PARTITION, set(rows.get(STAGING_PARTITION, {})), ledger.expected_staging_keys()
+    problems = verify_loaded_snapshot(
+        snapshot, generations_per_group=generations_per_group, level=VerificationLevel.FINISHED
     )
-    problems += _row_problems(TRAIN_PARTITION, set(rows.get(TRAIN_PARTITION, {})), canonical)
-    if len(ledger):
-        problems.append(f"{len(ledger)} groups are still in the ledger, unfinished")
-    untrained = len(entries) - snapshot.manifest.rolled_back_train_group_count
-    if untrained:
-        problems.append(f"{untrained} finalized groups were never trained")
-    return [f"{snapshot.path}: {problem}" for problem in problems]
+    return [line for problem in problems for line in _problem_lines(snapshot.path, problem)]
 
 
-def _row_problems(partition: str, held: set[str], referenced: set[str]) -> list[str]:
-    orphans = [
-        f"{partition} row {key} is referenced by nothing" for key in sorted(held - referenced)
-    ]
-    missing = [
-        f"{partition} row {key} is referenced but absent" for key in sorted(referenced - held)
-    ]
-    return orphans + missing
+def _problem_lines(where: Path, problem: SnapshotProblem) -> list[str]:
+    if problem.kind is ProblemKind.ORPHAN_ROWS:
+        return [
+            f"{where}: {problem.partition} row {key} is referenced by nothing"
+            for key in problem.keys
+        ]
+    if problem.kind is ProblemKind.MISSING_ROWS:
+        return [
+            f"{where}: {problem.partition} row {key} is referenced but absent"
+            for key in problem.keys
+        ]
+    return [f"{where}: {problem.problem}"]
