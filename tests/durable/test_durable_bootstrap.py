@@ -15,6 +15,7 @@ from rollvault.durable.bootstrap import (
     _bootstrap_anchor_manifest,
     ensure_bootstrap_anchor,
     prune_bootstrap_snapshots,
+    read_bootstrap_manifest,
     validate_bootstrap_anchor,
 )
 from rollvault.durable.compatibility import (
@@ -131,6 +132,23 @@ def test_a_corrupt_anchor_is_refused_naming_the_problem(
         ensure_bootstrap_anchor(tmp_path, identity=IDENTITY)
     assert str(anchor / "manifest.json") in str(info.value)
     assert message in str(info.value)
+
+
+def test_the_reader_returns_the_stored_identity_and_says_whether_it_is_intact(
+    tmp_path: Path,
+) -> None:
+    anchor = ensure_bootstrap_anchor(tmp_path, identity=IDENTITY)
+    stored = read_bootstrap_manifest(anchor)
+    assert stored.fingerprint == IDENTITY.fingerprint() == _manifest(anchor)["fingerprint"]
+    assert stored.stored_identity() == IDENTITY
+    assert stored.fingerprint_matches_identity()
+    _rewrite(anchor, lambda m: m.update(config={"grpo": {"lr": 5.0}}))
+    tampered = read_bootstrap_manifest(anchor)  # reading judges the schema, not the digest
+    assert tampered.config == {"grpo": {"lr": 5.0}}
+    assert not tampered.fingerprint_matches_identity()
+    _rewrite(anchor, lambda m: m.update(extra=1))
+    with pytest.raises(SnapshotManifestError, match="unknown field `extra`"):
+        read_bootstrap_manifest(anchor)
 
 
 def test_an_anchor_that_is_not_json_is_refused(tmp_path: Path) -> None:

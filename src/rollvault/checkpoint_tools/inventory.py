@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -44,11 +44,8 @@ from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointContent, pa
 from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
-from rollvault.durable.compatibility import (
-    BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION,
-    BootstrapCompatibilityIdentity,
-)
-from rollvault.durable.errors import SnapshotError
+from rollvault.durable.bootstrap import BootstrapAnchorManifest, read_bootstrap_manifest
+from rollvault.durable.errors import IncompatibleRunError, SnapshotError, SnapshotManifestError
 from rollvault.durable.layout import (
     BOOTSTRAP_DIRNAME,
     BOOTSTRAP_MANIFEST_FILENAME,
@@ -161,15 +158,6 @@ class CheckpointInventory(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     """``tmp_step_<N>`` / ``trash_step_<N>`` directories beside the trainer checkpoints."""
 
 
-class _BootstrapAnchorFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``bootstrap/manifest.json`` as written by ``ensure_bootstrap_anchor``."""
-
-    schema_version: int
-    excluded_paths: list[str]
-    config: dict[str, Any]
-    fingerprint: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
-
-
 def holds_run(checkpoint_dir: Path) -> bool:
     """Whether ``checkpoint_dir`` holds a run: a bootstrap anchor or a trainer checkpoint."""
     return (checkpoint_dir / BOOTSTRAP_DIRNAME).is_dir() or bool(
@@ -215,13 +203,14 @@ def read_bootstrap_entry(anchor: Path) -> BootstrapEntry:
     """Read ``bootstrap/manifest.json`` strictly and check its fingerprint against its identity."""
     path = anchor / BOOTSTRAP_MANIFEST_FILENAME
     try:
-        stored = msgspec.json.decode(path.read_bytes(), type=_BootstrapAnchorFile, strict=True)
-    except FileNotFoundError:
-        return _bootstrap_damage(path, "missing; the run's compatibility identity is lost")
-    except OSError as exc:
-        return _bootstrap_damage(path, f"unreadable: {exc.strerror or exc}")
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return _bootstrap_damage(path, f"invalid bootstrap anchor manifest: {exc}")
+        stored = read_bootstrap_manifest(anchor)
+    except IncompatibleRunError as exc:
+        return _bootstrap_damage(path, "; ".join(exc.differences))
+    except SnapshotManifestError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            # The durable reader cannot know that a run is there; here there is.
+            return _bootstrap_damage(path, "missing; the run's compatibility identity is lost")
+        return _bootstrap_damage(path, str(exc).removeprefix(f"{path}: "))
     return BootstrapEntry(
         path=str(path),
         schema_version=stored.schema_version,
@@ -241,25 +230,14 @@ def _bootstrap_damage(path: Path, problem: str) -> BootstrapEntry:
     )
 
 
-def _bootstrap_problem(path: Path, stored: _BootstrapAnchorFile) -> CheckpointProblem | None:
-    if stored.schema_version != BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION:
-        return CheckpointProblem(
-            str(path),
-            f"compatibility schema version {stored.schema_version}; this rollvault writes "
-            f"{BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION}",
-        )
-    identity = BootstrapCompatibilityIdentity(
-        schema_version=stored.schema_version,
-        excluded_paths=tuple(stored.excluded_paths),
-        config=stored.config,
+def _bootstrap_problem(path: Path, stored: BootstrapAnchorManifest) -> CheckpointProblem | None:
+    if stored.fingerprint_matches_identity():
+        return None
+    return CheckpointProblem(
+        str(path),
+        f"corrupt: fingerprint {stored.fingerprint} does not match the identity stored "
+        f"beside it ({stored.stored_identity().fingerprint()})",
     )
-    if identity.fingerprint() != stored.fingerprint:
-        return CheckpointProblem(
-            str(path),
-            f"corrupt: fingerprint {stored.fingerprint} does not match the identity stored "
-            f"beside it ({identity.fingerprint()})",
-        )
-    return None
 
 
 def _generations_per_group(config: dict[str, Any]) -> int | None:

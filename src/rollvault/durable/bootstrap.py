@@ -35,13 +35,25 @@ from rollvault.durable.layout import (
 from rollvault.durable.trash import remove_tree
 
 
-class _BootstrapAnchorManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The persisted form of ``bootstrap/manifest.json``."""
+class BootstrapAnchorManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``bootstrap/manifest.json``: the run's compatibility identity and its fingerprint."""
 
     schema_version: int
     excluded_paths: list[str]
     config: dict[str, Any]
     fingerprint: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+    def stored_identity(self) -> BootstrapCompatibilityIdentity:
+        """The compatibility identity stored beside the fingerprint."""
+        return BootstrapCompatibilityIdentity(
+            schema_version=self.schema_version,
+            excluded_paths=tuple(self.excluded_paths),
+            config=self.config,
+        )
+
+    def fingerprint_matches_identity(self) -> bool:
+        """Whether ``fingerprint`` is the digest of the stored identity (False: corrupt)."""
+        return self.stored_identity().fingerprint() == self.fingerprint
 
 
 def _bootstrap_anchor_manifest(identity: BootstrapCompatibilityIdentity) -> dict[str, Any]:
@@ -81,7 +93,15 @@ def ensure_bootstrap_anchor(
     return anchor
 
 
-def _read_anchor_manifest(anchor: Path) -> _BootstrapAnchorManifest:
+def read_bootstrap_manifest(anchor: Path) -> BootstrapAnchorManifest:
+    """Read ``<anchor>/manifest.json`` strictly, without judging it against a run.
+
+    Raises ``SnapshotManifestError`` naming the file when it is missing,
+    unreadable, not JSON or malformed (an unknown, missing or mistyped field),
+    and ``IncompatibleRunError`` when another compatibility schema version
+    wrote it. Whether its fingerprint still matches the identity stored beside
+    it is :meth:`BootstrapAnchorManifest.fingerprint_matches_identity`.
+    """
     path = anchor / BOOTSTRAP_MANIFEST_FILENAME
     try:
         raw = msgspec.json.decode(path.read_bytes())
@@ -102,23 +122,19 @@ def _read_anchor_manifest(anchor: Path) -> _BootstrapAnchorManifest:
             ],
         )
     try:
-        manifest = msgspec.convert(raw, type=_BootstrapAnchorManifest, strict=True)
+        return msgspec.convert(raw, type=BootstrapAnchorManifest, strict=True)
     except msgspec.ValidationError as exc:
         raise SnapshotManifestError(f"{path}: invalid bootstrap anchor manifest: {exc}") from exc
-    stored = _bootstrap_anchor_manifest(_stored_identity(manifest))
-    if stored["fingerprint"] != manifest.fingerprint:
+
+
+def _read_anchor_manifest(anchor: Path) -> BootstrapAnchorManifest:
+    manifest = read_bootstrap_manifest(anchor)
+    if not manifest.fingerprint_matches_identity():
         raise SnapshotManifestError(
-            f"{path}: corrupt: its fingerprint does not match the identity stored beside it"
+            f"{anchor / BOOTSTRAP_MANIFEST_FILENAME}: corrupt: its fingerprint does not match "
+            "the identity stored beside it"
         )
     return manifest
-
-
-def _stored_identity(manifest: _BootstrapAnchorManifest) -> BootstrapCompatibilityIdentity:
-    return BootstrapCompatibilityIdentity(
-        schema_version=manifest.schema_version,
-        excluded_paths=tuple(manifest.excluded_paths),
-        config=manifest.config,
-    )
 
 
 def _identity_differences(
@@ -143,7 +159,7 @@ def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityI
     manifest = _read_anchor_manifest(anchor)
     if manifest.fingerprint == identity.fingerprint():
         return
-    differences = _identity_differences(_stored_identity(manifest), identity)
+    differences = _identity_differences(manifest.stored_identity(), identity)
     if identity.schema_version != manifest.schema_version:
         differences.insert(
             0,
