@@ -14,6 +14,7 @@ from rollvault.durable.bootstrap import (
     BOOTSTRAP_MANIFEST_FILENAME,
     _bootstrap_anchor_manifest,
     ensure_bootstrap_anchor,
+    holds_run,
     prune_bootstrap_snapshots,
     read_bootstrap_manifest,
     validate_bootstrap_anchor,
@@ -156,6 +157,21 @@ def test_an_anchor_that_is_not_json_is_refused(tmp_path: Path) -> None:
     (anchor / BOOTSTRAP_MANIFEST_FILENAME).write_bytes(b"\x00garbage")
     with pytest.raises(SnapshotManifestError, match="manifest.json: not valid JSON"):
         validate_bootstrap_anchor(anchor, identity=IDENTITY)
+
+
+def test_a_run_is_a_committed_anchor_or_a_trainer_checkpoint(tmp_path: Path) -> None:
+    assert not holds_run(tmp_path / "absent")
+    assert not holds_run(tmp_path)
+    (tmp_path / BOOTSTRAP_DIRNAME).mkdir()  # a first start killed before its manifest
+    assert not holds_run(tmp_path)
+    ensure_bootstrap_anchor(tmp_path, identity=IDENTITY)
+    assert holds_run(tmp_path)
+    lost = tmp_path / "lost"
+    (lost / "step_4").mkdir(parents=True)  # the anchor is gone, the trainer checkpoint is not
+    assert holds_run(lost)
+    (lost / "step_4").rmdir()
+    (lost / "tmp_step_4").mkdir()  # never committed
+    assert not holds_run(lost)
 
 
 def _with_snapshots(tmp_path: Path) -> Path:

@@ -44,7 +44,11 @@ from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointContent, pa
 from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
-from rollvault.durable.bootstrap import BootstrapAnchorManifest, read_bootstrap_manifest
+from rollvault.durable.bootstrap import (
+    BootstrapAnchorManifest,
+    holds_run,
+    read_bootstrap_manifest,
+)
 from rollvault.durable.errors import IncompatibleRunError, SnapshotError, SnapshotManifestError
 from rollvault.durable.layout import (
     BOOTSTRAP_DIRNAME,
@@ -156,13 +160,6 @@ class CheckpointInventory(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     anchors: list[AnchorEntry]
     leftovers: list[str]
     """``tmp_step_<N>`` / ``trash_step_<N>`` directories beside the trainer checkpoints."""
-
-
-def holds_run(checkpoint_dir: Path) -> bool:
-    """Whether ``checkpoint_dir`` holds a run: a bootstrap anchor or a trainer checkpoint."""
-    return (checkpoint_dir / BOOTSTRAP_DIRNAME).is_dir() or bool(
-        trainer_checkpoint_steps(checkpoint_dir)
-    )
 
 
 def no_run_message(checkpoint_dir: Path) -> str:

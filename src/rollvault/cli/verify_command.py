@@ -12,8 +12,9 @@ from pathlib import Path
 
 import msgspec
 
-from rollvault.checkpoint_tools.inventory import holds_run, no_run_message
+from rollvault.checkpoint_tools.inventory import no_run_message
 from rollvault.checkpoint_tools.verify import VerifyReport, verify_checkpoint_dir
+from rollvault.durable.bootstrap import holds_run
 
 
 def verify_command(checkpoint_dir: Path, *, as_json: bool) -> int:

@@ -32,6 +32,7 @@ from rollvault.durable.layout import (
     BOOTSTRAP_TRASH_DIRNAME,
     ROLLOUT_SNAPSHOTS_DIRNAME,
 )
+from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
 from rollvault.durable.trash import remove_tree
 
 
@@ -71,6 +72,18 @@ def _ensure_directory(path: Path) -> None:
     _ensure_directory(path.parent)
     path.mkdir(exist_ok=True)
     _fsync_directory(path.parent)
+
+
+def holds_run(checkpoint_dir: Path) -> bool:
+    """Whether ``checkpoint_dir`` holds a run: a bootstrap anchor or a trainer checkpoint.
+
+    The anchor counts once its ``manifest.json`` exists: it is written
+    atomically on the run's first start, so a ``bootstrap/`` without it (a
+    start killed while creating it) holds nothing yet. A trainer checkpoint
+    ``step_<N>/`` is a run even when the anchor was lost.
+    """
+    manifest = checkpoint_dir / BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME
+    return manifest.exists() or bool(trainer_checkpoint_steps(checkpoint_dir))
 
 
 def ensure_bootstrap_anchor(
