@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -29,11 +29,18 @@ from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
 from rollvault.durable.layout import (
     BOOTSTRAP_DIRNAME,
     BOOTSTRAP_MANIFEST_FILENAME,
-    BOOTSTRAP_TRASH_DIRNAME,
     ROLLOUT_SNAPSHOTS_DIRNAME,
 )
+from rollvault.durable.retention import PruneFaultPoints, prune_through_trash, trash_name
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
-from rollvault.durable.trash import remove_tree
+
+BOOTSTRAP_PRUNE_POINTS: Final = PruneFaultPoints(
+    before_rename=lambda: fault_point("bootstrap_prune.before_rename"),
+    after_rename=lambda: fault_point("bootstrap_prune.after_rename"),
+    synced=lambda: fault_point("bootstrap_prune.anchor_synced"),
+    before_delete=lambda: fault_point("bootstrap_prune.before_delete"),
+    after_delete=lambda: fault_point("bootstrap_prune.after_delete"),
+)
 
 
 class BootstrapAnchorManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -189,8 +196,9 @@ def prune_bootstrap_snapshots(checkpoint_dir: Path, *, durable_trainer_checkpoin
     existing directory outside the bootstrap anchor. Otherwise renames
     ``bootstrap/rollout_snapshots`` to ``bootstrap/trash_rollout_snapshots``,
     flushes the anchor, deletes the trash (finishing one a crashed earlier
-    prune left) and returns whether anything was removed. The anchor's
-    manifest is kept.
+    prune left) and returns whether anything was removed, by the retention
+    mechanism of :mod:`rollvault.durable.retention`. The anchor's manifest is
+    kept.
     """
     anchor = checkpoint_dir / BOOTSTRAP_DIRNAME
     if _is_within(durable_trainer_checkpoint, anchor):
@@ -201,21 +209,14 @@ def prune_bootstrap_snapshots(checkpoint_dir: Path, *, durable_trainer_checkpoin
     if not durable_trainer_checkpoint.is_dir():
         return False
     snapshots = anchor / ROLLOUT_SNAPSHOTS_DIRNAME
-    trash = anchor / BOOTSTRAP_TRASH_DIRNAME
-    pruned = os.path.lexists(trash)
-    if os.path.lexists(snapshots):
-        remove_tree(trash)
-        fault_point("bootstrap_prune.before_rename")
-        os.rename(snapshots, trash)
-        fault_point("bootstrap_prune.after_rename")
-        _fsync_directory(anchor)
-        fault_point("bootstrap_prune.anchor_synced")
-        pruned = True
-    if pruned:
-        fault_point("bootstrap_prune.before_delete")
-        remove_tree(trash)
-        fault_point("bootstrap_prune.after_delete")
-    return pruned
+    trash = trash_name(snapshots)  # BOOTSTRAP_TRASH_DIRNAME
+    deleted = prune_through_trash(
+        anchor,
+        [snapshots] if os.path.lexists(snapshots) else [],
+        points=BOOTSTRAP_PRUNE_POINTS,
+        unfinished=[trash] if os.path.lexists(trash) else [],
+    )
+    return bool(deleted)
 
 
 def _is_within(path: Path, parent: Path) -> bool:
