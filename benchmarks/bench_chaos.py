@@ -47,13 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollvault.cli.chaos_command import (
-    ChaosPlan,
-    ChaosReport,
-    inflight_estimate,
-    lost_work_ratio,
-    run_chaos,
-)
+from rollvault.checkpoint_tools.chaos.plan import ChaosPlan
+from rollvault.checkpoint_tools.chaos.report import ChaosReport, inflight_estimate, lost_work_ratio
+from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
 from rollvault.config.schema import RestoreMode
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / ".bench_tmp" / "chaos"

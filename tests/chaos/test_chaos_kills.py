@@ -17,19 +17,16 @@ import numpy as np
 import pytest
 
 import rollvault
-from rollvault.checkpoint_tools.run_history import read_run_history
-from rollvault.cli.chaos_command import (
+from rollvault.checkpoint_tools.chaos.checks import check_finished_run, snapshot_problems
+from rollvault.checkpoint_tools.chaos.plan import (
     ChaosPlan,
-    ChaosReport,
     ChaosUsageError,
-    StartOutcome,
     chaos_config,
-    check_finished_run,
     kill_delays,
-    lost_work_ratio,
-    run_chaos,
-    snapshot_problems,
 )
+from rollvault.checkpoint_tools.chaos.report import ChaosReport, StartOutcome, lost_work_ratio
+from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
+from rollvault.checkpoint_tools.run_history import read_run_history
 from rollvault.cli.main import main
 from rollvault.config.schema import RestoreMode
 from rollvault.controller.data.replay_index import ReplayEntry

@@ -38,9 +38,10 @@ from rollvault.checkpoint_tools.inventory import (  # noqa: E402
     SnapshotEntry,
     ledger_of,
 )
+from rollvault.checkpoint_tools.verify import cross_reference_problems  # noqa: E402
 from rollvault.cli.main import main  # noqa: E402
-from rollvault.cli.verify_command import cross_reference_problems  # noqa: E402
-from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot, read_snapshot  # noqa: E402
+from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot  # noqa: E402
+from rollvault.controller.snapshots.verification import read_snapshot  # noqa: E402
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint  # noqa: E402
 from rollvault.dataplane.interface import (  # noqa: E402
     STAGING_PARTITION,

@@ -14,7 +14,9 @@ from rollvault.durable.bootstrap import (
     BOOTSTRAP_MANIFEST_FILENAME,
     _bootstrap_anchor_manifest,
     ensure_bootstrap_anchor,
+    holds_run,
     prune_bootstrap_snapshots,
+    read_bootstrap_manifest,
     validate_bootstrap_anchor,
 )
 from rollvault.durable.compatibility import (
@@ -133,11 +135,43 @@ def test_a_corrupt_anchor_is_refused_naming_the_problem(
     assert message in str(info.value)
 
 
+def test_the_reader_returns_the_stored_identity_and_says_whether_it_is_intact(
+    tmp_path: Path,
+) -> None:
+    anchor = ensure_bootstrap_anchor(tmp_path, identity=IDENTITY)
+    stored = read_bootstrap_manifest(anchor)
+    assert stored.fingerprint == IDENTITY.fingerprint() == _manifest(anchor)["fingerprint"]
+    assert stored.stored_identity() == IDENTITY
+    assert stored.fingerprint_matches_identity()
+    _rewrite(anchor, lambda m: m.update(config={"grpo": {"lr": 5.0}}))
+    tampered = read_bootstrap_manifest(anchor)  # reading judges the schema, not the digest
+    assert tampered.config == {"grpo": {"lr": 5.0}}
+    assert not tampered.fingerprint_matches_identity()
+    _rewrite(anchor, lambda m: m.update(extra=1))
+    with pytest.raises(SnapshotManifestError, match="unknown field `extra`"):
+        read_bootstrap_manifest(anchor)
+
+
 def test_an_anchor_that_is_not_json_is_refused(tmp_path: Path) -> None:
     anchor = ensure_bootstrap_anchor(tmp_path, identity=IDENTITY)
     (anchor / BOOTSTRAP_MANIFEST_FILENAME).write_bytes(b"\x00garbage")
     with pytest.raises(SnapshotManifestError, match="manifest.json: not valid JSON"):
         validate_bootstrap_anchor(anchor, identity=IDENTITY)
+
+
+def test_a_run_is_a_committed_anchor_or_a_trainer_checkpoint(tmp_path: Path) -> None:
+    assert not holds_run(tmp_path / "absent")
+    assert not holds_run(tmp_path)
+    (tmp_path / BOOTSTRAP_DIRNAME).mkdir()  # a first start killed before its manifest
+    assert not holds_run(tmp_path)
+    ensure_bootstrap_anchor(tmp_path, identity=IDENTITY)
+    assert holds_run(tmp_path)
+    lost = tmp_path / "lost"
+    (lost / "step_4").mkdir(parents=True)  # the anchor is gone, the trainer checkpoint is not
+    assert holds_run(lost)
+    (lost / "step_4").rmdir()
+    (lost / "tmp_step_4").mkdir()  # never committed
+    assert not holds_run(lost)
 
 
 def _with_snapshots(tmp_path: Path) -> Path:

@@ -27,9 +27,9 @@ from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     REPLAY_BUFFER_METADATA_FILENAME,
     RolloutStateCapture,
-    read_snapshot,
     write_snapshot_payload,
 )
+from rollvault.controller.snapshots.verification import read_snapshot
 from rollvault.durable.manifest_schema import write_snapshot_manifest
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.reward_penalties import FinalizedReward

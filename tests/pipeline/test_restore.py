@@ -32,6 +32,7 @@ from rollvault.controller.snapshots.resume import RunExistsError, prepare_checkp
 from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError
 from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.durable.errors import IncompatibleRunError
+from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
 
 SLOW_GATE = (
     "gate.simulated.latency_per_token_s=0.002",
@@ -124,6 +125,22 @@ def test_an_operational_change_resumes(tmp_path: Path) -> None:
     run_until_crash(config, 3)
     resumed = _config(tmp_path, "rollout_checkpointing.interval_s=0.07", "logging.progress=true")
     assert prepare_checkpoint_dir(resumed) is not None
+
+
+def test_the_number_of_trainer_checkpoints_kept_is_an_operational_setting(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, "checkpointing.save_period=2", "checkpointing.keep_latest_k=3")
+    run_until_crash(config, 9)
+    checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
+    assert trainer_checkpoint_steps(checkpoint_dir) == [4, 6, 8]
+    # Keeping fewer changes nothing the run computes: the resume is not refused.
+    fewer = _config(tmp_path, "checkpointing.save_period=2", "checkpointing.keep_latest_k=1")
+    summary, _ = run_simulated(fewer)
+    assert summary.trainer_version == 12
+    assert trainer_checkpoint_steps(checkpoint_dir) == [12]
+    assert not [p for p in checkpoint_dir.iterdir() if p.name.startswith(("tmp_", "trash_"))]
+    assert _history_problems(fewer) == []
 
 
 def test_restore_mode_none_refuses_an_existing_run_unless_forced(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -39,15 +39,17 @@ from rollvault.controller.snapshots.snapshot_files import (
     checked_bytes,
     decode_recovery_sidecar,
 )
+from rollvault.controller.snapshots.verification import ledger_of, problem_from_error
 from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointContent, partition_file_name
 from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
-from rollvault.durable.compatibility import (
-    BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION,
-    BootstrapCompatibilityIdentity,
+from rollvault.durable.bootstrap import (
+    BootstrapAnchorManifest,
+    holds_run,
+    read_bootstrap_manifest,
 )
-from rollvault.durable.errors import SnapshotError
+from rollvault.durable.errors import IncompatibleRunError, SnapshotError, SnapshotManifestError
 from rollvault.durable.layout import (
     BOOTSTRAP_DIRNAME,
     BOOTSTRAP_MANIFEST_FILENAME,
@@ -56,7 +58,6 @@ from rollvault.durable.layout import (
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_path, trainer_checkpoint_steps
-from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
@@ -161,22 +162,6 @@ class CheckpointInventory(msgspec.Struct, frozen=True, forbid_unknown_fields=Tru
     """``tmp_step_<N>`` / ``trash_step_<N>`` directories beside the trainer checkpoints."""
 
 
-class _BootstrapAnchorFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """``bootstrap/manifest.json`` as written by ``ensure_bootstrap_anchor``."""
-
-    schema_version: int
-    excluded_paths: list[str]
-    config: dict[str, Any]
-    fingerprint: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
-
-
-def holds_run(checkpoint_dir: Path) -> bool:
-    """Whether ``checkpoint_dir`` holds a run: a bootstrap anchor or a trainer checkpoint."""
-    return (checkpoint_dir / BOOTSTRAP_DIRNAME).is_dir() or bool(
-        trainer_checkpoint_steps(checkpoint_dir)
-    )
-
-
 def no_run_message(checkpoint_dir: Path) -> str:
     """Why ``checkpoint_dir`` holds no run to look at, with a hint when there is one."""
     if not checkpoint_dir.exists():
@@ -215,13 +200,14 @@ def read_bootstrap_entry(anchor: Path) -> BootstrapEntry:
     """Read ``bootstrap/manifest.json`` strictly and check its fingerprint against its identity."""
     path = anchor / BOOTSTRAP_MANIFEST_FILENAME
     try:
-        stored = msgspec.json.decode(path.read_bytes(), type=_BootstrapAnchorFile, strict=True)
-    except FileNotFoundError:
-        return _bootstrap_damage(path, "missing; the run's compatibility identity is lost")
-    except OSError as exc:
-        return _bootstrap_damage(path, f"unreadable: {exc.strerror or exc}")
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return _bootstrap_damage(path, f"invalid bootstrap anchor manifest: {exc}")
+        stored = read_bootstrap_manifest(anchor)
+    except IncompatibleRunError as exc:
+        return _bootstrap_damage(path, "; ".join(exc.differences))
+    except SnapshotManifestError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            # The durable reader cannot know that a run is there; here there is.
+            return _bootstrap_damage(path, "missing; the run's compatibility identity is lost")
+        return _bootstrap_damage(path, str(exc).removeprefix(f"{path}: "))
     return BootstrapEntry(
         path=str(path),
         schema_version=stored.schema_version,
@@ -241,25 +227,14 @@ def _bootstrap_damage(path: Path, problem: str) -> BootstrapEntry:
     )
 
 
-def _bootstrap_problem(path: Path, stored: _BootstrapAnchorFile) -> CheckpointProblem | None:
-    if stored.schema_version != BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION:
-        return CheckpointProblem(
-            str(path),
-            f"compatibility schema version {stored.schema_version}; this rollvault writes "
-            f"{BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION}",
-        )
-    identity = BootstrapCompatibilityIdentity(
-        schema_version=stored.schema_version,
-        excluded_paths=tuple(stored.excluded_paths),
-        config=stored.config,
+def _bootstrap_problem(path: Path, stored: BootstrapAnchorManifest) -> CheckpointProblem | None:
+    if stored.fingerprint_matches_identity():
+        return None
+    return CheckpointProblem(
+        str(path),
+        f"corrupt: fingerprint {stored.fingerprint} does not match the identity stored "
+        f"beside it ({stored.stored_identity().fingerprint()})",
     )
-    if identity.fingerprint() != stored.fingerprint:
-        return CheckpointProblem(
-            str(path),
-            f"corrupt: fingerprint {stored.fingerprint} does not match the identity stored "
-            f"beside it ({identity.fingerprint()})",
-        )
-    return None
 
 
 def _generations_per_group(config: dict[str, Any]) -> int | None:
@@ -337,14 +312,8 @@ def problem_of(
     exc: SnapshotError | DataPlaneCheckpointError | OSError, path: Path
 ) -> CheckpointProblem:
     """The file and problem an error names; ``path`` when the error carries no path."""
-    if isinstance(exc, (SnapshotCorruptError, DataPlaneCheckpointError)):
-        return CheckpointProblem(str(exc.path), exc.problem)
-    if isinstance(exc, OSError):
-        where = exc.filename if exc.filename is not None else path
-        return CheckpointProblem(str(where), f"cannot read: {exc.strerror or exc}")
-    # The durable layer's messages start with the path they are about.
-    message = str(exc).removeprefix(f"{path}: ")
-    return CheckpointProblem(str(path), message)
+    found = problem_from_error(exc, path)
+    return CheckpointProblem(str(found.path), found.problem)
 
 
 def _sequence(path: Path) -> int:
@@ -419,14 +388,6 @@ def _check_partition_sizes(directory: Path, content: DataPlaneCheckpointContent)
                 f"size is {size} bytes, metadata.json records {partition.byte_size} "
                 "(truncated or overwritten)",
             )
-
-
-def ledger_of(path: Path, ledger_state: dict[str, Any]) -> RolloutRecoveryLedger:
-    """The ledger a validated sidecar describes, to read its records with their enums."""
-    try:
-        return RolloutRecoveryLedger.from_state_dict(ledger_state)
-    except LedgerError as exc:
-        raise SnapshotCorruptError(path, str(exc)) from exc
 
 
 def _decode(path: Path, raw: dict[str, bytes], kind: type[_T]) -> _T:

@@ -29,10 +29,10 @@ from rollvault.checkpoint_tools.inventory import (
     CheckpointInventory,
     SnapshotContents,
     SnapshotEntry,
-    holds_run,
     no_run_message,
     take_inventory,
 )
+from rollvault.durable.bootstrap import holds_run
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.ledger.statuses import PromptGroupStatus
 

@@ -260,6 +260,8 @@ class CheckpointingConfig(_Section, frozen=True):
     checkpoint_dir: NonEmptyStr = "runs/default/checkpoints"
     # A trainer checkpoint every this many optimizer steps.
     save_period: PositiveInt = 50
+    # Trainer checkpoints kept; older ones are pruned once a new one is written.
+    keep_latest_k: PositiveInt = 2
 
 
 class RolloutCheckpointingConfig(_Section, frozen=True):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -29,19 +29,39 @@ from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
 from rollvault.durable.layout import (
     BOOTSTRAP_DIRNAME,
     BOOTSTRAP_MANIFEST_FILENAME,
-    BOOTSTRAP_TRASH_DIRNAME,
     ROLLOUT_SNAPSHOTS_DIRNAME,
 )
-from rollvault.durable.trash import remove_tree
+from rollvault.durable.retention import PruneFaultPoints, prune_through_trash, trash_name
+from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
+
+BOOTSTRAP_PRUNE_POINTS: Final = PruneFaultPoints(
+    before_rename=lambda: fault_point("bootstrap_prune.before_rename"),
+    after_rename=lambda: fault_point("bootstrap_prune.after_rename"),
+    synced=lambda: fault_point("bootstrap_prune.anchor_synced"),
+    before_delete=lambda: fault_point("bootstrap_prune.before_delete"),
+    after_delete=lambda: fault_point("bootstrap_prune.after_delete"),
+)
 
 
-class _BootstrapAnchorManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The persisted form of ``bootstrap/manifest.json``."""
+class BootstrapAnchorManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``bootstrap/manifest.json``: the run's compatibility identity and its fingerprint."""
 
     schema_version: int
     excluded_paths: list[str]
     config: dict[str, Any]
     fingerprint: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+    def stored_identity(self) -> BootstrapCompatibilityIdentity:
+        """The compatibility identity stored beside the fingerprint."""
+        return BootstrapCompatibilityIdentity(
+            schema_version=self.schema_version,
+            excluded_paths=tuple(self.excluded_paths),
+            config=self.config,
+        )
+
+    def fingerprint_matches_identity(self) -> bool:
+        """Whether ``fingerprint`` is the digest of the stored identity (False: corrupt)."""
+        return self.stored_identity().fingerprint() == self.fingerprint
 
 
 def _bootstrap_anchor_manifest(identity: BootstrapCompatibilityIdentity) -> dict[str, Any]:
@@ -59,6 +79,18 @@ def _ensure_directory(path: Path) -> None:
     _ensure_directory(path.parent)
     path.mkdir(exist_ok=True)
     _fsync_directory(path.parent)
+
+
+def holds_run(checkpoint_dir: Path) -> bool:
+    """Whether ``checkpoint_dir`` holds a run: a bootstrap anchor or a trainer checkpoint.
+
+    The anchor counts once its ``manifest.json`` exists: it is written
+    atomically on the run's first start, so a ``bootstrap/`` without it (a
+    start killed while creating it) holds nothing yet. A trainer checkpoint
+    ``step_<N>/`` is a run even when the anchor was lost.
+    """
+    manifest = checkpoint_dir / BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME
+    return manifest.exists() or bool(trainer_checkpoint_steps(checkpoint_dir))
 
 
 def ensure_bootstrap_anchor(
@@ -81,7 +113,15 @@ def ensure_bootstrap_anchor(
     return anchor
 
 
-def _read_anchor_manifest(anchor: Path) -> _BootstrapAnchorManifest:
+def read_bootstrap_manifest(anchor: Path) -> BootstrapAnchorManifest:
+    """Read ``<anchor>/manifest.json`` strictly, without judging it against a run.
+
+    Raises ``SnapshotManifestError`` naming the file when it is missing,
+    unreadable, not JSON or malformed (an unknown, missing or mistyped field),
+    and ``IncompatibleRunError`` when another compatibility schema version
+    wrote it. Whether its fingerprint still matches the identity stored beside
+    it is :meth:`BootstrapAnchorManifest.fingerprint_matches_identity`.
+    """
     path = anchor / BOOTSTRAP_MANIFEST_FILENAME
     try:
         raw = msgspec.json.decode(path.read_bytes())
@@ -102,23 +142,19 @@ def _read_anchor_manifest(anchor: Path) -> _BootstrapAnchorManifest:
             ],
         )
     try:
-        manifest = msgspec.convert(raw, type=_BootstrapAnchorManifest, strict=True)
+        return msgspec.convert(raw, type=BootstrapAnchorManifest, strict=True)
     except msgspec.ValidationError as exc:
         raise SnapshotManifestError(f"{path}: invalid bootstrap anchor manifest: {exc}") from exc
-    stored = _bootstrap_anchor_manifest(_stored_identity(manifest))
-    if stored["fingerprint"] != manifest.fingerprint:
+
+
+def _read_anchor_manifest(anchor: Path) -> BootstrapAnchorManifest:
+    manifest = read_bootstrap_manifest(anchor)
+    if not manifest.fingerprint_matches_identity():
         raise SnapshotManifestError(
-            f"{path}: corrupt: its fingerprint does not match the identity stored beside it"
+            f"{anchor / BOOTSTRAP_MANIFEST_FILENAME}: corrupt: its fingerprint does not match "
+            "the identity stored beside it"
         )
     return manifest
-
-
-def _stored_identity(manifest: _BootstrapAnchorManifest) -> BootstrapCompatibilityIdentity:
-    return BootstrapCompatibilityIdentity(
-        schema_version=manifest.schema_version,
-        excluded_paths=tuple(manifest.excluded_paths),
-        config=manifest.config,
-    )
 
 
 def _identity_differences(
@@ -143,7 +179,7 @@ def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityI
     manifest = _read_anchor_manifest(anchor)
     if manifest.fingerprint == identity.fingerprint():
         return
-    differences = _identity_differences(_stored_identity(manifest), identity)
+    differences = _identity_differences(manifest.stored_identity(), identity)
     if identity.schema_version != manifest.schema_version:
         differences.insert(
             0,
@@ -160,8 +196,9 @@ def prune_bootstrap_snapshots(checkpoint_dir: Path, *, durable_trainer_checkpoin
     existing directory outside the bootstrap anchor. Otherwise renames
     ``bootstrap/rollout_snapshots`` to ``bootstrap/trash_rollout_snapshots``,
     flushes the anchor, deletes the trash (finishing one a crashed earlier
-    prune left) and returns whether anything was removed. The anchor's
-    manifest is kept.
+    prune left) and returns whether anything was removed, by the retention
+    mechanism of :mod:`rollvault.durable.retention`. The anchor's manifest is
+    kept.
     """
     anchor = checkpoint_dir / BOOTSTRAP_DIRNAME
     if _is_within(durable_trainer_checkpoint, anchor):
@@ -172,21 +209,14 @@ def prune_bootstrap_snapshots(checkpoint_dir: Path, *, durable_trainer_checkpoin
     if not durable_trainer_checkpoint.is_dir():
         return False
     snapshots = anchor / ROLLOUT_SNAPSHOTS_DIRNAME
-    trash = anchor / BOOTSTRAP_TRASH_DIRNAME
-    pruned = os.path.lexists(trash)
-    if os.path.lexists(snapshots):
-        remove_tree(trash)
-        fault_point("bootstrap_prune.before_rename")
-        os.rename(snapshots, trash)
-        fault_point("bootstrap_prune.after_rename")
-        _fsync_directory(anchor)
-        fault_point("bootstrap_prune.anchor_synced")
-        pruned = True
-    if pruned:
-        fault_point("bootstrap_prune.before_delete")
-        remove_tree(trash)
-        fault_point("bootstrap_prune.after_delete")
-    return pruned
+    trash = trash_name(snapshots)  # BOOTSTRAP_TRASH_DIRNAME
+    deleted = prune_through_trash(
+        anchor,
+        [snapshots] if os.path.lexists(snapshots) else [],
+        points=BOOTSTRAP_PRUNE_POINTS,
+        unfinished=[trash] if os.path.lexists(trash) else [],
+    )
+    return bool(deleted)
 
 
 def _is_within(path: Path, parent: Path) -> bool:

@@ -48,6 +48,9 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
             "how often trainer checkpoints are written; a restore retrains the rolled-back "
             "groups in the same steps whatever the period"
         ),
+        "checkpointing.keep_latest_k": (
+            "how many older trainer checkpoints are kept; a resume uses the newest"
+        ),
         "rollout_checkpointing.enabled": "whether rollout snapshots are written at all",
         "rollout_checkpointing.interval_s": "how often rollout snapshots are taken",
         "rollout_checkpointing.keep_latest_k": "how many older snapshots are kept as fallbacks",

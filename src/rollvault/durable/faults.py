@@ -58,7 +58,7 @@ FAULT_POINTS: Final = frozenset(
         "retention.trash_synced",
         "retention.before_trash_delete",
         "retention.after_trash_delete",
-        # trash deletion (shared by retention, prepare and bootstrap prune)
+        # trash deletion (shared by every prune and by prepare)
         "trash.file_deleted",
         # bootstrap.py: prune
         "bootstrap_prune.before_rename",
@@ -70,7 +70,11 @@ FAULT_POINTS: Final = frozenset(
         "trainer_checkpoint.tree_synced",
         "trainer_checkpoint.after_rename",
         "trainer_checkpoint.parent_synced",
+        "trainer_prune.before_trash_rename",
         "trainer_prune.after_trash_rename",
+        "trainer_prune.trash_synced",
+        "trainer_prune.before_trash_delete",
+        "trainer_prune.after_trash_delete",
     }
 )
 

@@ -22,5 +22,6 @@ ROLLOUT_SNAPSHOTS_DIRNAME: Final = "rollout_snapshots"
 ROLLOUT_SNAPSHOT_MANIFEST_FILENAME: Final = "manifest.json"
 
 # Where prune_bootstrap_snapshots parks the bootstrap snapshots between its
-# rename and its delete; never read, removed by the next prune.
+# rename and its delete (rollvault.durable.retention.trash_name of
+# ROLLOUT_SNAPSHOTS_DIRNAME); never read, removed by the next prune.
 BOOTSTRAP_TRASH_DIRNAME: Final = "trash_rollout_snapshots"

@@ -27,6 +27,12 @@ from rollvault.durable.faults import fault_point
 from rollvault.durable.fsync import _fsync_directory, _fsync_tree
 from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME
 from rollvault.durable.manifest_schema import read_snapshot_manifest
+from rollvault.durable.retention import (
+    PruneFaultPoints,
+    beyond_latest,
+    check_keep_latest_k,
+    prune_through_trash,
+)
 from rollvault.durable.trash import remove_tree
 
 _LOG = logging.getLogger("rollvault.durable")
@@ -35,6 +41,13 @@ _SNAPSHOT_RE: Final = re.compile(r"snapshot_([0-9]+)")
 _TMP_SNAPSHOT_RE: Final = re.compile(r"tmp_snapshot_([0-9]+)")
 _TRASH_SNAPSHOT_RE: Final = re.compile(r"trash_snapshot_([0-9]+)")
 _SEQUENCE_DIGITS: Final = 6
+SNAPSHOT_RETENTION_POINTS: Final = PruneFaultPoints(
+    before_rename=lambda: fault_point("retention.before_trash_rename"),
+    after_rename=lambda: fault_point("retention.after_trash_rename"),
+    synced=lambda: fault_point("retention.trash_synced"),
+    before_delete=lambda: fault_point("retention.before_trash_delete"),
+    after_delete=lambda: fault_point("retention.after_trash_delete"),
+)
 
 
 def _snapshot_sequence(path: Path) -> int:
@@ -162,11 +175,6 @@ def _check_commit_paths(tmp_path: Path, final_path: Path) -> None:
         raise SnapshotLayoutError(f"{final_path} already exists; sequence numbers are never reused")
 
 
-def _check_keep_latest_k(keep_latest_k: int) -> None:
-    if isinstance(keep_latest_k, bool) or not isinstance(keep_latest_k, int) or keep_latest_k < 1:
-        raise ValueError(f"keep_latest_k must be an integer >= 1, got {keep_latest_k!r}")
-
-
 def _validate_before_publish(tmp_path: Path) -> None:
     try:
         read_snapshot_manifest(tmp_path)
@@ -213,7 +221,7 @@ def commit_snapshot(tmp_path: Path, final_path: Path, *, keep_latest_k: int) -> 
     ``SnapshotManifestError`` for a bad manifest) is raised; earlier snapshots
     are untouched. A failure while pruning is logged: the commit stands.
     """
-    _check_keep_latest_k(keep_latest_k)
+    check_keep_latest_k(keep_latest_k)
     _check_commit_paths(tmp_path, final_path)
     _validate_before_publish(tmp_path)
     _flush_and_rename(tmp_path, final_path)
@@ -228,14 +236,6 @@ def commit_snapshot(tmp_path: Path, final_path: Path, *, keep_latest_k: int) -> 
         )
 
 
-def _move_to_trash(root: Path, snapshot: Path) -> Path:
-    trash = root / f"trash_{snapshot.name}"
-    fault_point("retention.before_trash_rename")
-    os.rename(snapshot, trash)
-    fault_point("retention.after_trash_rename")
-    return trash
-
-
 def _apply_retention(root: Path, *, keep_latest_k: int) -> list[Path]:
     """Keep the newest ``keep_latest_k`` committed snapshots; return the removed ones.
 
@@ -243,16 +243,7 @@ def _apply_retention(root: Path, *, keep_latest_k: int) -> list[Path]:
     before anything is deleted, so a crash never leaves a half-deleted
     directory under a committed name.
     """
-    _check_keep_latest_k(keep_latest_k)
     committed = [path for path in committed_snapshot_paths(root) if path.is_dir()]
-    excess = committed[: max(len(committed) - keep_latest_k, 0)]
-    trashed = [_move_to_trash(root, snapshot) for snapshot in excess]
-    if not trashed:
-        return []
-    _fsync_directory(root)
-    fault_point("retention.trash_synced")
-    for trash in trashed:
-        fault_point("retention.before_trash_delete")
-        remove_tree(trash)
-        fault_point("retention.after_trash_delete")
+    excess = beyond_latest(committed, keep_latest_k=keep_latest_k)
+    prune_through_trash(root, excess, points=SNAPSHOT_RETENTION_POINTS)
     return excess

@@ -27,10 +27,18 @@ from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.faults import fault_point
 from rollvault.durable.file_digests import directory_digests
 from rollvault.durable.fsync import _fsync_directory, _fsync_tree
+from rollvault.durable.retention import PruneFaultPoints, beyond_latest, prune_through_trash
 from rollvault.durable.trash import remove_tree
 
 _STEP_RE: Final = re.compile(r"step_([0-9]+)")
 _LEFTOVER_RE: Final = re.compile(r"(tmp|trash)_step_([0-9]+)")
+TRAINER_RETENTION_POINTS: Final = PruneFaultPoints(
+    before_rename=lambda: fault_point("trainer_prune.before_trash_rename"),
+    after_rename=lambda: fault_point("trainer_prune.after_trash_rename"),
+    synced=lambda: fault_point("trainer_prune.trash_synced"),
+    before_delete=lambda: fault_point("trainer_prune.before_trash_delete"),
+    after_delete=lambda: fault_point("trainer_prune.after_trash_delete"),
+)
 
 TRAINER_DIGESTS_FILENAME: Final = "file_digests.json"
 TRAINER_DIGESTS_SCHEMA_VERSION: Final = 1
@@ -140,21 +148,16 @@ def verify_trainer_checkpoint(step_dir: Path) -> list[str]:
 
 
 def prune_trainer_checkpoints(checkpoint_dir: Path, *, keep_latest: int) -> list[int]:
-    """Delete all but the newest ``keep_latest`` trainer checkpoints; return their steps."""
+    """Delete all but the newest ``keep_latest`` trainer checkpoints; return their steps.
+
+    The same retention as rollout snapshots (:mod:`rollvault.durable.retention`):
+    each goes through ``trash_step_<N>`` before it is deleted.
+    """
     if keep_latest < 1:
         raise ValueError(f"prune_trainer_checkpoints: keep_latest must be >= 1, got {keep_latest}")
-    steps = trainer_checkpoint_steps(checkpoint_dir)
-    excess = steps[: max(len(steps) - keep_latest, 0)]
-    trashed = []
-    for step in excess:
-        trash = checkpoint_dir / f"trash_step_{step}"
-        os.rename(trainer_checkpoint_path(checkpoint_dir, step), trash)
-        fault_point("trainer_prune.after_trash_rename")
-        trashed.append(trash)
-    if trashed:
-        _fsync_directory(checkpoint_dir)
-    for trash in trashed:
-        remove_tree(trash)
+    excess = beyond_latest(trainer_checkpoint_steps(checkpoint_dir), keep_latest_k=keep_latest)
+    victims = [trainer_checkpoint_path(checkpoint_dir, step) for step in excess]
+    prune_through_trash(checkpoint_dir, victims, points=TRAINER_RETENTION_POINTS)
     return excess
 
 

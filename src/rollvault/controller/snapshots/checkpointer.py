@@ -62,7 +62,6 @@ TRAINER_STATE_DIRNAME = "trainer"
 TRAINER_ROLLOUT_STATE_DIRNAME = "rollout_state"
 """The full rollout snapshot taken with a trainer checkpoint, outside
 ``rollout_snapshots/`` so that snapshot retention never removes it."""
-KEEP_TRAINER_CHECKPOINTS = 2
 
 
 @dataclass(frozen=True)
@@ -304,4 +303,6 @@ class Checkpointer:
 
     def _prune(self, latest: Path) -> None:
         prune_bootstrap_snapshots(self._checkpoint_dir, durable_trainer_checkpoint=latest)
-        prune_trainer_checkpoints(self._checkpoint_dir, keep_latest=KEEP_TRAINER_CHECKPOINTS)
+        prune_trainer_checkpoints(
+            self._checkpoint_dir, keep_latest=self._parts.config.checkpointing.keep_latest_k
+        )

@@ -1,7 +1,8 @@
 """Deciding how a start resumes: which checkpoint, which snapshot, or none.
 
-A checkpoint directory holds a run when its bootstrap anchor exists. A start
-under ``restore_mode``:
+A checkpoint directory holds a run when its bootstrap anchor or a trainer
+checkpoint exists (``rollvault.durable.bootstrap.holds_run``). A start under
+``restore_mode``:
 
 - ``latest`` resumes from the newest trainer checkpoint ``step_<N>`` (or the
   bootstrap anchor) and its newest verified rollout snapshot; a corrupt or
@@ -30,15 +31,16 @@ from rollvault.controller.snapshots.checkpointer import (
     TRAINER_ROLLOUT_STATE_DIRNAME,
     TRAINER_STATE_DIRNAME,
 )
-from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot, read_snapshot
-from rollvault.durable.bootstrap import ensure_bootstrap_anchor
+from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
+from rollvault.controller.snapshots.verification import read_snapshot
+from rollvault.durable.bootstrap import ensure_bootstrap_anchor, holds_run
 from rollvault.durable.compatibility import (
     BootstrapCompatibilityIdentity,
     bootstrap_compatibility_identity,
 )
 from rollvault.durable.errors import NoUsableSnapshotError, SnapshotError
 from rollvault.durable.file_digests import directory_digests
-from rollvault.durable.layout import BOOTSTRAP_DIRNAME, BOOTSTRAP_MANIFEST_FILENAME
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
 from rollvault.durable.resolve import resolve_latest_snapshot
 from rollvault.durable.trainer_checkpoints import (
@@ -94,8 +96,8 @@ def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
     settings = config.rollout_checkpointing
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
     identity = run_identity(config)
-    holds_run = (checkpoint_dir / BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME).exists()
-    if settings.restore_mode is RestoreMode.NONE and holds_run:
+    existing = holds_run(checkpoint_dir)
+    if settings.restore_mode is RestoreMode.NONE and existing:
         if not settings.force_fresh:
             raise RunExistsError(
                 f"{checkpoint_dir} holds a run; restore_mode=none refuses to overwrite it "
@@ -103,10 +105,10 @@ def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
             )
         shutil.rmtree(checkpoint_dir)
         shutil.rmtree(Path(config.logging.log_dir), ignore_errors=True)
-        holds_run = False
+        existing = False
     # Creates the anchor for a new run; for an existing one, refuses a changed config.
     ensure_bootstrap_anchor(checkpoint_dir, identity=identity)
-    if not holds_run:
+    if not existing:
         return None
     return _resume_source(config, checkpoint_dir, identity.fingerprint())
 

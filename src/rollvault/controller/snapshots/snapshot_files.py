@@ -13,11 +13,11 @@
                                      and group count
 
 Everything is JSON decoded into strict msgspec Structs, or safetensors: never
-pickle. A snapshot is *verified* when every sidecar matches what the data
-plane's metadata advertises and every cross-reference holds (each ledger
-staging key and each canonical row exists). A failed check raises
+pickle. Reading checks every file on its own: each sidecar must match what the
+data plane's metadata advertises. A failed check raises
 :class:`SnapshotCorruptError` naming the file, so that restore falls back to
-an older snapshot.
+an older snapshot; the references between files are checked by
+:mod:`rollvault.controller.snapshots.verification`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from rollvault.controller.loop.parts import GroupOrigin
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint, write_checkpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
-from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.ledger.errors import LedgerError
@@ -172,12 +171,13 @@ def write_snapshot_payload(capture: RolloutStateCapture, directory: Path) -> int
     return info.bytes_written + sum(len(data) for data in files.values())
 
 
-def read_snapshot(
-    path: Path, manifest: RolloutSnapshotManifest, *, generations_per_group: int
-) -> LoadedSnapshot:
-    """Read and verify every file of the snapshot at ``path``.
+def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> LoadedSnapshot:
+    """Read and decode every file of the snapshot at ``path``, checking each on its own.
 
-    Raises :class:`SnapshotCorruptError` naming the first bad file.
+    Checks the data plane's files, each sidecar's advertised SHA-256, schema
+    and group count; the references between files are checked by
+    :mod:`rollvault.controller.snapshots.verification`. Raises
+    :class:`SnapshotCorruptError` naming the first bad file.
     """
     data_plane = _read_data_plane(path / DATA_PLANE_DIRNAME)
     digests = advertised_digests(path / DATA_PLANE_DIRNAME, data_plane.user_metadata)
@@ -193,7 +193,6 @@ def read_snapshot(
         data_plane=data_plane,
     )
     _check_counts(snapshot, digests)
-    _check_cross_references(snapshot, generations_per_group)
     return snapshot
 
 
@@ -292,42 +291,4 @@ def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -
                 snapshot.path / name,
                 f"holds {count} groups; data_plane/metadata.json advertises "
                 f"{digests[name].group_count}",
-            )
-
-
-def _check_cross_references(snapshot: LoadedSnapshot, generations_per_group: int) -> None:
-    staging = snapshot.data_plane.partitions.get(STAGING_PARTITION, {})
-    train = snapshot.data_plane.partitions.get(TRAIN_PARTITION, {})
-    origins = snapshot.controller.origins
-    for group in snapshot.recovery.ledger_state["groups"]:
-        group_id = group["group_id"]
-        if group_id not in origins:
-            raise SnapshotCorruptError(
-                snapshot.path / CONTROLLER_STATE_FILENAME,
-                f"no origin for ledger group {group_id!r}",
-            )
-        for sibling in group["siblings"]:
-            attempt = sibling["attempts"][-1]
-            missing = [key for key in attempt["staging_keys"] if key not in staging]
-            if attempt["status"] == "sealed" and missing:
-                raise SnapshotCorruptError(
-                    snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME,
-                    f"group {group_id!r} sibling {sibling['generation_index']} names staged rows "
-                    f"{missing} that data_plane/ does not hold",
-                )
-    for entry in snapshot.replay.replay.entries:
-        missing = [
-            train_key(entry.group_id, index)
-            for index in range(generations_per_group)
-            if train_key(entry.group_id, index) not in train
-        ]
-        if missing or entry.group_id not in snapshot.replay.canonical_attempts:
-            raise SnapshotCorruptError(
-                snapshot.path / REPLAY_BUFFER_METADATA_FILENAME,
-                f"canonical group {entry.group_id!r} lacks rows {missing} or its attempt ids",
-            )
-        if entry.group_id not in origins:
-            raise SnapshotCorruptError(
-                snapshot.path / CONTROLLER_STATE_FILENAME,
-                f"no origin for canonical group {entry.group_id!r}",
             )

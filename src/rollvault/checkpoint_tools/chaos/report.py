@@ -1,0 +1,167 @@
+"""What a harness run did, and its account as text."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Final
+
+from rollvault.checkpoint_tools.chaos.checks import RunCheck
+from rollvault.checkpoint_tools.chaos.plan import ChaosPlan
+from rollvault.checkpoint_tools.run_history import RunHistory, WorkAccounting
+from rollvault.config.schema import RunConfig
+from rollvault.ledger.statuses import RolloutAttemptStatus
+
+IN_FLIGHT_NOTE: Final = (
+    "attempts in flight at a kill never reach attempts.jsonl, so 'logged' "
+    "undercounts the work lost, by about the same number of tokens in both modes"
+)
+
+
+class StartOutcome(enum.StrEnum):
+    """How one start of the child run ended."""
+
+    KILLED = "killed"
+    FINISHED = "finished"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True)
+class StartRecord:
+    """One start of ``rollvault run``."""
+
+    number: int
+    outcome: StartOutcome
+    exit_code: int
+    seconds: float
+    """From spawn to exit."""
+    kill_delay_s: float | None
+    """Planned delay after the start was detected (None: let it finish)."""
+
+
+@dataclass
+class ChaosReport:
+    """What a harness run did and every problem it found (empty: none)."""
+
+    plan: ChaosPlan
+    config: RunConfig
+    starts: list[StartRecord] = field(default_factory=list)
+    start_problems: list[str] = field(default_factory=list)
+    check: RunCheck | None = None
+    """None when the last start did not finish."""
+    seconds: float = 0.0
+
+    @property
+    def kills_delivered(self) -> int:
+        return sum(start.outcome is StartOutcome.KILLED for start in self.starts)
+
+    @property
+    def problems(self) -> list[str]:
+        """Every problem found, with the starts or with the finished run."""
+        return self.start_problems + (self.check.problems if self.check else [])
+
+
+def format_report(report: ChaosReport) -> str:
+    """A readable account of one harness run."""
+    plan = report.plan
+    lines = [
+        f"rollvault chaos: restore_mode={plan.restore_mode.value}, {plan.kills} kills planned, "
+        f"seed {plan.seed}, run dir {plan.run_dir}",
+    ]
+    lines += [_format_start(start) for start in report.starts]
+    if report.check is not None:
+        lines.append(_format_restores(report.check.history))
+        lines.append(_format_work(report.check.accounting))
+        lines.append(f"  final snapshot checked: {report.check.final_snapshot}")
+    lines.append(
+        f"  {report.kills_delivered} kills, {len(report.starts)} starts, {report.seconds:.1f}s"
+    )
+    if report.problems:
+        lines.append(f"FAILED: {len(report.problems)} problems")
+        lines += [f"  - {problem}" for problem in report.problems]
+    else:
+        lines.append(
+            "OK: every prompt trained exactly once, sealed work reused as configured, no orphan rows"
+        )
+    return "\n".join(lines)
+
+
+def _format_start(start: StartRecord) -> str:
+    planned = (
+        ""
+        if start.kill_delay_s is None
+        else f" (kill planned {start.kill_delay_s:.2f}s after start)"
+    )
+    return (
+        f"  start {start.number:2d}: {start.outcome.value}, exit {start.exit_code}, "
+        f"{start.seconds:.2f}s{planned}"
+    )
+
+
+def _format_restores(history: RunHistory) -> str:
+    from_snapshot = sum(r.snapshot is not None for r in history.restores)
+    return (
+        f"  restores: {len(history.restores)} ({from_snapshot} from a snapshot), "
+        f"siblings reused {sum(r.siblings_reused for r in history.restores)}, "
+        f"attempts redispatched {sum(r.attempts_redispatched for r in history.restores)}, "
+        f"groups regenerated {sum(r.groups_regenerated for r in history.restores)}, "
+        f"rows dropped {sum(r.rows_dropped for r in history.restores)}"
+    )
+
+
+def _format_work(accounting: WorkAccounting) -> str:
+    share = (
+        accounting.lost_tokens / accounting.generated_tokens if accounting.generated_tokens else 0.0
+    )
+    return (
+        f"  work: {accounting.generated_tokens} tokens generated, {accounting.trained_tokens} "
+        f"trained, {accounting.lost_tokens} lost ({share:.1%})"
+    )
+
+
+def lost_work_ratio(latest_lost: int, baseline_lost: int) -> float:
+    """Tokens the baseline regenerated per token ``latest`` regenerated (inf if none)."""
+    if latest_lost == 0:
+        return float("inf") if baseline_lost else 1.0
+    return baseline_lost / latest_lost
+
+
+def inflight_estimate(report: ChaosReport) -> int:
+    """Tokens of unfinished attempts the kills threw away, estimated (logs never see them).
+
+    Assumes every attempt slot (``max_inflight_prompts`` x siblings) was busy
+    and half done at each kill, with the mean length of the sealed attempts.
+    The same for every restore mode: a kill loses in-flight work either way.
+    """
+    if report.check is None:
+        return 0
+    sealed = [
+        a.num_tokens
+        for a in report.check.history.attempts
+        if a.status is RolloutAttemptStatus.SEALED
+    ]
+    mean = sum(sealed) / len(sealed) if sealed else 0.0
+    config = report.config
+    slots = config.rollout.max_inflight_prompts * config.grpo.num_generations_per_prompt
+    return round(report.kills_delivered * slots * mean / 2)
+
+
+def format_comparison(latest: ChaosReport, baseline: ChaosReport) -> str:
+    """Both modes' work lost under the same kill schedule, and their ratio."""
+    if latest.check is None or baseline.check is None:
+        return "comparison: unavailable (a run did not finish)"
+    lost = [latest.check.accounting.lost_tokens, baseline.check.accounting.lost_tokens]
+    with_inflight = [lost[0] + inflight_estimate(latest), lost[1] + inflight_estimate(baseline)]
+    return "\n".join(
+        [
+            f"tokens regenerated under the same {latest.plan.kills} kills (seed {latest.plan.seed}):",
+            "                       logged   logged + in-flight estimate",
+            f"  latest:             {lost[0]:7d}   {with_inflight[0]:7d}",
+            f"  trainer_checkpoint: {lost[1]:7d}   {with_inflight[1]:7d}",
+            f"  ratio:              {lost_work_ratio(*lost):6.1f}x   "
+            f"{lost_work_ratio(*with_inflight):6.1f}x",
+            f"  note: {IN_FLIGHT_NOTE}; the estimate assumes every attempt slot busy and half "
+            "done at each kill",
+        ]
+    )
