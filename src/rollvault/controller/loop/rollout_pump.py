@@ -34,7 +34,11 @@ from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestore
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.ledger.datum import DatumSpec
 from rollvault.ledger.records import PromptGroupRecoveryRecord
-from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
+from rollvault.ledger.statuses import (
+    AttemptFailureKind,
+    PromptGroupStatus,
+    RolloutAttemptStatus,
+)
 
 _FINALIZABLE = frozenset(
     {PromptGroupStatus.READY_TO_FINALIZE, PromptGroupStatus.FINALIZATION_UNKNOWN}
@@ -240,6 +244,7 @@ class RolloutPump:
                     generation_index=request.generation_index,
                     gate_rollout_id=request.gate_rollout_id,
                     reason=f"{error.kind.value}: {error.reason}",
+                    failure_kind=AttemptFailureKind(error.kind.value),
                 )
                 self._log_attempt(request, RolloutAttemptStatus.FAILED, 0, error.reason)
             return error

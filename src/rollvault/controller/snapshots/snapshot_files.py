@@ -48,7 +48,11 @@ from rollvault.ledger.sidecar import (
     decode_rollout_recovery_state,
     encode_rollout_recovery_state,
 )
-from rollvault.ledger.state_schema import ROLLOUT_RECOVERY_SCHEMA_VERSION, RolloutRecoveryState
+from rollvault.ledger.state_schema import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
+    RolloutRecoveryState,
+)
 
 SNAPSHOT_FILES_SCHEMA_VERSION: Final = 1
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
@@ -253,11 +257,12 @@ def decode_recovery_sidecar(
 ) -> ParsedRolloutRecoveryState:
     """Decode the ledger sidecar after checking its advertised schema version."""
     expected_version = digests[ROLLOUT_RECOVERY_STATE_FILENAME].schema_version
-    if expected_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
+    if expected_version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS:
+        supported = ", ".join(map(str, sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)))
         raise SnapshotCorruptError(
             path,
             f"data plane metadata advertises ledger schema {expected_version}; this rollvault "
-            f"reads schema {ROLLOUT_RECOVERY_SCHEMA_VERSION}",
+            f"reads schemas {supported}",
         )
     try:
         return decode_rollout_recovery_state(raw[ROLLOUT_RECOVERY_STATE_FILENAME])
