@@ -29,6 +29,7 @@ from rollvault.controller.loop.gate import (
     GateAttemptError,
 )
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
+from rollvault.controller.loop.retry_budget import budget_exhausted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
 from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
 from rollvault.dataplane.interface import STAGING_PARTITION
@@ -170,43 +171,29 @@ class RolloutPump:
             self._inflight.release()
 
     async def _sealed(self, group_id: str) -> bool:
-        """Whether a (restored) group needs no generation; readies one that needs a retry."""
-        record = self._parts.ledger.get_group(group_id)
-        if record.status in _FINALIZABLE:
-            return True
-        current = {sibling.current_attempt.status for sibling in record.siblings}
-        if current & _RETRYABLE:
-            # Restored with failed siblings whose retry was not minted yet.
-            await self._retry(group_id)
-        return False
+        """Whether a (restored) group needs no generation."""
+        return self._parts.ledger.get_group(group_id).status in _FINALIZABLE
 
     async def _generate(self, group_id: str) -> bool:
-        """Run the group's attempts until it is sealed (True) or out of budget (False)."""
+        """Run the group's attempts until it is sealed (True) or out of budget (False).
+
+        Before each round the budgets are counted from the ledger
+        (:mod:`~rollvault.controller.loop.retry_budget`), so attempts of earlier
+        runs count too; failed siblings (a restored group's included) get
+        fresh attempts first.
+        """
         rollout = self._parts.config.rollout
-        sibling_failures = Counter[int]()
-        group_failures = 0
         while True:
+            record = self._parts.ledger.get_group(group_id)
+            if budget_exhausted(record, rollout) is not None:
+                return False
+            if any(sibling.current_attempt.status in _RETRYABLE for sibling in record.siblings):
+                await self._retry(group_id)
             requests = await self._dispatch(group_id)
             async with asyncio.TaskGroup() as attempts:
                 runs = [attempts.create_task(self._run_attempt(r)) for r in requests]
-            failed = [
-                (request, error)
-                for request, run in zip(requests, runs, strict=True)
-                if (error := run.result()) is not None
-            ]
-            if not failed:
+            if all(run.result() is None for run in runs):
                 return True
-            if any(error.kind is FailureKind.DATA for _, error in failed):
-                group_failures += 1
-            for request, error in failed:
-                if error.kind is FailureKind.INFRA:
-                    sibling_failures[request.generation_index] += 1
-            over_budget = group_failures > rollout.max_group_retries or any(
-                count > rollout.max_sibling_retries for count in sibling_failures.values()
-            )
-            if over_budget:
-                return False
-            await self._retry(group_id)
 
     async def _dispatch(self, group_id: str) -> list[AttemptRequest]:
         parts = self._parts
@@ -299,6 +286,9 @@ class RolloutPump:
         async with parts.cut.mutation():
             record = parts.ledger.get_group(group_id)
             await parts.data_plane.clear(STAGING_PARTITION, _sealed_keys(record))
+            if record.status is PromptGroupStatus.GENERATING:
+                # A restored group may hold fresh attempts that restore minted.
+                parts.ledger.abandon_unsealed(parts.cut, group_id)
             parts.ledger.drop_group(parts.cut, group_id)
             for sibling in record.siblings:
                 if sibling.current_attempt.status is RolloutAttemptStatus.SEALED:
