@@ -2,70 +2,19 @@
 
 from __future__ import annotations
 
-import uuid
-
 import msgspec
+from ledger_records import (
+    ABANDONED,
+    CRASH,
+    DATA,
+    INFRA,
+    RESERVED,
+    SEALED,
+    group,
+)
 
 from rollvault.config.schema import RolloutConfig
 from rollvault.controller.loop.retry_budget import budget_exhausted, retry_spend
-from rollvault.ledger.records import (
-    PromptGroupRecoveryRecord,
-    PromptRef,
-    RolloutAttemptRecord,
-    RolloutSiblingRecord,
-)
-from rollvault.ledger.statuses import (
-    AttemptFailureKind,
-    PromptGroupPhase,
-    PromptGroupStatus,
-    RecoveryGranularity,
-    RolloutAttemptStatus,
-)
-
-A = RolloutAttemptStatus
-K = AttemptFailureKind
-INFRA = (A.FAILED, K.INFRA)
-DATA = (A.FAILED, K.DATA)
-CRASH = (A.FAILED, K.INTERRUPTED)
-SEALED = (A.SEALED, None)
-ABANDONED = (A.ABANDONED, None)
-RESERVED = (A.RESERVED, None)
-DISPATCHED = (A.DISPATCHED, None)
-
-Lineage = list[tuple[A, K | None]]
-
-
-def group(*siblings: Lineage) -> PromptGroupRecoveryRecord:
-    """A generating group whose siblings have these attempts, oldest first."""
-    return PromptGroupRecoveryRecord(
-        group_id="g",
-        admission_id="a",
-        prompt_id="7",
-        prompt_ref=PromptRef(sample_id="7"),
-        task_source=None,
-        recovery_granularity=RecoveryGranularity.SIBLING,
-        expected_generations=len(siblings),
-        target_step=0,
-        start_weight_version=0,
-        siblings=[
-            RolloutSiblingRecord(
-                generation_index=index,
-                attempts=[
-                    RolloutAttemptRecord(
-                        attempt_uuid=uuid.uuid4(),
-                        status=status,
-                        failure_kind=kind,
-                        failure_reason=None if kind is None else f"{kind.value}: x",
-                    )
-                    for status, kind in lineage
-                ],
-            )
-            for index, lineage in enumerate(siblings)
-        ],
-        phase=PromptGroupPhase.ADMITTED,
-        status=PromptGroupStatus.GENERATING,
-    )
-
 
 BUDGET = msgspec.structs.replace(RolloutConfig(), max_sibling_retries=2, max_group_retries=1)
 

@@ -155,7 +155,26 @@ class RolloutPump:
             recovery_granularity=config.rollout.recovery_granularity,
         )
         parts.origins[record.group_id] = GroupOrigin(epoch=epoch, dataset_idx=dataset_idx)
+        if parts.lost_interruptions:
+            self._carry_lost_interruptions(record.group_id, epoch, dataset_idx)
         return record.group_id
+
+    def _carry_lost_interruptions(self, group_id: str, epoch: int, dataset_idx: int) -> None:
+        """An earlier group of this prompt was lost with interrupted attempts: inherit them."""
+        parts = self._parts
+        carried = [
+            lost
+            for lost in parts.lost_interruptions
+            if (lost.epoch, lost.dataset_idx) == (epoch, dataset_idx)
+        ]
+        if not carried:
+            return
+        parts.ledger.carry_interrupted_attempts(
+            parts.cut, group_id, [lost.interrupted_attempt() for lost in carried]
+        )
+        parts.lost_interruptions = [
+            lost for lost in parts.lost_interruptions if lost not in carried
+        ]
 
     # -- one slot ----------------------------------------------------------------------
 
@@ -206,6 +225,15 @@ class RolloutPump:
                 if sibling.current_attempt.status is RolloutAttemptStatus.RESERVED
             ]
             parts.ledger.mark_group_dispatched(parts.cut, group_id, generation_indices=indices)
+            if parts.journal is not None:
+                # Before the gate sees them: an attempt that kills the process must be on record.
+                origin = parts.origins[group_id]
+                parts.journal.dispatched(
+                    group_id=group_id,
+                    epoch=origin.epoch,
+                    dataset_idx=origin.dataset_idx,
+                    attempts=[(i, record.siblings[i].current_attempt.attempt_id) for i in indices],
+                )
         payload = dict(record.prompt_payload)
         return [
             AttemptRequest(
@@ -219,6 +247,15 @@ class RolloutPump:
         ]
 
     async def _run_attempt(self, request: AttemptRequest) -> GateAttemptError | None:
+        try:
+            return await self._record_attempt(request)
+        except asyncio.CancelledError:
+            # The controller cancelled it (the run stops, or failed elsewhere): it
+            # did not kill the process, and a restore must not charge it.
+            self._journal_returned(request)
+            raise
+
+    async def _record_attempt(self, request: AttemptRequest) -> GateAttemptError | None:
         parts = self._parts
         try:
             outcome = await self._gate.run_attempt(request)
@@ -233,6 +270,7 @@ class RolloutPump:
                     reason=f"{error.kind.value}: {error.reason}",
                     failure_kind=AttemptFailureKind(error.kind.value),
                 )
+                self._journal_returned(request)
                 self._log_attempt(request, RolloutAttemptStatus.FAILED, 0, error.reason)
             return error
         async with parts.cut.mutation():
@@ -254,7 +292,12 @@ class RolloutPump:
         )
         previous = self._end_weight_version.get(request.group_id, outcome.weight_version)
         self._end_weight_version[request.group_id] = max(previous, outcome.weight_version)
+        self._journal_returned(request)
         self._log_attempt(request, RolloutAttemptStatus.SEALED, outcome.num_tokens, None)
+
+    def _journal_returned(self, request: AttemptRequest) -> None:
+        if self._parts.journal is not None:
+            self._parts.journal.returned(attempt_hex(request.gate_rollout_id))
 
     async def _retry(self, group_id: str) -> None:
         """Mint fresh attempts; under ``prompt_group`` this also drops the sealed rows."""
@@ -355,6 +398,11 @@ async def _refuse_unadmitted(group_ids: list[str]) -> None:
         f"restored groups {group_ids[:5]} are reserved but not admitted; this rollout pump "
         "cannot admit groups it did not reserve"
     )
+
+
+def attempt_hex(gate_rollout_id: str) -> str:
+    """The attempt UUID (32 hex digits) a gate rollout id ``{group}_g{i}_a{hex}`` names."""
+    return gate_rollout_id.rsplit("_a", 1)[1]
 
 
 def _sealed_keys(record: PromptGroupRecoveryRecord) -> set[str]:
