@@ -5,18 +5,22 @@ In-process and deterministic: the gate raises something that is not a
 (the real-process version, SIGKILL and all, is in tests/chaos). Each start
 restores, charges the attempt that was in flight, and runs again; after
 ``max_sibling_retries + 1`` crashes the prompt is given up and the run ends.
+And the groups a death interrupted run their next round alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 from pipeline_helpers import (
     BatchKeepingTrainer,
     expected_prompts,
     logs,
+    run_stalled_then_kill,
     small_config,
 )
 
@@ -27,6 +31,12 @@ from rollvault.checkpoint_tools.run_history import (
 )
 from rollvault.config.schema import RunConfig
 from rollvault.controller.data.dataloader import epoch_permutation
+from rollvault.controller.loop.dispatch_journal import (
+    DISPATCH_JOURNAL_DIRNAME,
+    DispatchedLine,
+    journal_segments,
+    read_segment,
+)
 from rollvault.controller.loop.gate import AttemptOutcome, AttemptRequest
 from rollvault.controller.loop.pipeline import RunSummary, run
 from rollvault.dataplane.interface import DataPlane
@@ -104,3 +114,62 @@ def test_a_prompt_that_crashes_the_run_is_dropped_after_its_budget(
     restores = history.restores
     assert len(restores) == crashes
     assert all(restore.attempts_interrupted >= 1 for restore in restores)
+
+
+class OverlapRecordingGate(SimulatedGate):
+    """Records, at each attempt's start, the other groups with an attempt running."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.running: Counter[str] = Counter()
+        self.starts: list[tuple[str, set[str]]] = []
+
+    async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
+        others = {g for g, n in self.running.items() if n and g != request.group_id}
+        self.starts.append((request.group_id, others))
+        self.running[request.group_id] += 1
+        try:
+            return await super().run_attempt(request)
+        finally:
+            self.running[request.group_id] -= 1
+
+
+def forget_returns(journal_dir: Path) -> None:
+    """Leave only the dispatch lines: as if every attempt in flight had died with the process."""
+    for _, path in journal_segments(journal_dir):
+        kept = [line for line in read_segment(path) if isinstance(line, DispatchedLine)]
+        path.write_bytes(b"".join(msgspec.json.encode(line) + b"\n" for line in kept))
+
+
+def test_groups_a_death_interrupted_run_their_next_round_alone(tmp_path: Path) -> None:
+    config = small_config(
+        tmp_path,
+        "gate.simulated.latency_per_token_s=0.002",
+        "rollout_checkpointing.interval_s=0.05",
+    )
+    # Sibling 3 of every group hangs: the snapshots hold max_inflight_prompts groups
+    # with it dispatched. Without its returns, the journal says all six died with it.
+    run_stalled_then_kill(config, stalled_index=3, seconds=1.0)
+    forget_returns(Path(config.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME)
+    gates: list[OverlapRecordingGate] = []
+
+    def gate(data_plane: DataPlane) -> SimulatedGate:
+        gates.append(
+            OverlapRecordingGate(
+                config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
+            )
+        )
+        return gates[0]
+
+    asyncio.run(run(config, gate_factory=gate, trainer=BatchKeepingTrainer()))
+    history = read_run_history(Path(config.logging.log_dir))
+    assert check_exactly_once(history, expected_prompts(NUM_PROMPTS, 2)) == []
+    charged = {a.group_id for a in history.attempts if a.incarnation == 2 and a.status == "failed"}
+    started = {group_id for group_id, _ in gates[0].starts}
+    suspects = charged & started  # restored groups (lost ones come back under new ids)
+    assert len(suspects) == config.rollout.max_inflight_prompts
+    for group_id, others in gates[0].starts:
+        if group_id in suspects:
+            assert others == set(), f"suspect {group_id} ran beside {others}"
+        else:
+            assert not others & suspects, f"{group_id} ran beside suspects {others & suspects}"

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 from ledger_records import (
     ABANDONED,
     CRASH,
     DATA,
+    DISPATCHED,
     INFRA,
     RESERVED,
     SEALED,
+    Lineage,
     group,
 )
 
 from rollvault.config.schema import RolloutConfig
-from rollvault.controller.loop.retry_budget import budget_exhausted, retry_spend
+from rollvault.controller.loop.retry_budget import budget_exhausted, retry_spend, was_interrupted
 
 BUDGET = msgspec.structs.replace(RolloutConfig(), max_sibling_retries=2, max_group_retries=1)
 
@@ -51,3 +54,22 @@ def test_abandoned_attempts_spend_nothing() -> None:
     record = group([ABANDONED, ABANDONED, ABANDONED, ABANDONED, RESERVED])
     assert retry_spend(record) == retry_spend(group([RESERVED]))
     assert budget_exhausted(record, BUDGET) is None
+
+
+@pytest.mark.parametrize(
+    ("lineages", "suspect"),
+    [
+        ([[CRASH, RESERVED], [SEALED]], True),
+        ([[CRASH, DISPATCHED], [SEALED]], True),
+        ([[CRASH]], True),
+        # It ran again since, and the process survived: no longer a suspect.
+        ([[CRASH, INFRA, RESERVED]], False),
+        ([[CRASH, SEALED]], False),
+        ([[INFRA, RESERVED]], False),
+        ([[RESERVED], [RESERVED]], False),
+    ],
+)
+def test_a_group_is_a_suspect_while_its_last_finished_attempt_was_interrupted(
+    lineages: list[Lineage], suspect: bool
+) -> None:
+    assert was_interrupted(group(*lineages)) is suspect

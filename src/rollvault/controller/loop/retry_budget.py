@@ -16,7 +16,9 @@ A group may go on generating while both budgets hold:
   kill that came from outside, and if it did not count, such a prompt would
   be redispatched first after every restart and the run would crash-loop
   forever. Each attempt in flight at a death is charged once, so a kill
-  from outside costs each in-flight sibling one retry.
+  from outside costs each in-flight sibling one retry; the rollout pump runs
+  a group whose last attempt was interrupted alone (:func:`was_interrupted`),
+  so that after the first death only the culprit is charged again.
 - **group budget** (``rollout.max_group_retries``): the rounds in which some
   sibling failed with kind ``data``. A sibling takes part in every round of
   its group from the first until it seals (at either recovery granularity),
@@ -37,6 +39,7 @@ from rollvault.ledger.records import PromptGroupRecoveryRecord, RolloutAttemptRe
 from rollvault.ledger.statuses import AttemptFailureKind, RolloutAttemptStatus
 
 _SIBLING_KINDS = frozenset({AttemptFailureKind.INFRA, AttemptFailureKind.INTERRUPTED})
+_LIVE = frozenset({RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED})
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,19 @@ def budget_exhausted(record: PromptGroupRecoveryRecord, rollout: RolloutConfig) 
                 f"rollout.max_sibling_retries={rollout.max_sibling_retries}"
             )
     return None
+
+
+def was_interrupted(record: PromptGroupRecoveryRecord) -> bool:
+    """Whether some sibling's last finished attempt was interrupted by the process's death.
+
+    Such a group is a suspect: its attempt may be what killed the process.
+    Once it has run again without a death, it is not one any more.
+    """
+    for sibling in record.siblings:
+        finished = [attempt for attempt in sibling.attempts if attempt.status not in _LIVE]
+        if finished and _failure_kind(finished[-1]) is AttemptFailureKind.INTERRUPTED:
+            return True
+    return False
 
 
 def _failure_kind(attempt: RolloutAttemptRecord) -> AttemptFailureKind | None:

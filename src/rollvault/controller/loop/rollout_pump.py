@@ -28,8 +28,9 @@ from rollvault.controller.loop.gate import (
     Gate,
     GateAttemptError,
 )
+from rollvault.controller.loop.isolation import RoundIsolation
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
-from rollvault.controller.loop.retry_budget import budget_exhausted
+from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
 from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
 from rollvault.dataplane.interface import STAGING_PARTITION
@@ -69,6 +70,7 @@ class RolloutPump:
         self._capacity = capacity
         self._dispatch_open = dispatch_open
         self._end_weight_version = end_weight_version
+        self._isolation = RoundIsolation()
         self.failures = Counter[FailureKind]()
         self.dropped_groups = 0
 
@@ -199,7 +201,8 @@ class RolloutPump:
         Before each round the budgets are counted from the ledger
         (:mod:`~rollvault.controller.loop.retry_budget`), so attempts of earlier
         runs count too; failed siblings (a restored group's included) get
-        fresh attempts first.
+        fresh attempts first. A round of a group whose last attempt the
+        process's death interrupted runs alone (:mod:`.isolation`).
         """
         rollout = self._parts.config.rollout
         while True:
@@ -208,9 +211,10 @@ class RolloutPump:
                 return False
             if any(sibling.current_attempt.status in _RETRYABLE for sibling in record.siblings):
                 await self._retry(group_id)
-            requests = await self._dispatch(group_id)
-            async with asyncio.TaskGroup() as attempts:
-                runs = [attempts.create_task(self._run_attempt(r)) for r in requests]
+            async with self._isolation.round(alone=was_interrupted(record)):
+                requests = await self._dispatch(group_id)
+                async with asyncio.TaskGroup() as attempts:
+                    runs = [attempts.create_task(self._run_attempt(r)) for r in requests]
             if all(run.result() is None for run in runs):
                 return True
 
