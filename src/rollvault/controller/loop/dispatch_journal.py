@@ -25,7 +25,9 @@ to that ``seq`` is in the snapshot.
 On disk: ``<checkpoint_dir>/dispatch_journal/segment_<first seq>.jsonl``. A
 start writes a new segment (never appending to one a dead process may have
 torn), and so does the first write after each committed snapshot; a segment
-goes once a committed snapshot reflects every line in it. Readers drop a
+goes once a committed snapshot reflects every line in it (a restore that
+falls back to an older snapshot may then miss some: the attempts they name
+are not charged for that death). Readers drop a
 torn final line of a segment. A damaged line elsewhere is logged and ends
 the reading of its segment: the journal only ever adds evidence against a
 prompt, so a restore goes on without what it cannot read.

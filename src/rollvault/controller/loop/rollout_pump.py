@@ -15,6 +15,7 @@ advance with its reservation runs inside a mutation section of the cut.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 
 from rollvault.config.schema import OnDroppedPrompt
@@ -41,6 +42,8 @@ from rollvault.ledger.statuses import (
     PromptGroupStatus,
     RolloutAttemptStatus,
 )
+
+_LOG = logging.getLogger("rollvault.rollout")
 
 _FINALIZABLE = frozenset(
     {PromptGroupStatus.READY_TO_FINALIZE, PromptGroupStatus.FINALIZATION_UNKNOWN}
@@ -207,7 +210,11 @@ class RolloutPump:
         rollout = self._parts.config.rollout
         while True:
             record = self._parts.ledger.get_group(group_id)
-            if budget_exhausted(record, rollout) is not None:
+            spent = budget_exhausted(record, rollout)
+            if spent is not None:
+                _LOG.warning(
+                    "giving up group %s (prompt %s): %s", group_id, record.prompt_id, spent
+                )
                 return False
             if any(sibling.current_attempt.status in _RETRYABLE for sibling in record.siblings):
                 await self._retry(group_id)
@@ -301,7 +308,7 @@ class RolloutPump:
 
     def _journal_returned(self, request: AttemptRequest) -> None:
         if self._parts.journal is not None:
-            self._parts.journal.returned(attempt_hex(request.gate_rollout_id))
+            self._parts.journal.returned(_attempt_hex(request.gate_rollout_id))
 
     async def _retry(self, group_id: str) -> None:
         """Mint fresh attempts; under ``prompt_group`` this also drops the sealed rows."""
@@ -404,7 +411,7 @@ async def _refuse_unadmitted(group_ids: list[str]) -> None:
     )
 
 
-def attempt_hex(gate_rollout_id: str) -> str:
+def _attempt_hex(gate_rollout_id: str) -> str:
     """The attempt UUID (32 hex digits) a gate rollout id ``{group}_g{i}_a{hex}`` names."""
     return gate_rollout_id.rsplit("_a", 1)[1]
 
