@@ -5,7 +5,8 @@ reference API page (``nemo_rl.experience.rollout_recovery``) is importable
 from here, with the same fields, values and signatures, plus the types that
 page imports from elsewhere (``DatumSpec``, the ``reward_penalties`` records,
 ``DataPlaneMutationCut``) and rollvault's additions (the sidecar's JSON
-encoding, the ledger's errors, ``RolloutRecoveryLedger.mark_sibling_failed``).
+encoding, the ledger's errors, ``RolloutRecoveryLedger.mark_sibling_failed``,
+failure kinds and the interrupted attempts a restore records).
 
 The ledger deliberately contains control-plane metadata only. Token rows stay
 in the data plane. The versioned ``state_dict`` boundary is what the controller
@@ -45,6 +46,7 @@ from rollvault.ledger.receipts import (
     _receipt_staging_keys as _receipt_staging_keys,
 )
 from rollvault.ledger.records import (
+    InterruptedAttempt,
     PromptGroupRecoveryRecord,
     PromptRef,
     RolloutAttemptRecord,
@@ -104,6 +106,7 @@ from rollvault.ledger.state_schema import (
     _reject_unknown_fields as _reject_unknown_fields,
 )
 from rollvault.ledger.statuses import (
+    AttemptFailureKind,
     PromptGroupPhase,
     PromptGroupStatus,
     RecoveryGranularity,
@@ -114,6 +117,7 @@ __all__ = [
     "ROLLOUT_RECOVERY_SCHEMA_VERSION",
     "ROLLOUT_RECOVERY_STATE_FILENAME",
     "SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS",
+    "AttemptFailureKind",
     "CaptureRewardSettings",
     "CheckpointUnsafeError",
     "DataPlaneMutationCut",
@@ -122,6 +126,7 @@ __all__ = [
     "FinalizedReward",
     "ForeignCutError",
     "GateReceipt",
+    "InterruptedAttempt",
     "InvalidLedgerInputError",
     "InvalidReceiptError",
     "LedgerError",

@@ -460,7 +460,7 @@ def test_a_staged_row_of_a_failed_attempt_is_an_orphan(stalled_dir: Path) -> Non
     snapshot = load(newest_rollout_snapshot(stalled_dir))
     state = json.loads(json.dumps(snapshot.recovery.ledger_state))
     attempt = state["groups"][0]["siblings"][3]["attempts"][-1]
-    attempt.update(status="failed", failure_reason="infra: worker lost")
+    attempt.update(status="failed", failure_reason="infra: worker lost", failure_kind="infra")
     recovery = msgspec.structs.replace(snapshot.recovery, ledger_state=state)
     record = ledger_of(snapshot.path, state).groups()[0]
     key = staging_key(record.gate_rollout_id(3), 0)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from ledger_testkit import Harness
 
+from rollvault.ledger.statuses import AttemptFailureKind
 from rollvault.rollout_recovery import (
     _SIDECAR_STATE_FIELDS,
     ROLLOUT_RECOVERY_STATE_FILENAME,
@@ -70,7 +71,7 @@ def test_filename_is_json_never_pickle() -> None:
 def test_build_leaves_canonical_groups_out_and_is_json_safe(ledger: Harness) -> None:
     state = build(ledger)
     assert set(state) == _SIDECAR_STATE_FIELDS
-    assert state["schema_version"] == 3 and state["ledger"]["schema_version"] == 3
+    assert state["schema_version"] == 4 and state["ledger"]["schema_version"] == 4
     assert [group["group_id"] for group in state["ledger"]["groups"]] == ["ready", "generating"]
     assert state["batch_shortfall"] == {"3": 0, "7": 2}
     assert json.loads(json.dumps(state)) == state
@@ -411,9 +412,94 @@ def test_an_empty_ledger_round_trips(harness: Harness) -> None:
         harness.ledger, batch_shortfall={}, sampler_stamps_target_steps=False
     )
     parsed = decode_rollout_recovery_state(encode_rollout_recovery_state(state))
-    assert parsed.ledger_state == {"schema_version": 3, "groups": []}
+    assert parsed.ledger_state == {"schema_version": 4, "groups": []}
     assert (
         parsed.finalizer_metrics_by_group,
         parsed.finalizer_rewards_by_group,
         parsed.reward_settings,
     ) == ({}, {}, None)
+
+
+# -- the previous schema version -------------------------------------------------------
+
+
+def as_version_3(state: dict[str, Any]) -> dict[str, Any]:
+    """A current sidecar as schema version 3 wrote it: no attempt failure kinds."""
+    old = copy.deepcopy(state)
+    old["schema_version"] = old["ledger"]["schema_version"] = 3
+    for group in old["ledger"]["groups"]:
+        for sibling in group["siblings"]:
+            for attempt in sibling["attempts"]:
+                del attempt["failure_kind"]
+    return old
+
+
+@pytest.fixture
+def failing(ledger: Harness) -> Harness:
+    """The ledger fixture plus a group with a data failure and an infra failure."""
+    group_id = ledger.reserve(2, group_id="failing")
+    ledger.dispatch(group_id)
+    for index, reason in enumerate(["data: environment rejects this prompt", "infra: worker lost"]):
+        gate = ledger.gate_id(group_id, index)
+        ledger.call(
+            "mark_sibling_failed",
+            group_id,
+            generation_index=index,
+            gate_rollout_id=gate,
+            reason=reason,
+            failure_kind=AttemptFailureKind(reason.split(":")[0]),
+        )
+    return ledger
+
+
+def test_a_version_3_sidecar_still_loads_with_kinds_read_from_the_reasons(
+    failing: Harness,
+) -> None:
+    current = build(failing)
+    old = as_version_3(current)
+    assert "failure_kind" not in json.dumps(old)
+    for parsed in (
+        parse_rollout_recovery_state(old),
+        decode_rollout_recovery_state(json.dumps(old).encode()),
+    ):
+        assert parsed.ledger_state == parse_rollout_recovery_state(current).ledger_state
+        assert parsed.ledger_state["schema_version"] == 4
+        restored = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
+        kinds = [s.current_attempt.failure_kind for s in restored.get_group("failing").siblings]
+        assert kinds == [AttemptFailureKind.DATA, AttemptFailureKind.INFRA]
+    # The ledger state alone, as version 3, loads too.
+    ledger_v3 = RolloutRecoveryLedger.from_state_dict(old["ledger"])
+    assert ledger_v3.state_dict() == parse_rollout_recovery_state(current).ledger_state
+
+
+def test_a_version_3_sidecar_is_held_to_version_3(failing: Harness) -> None:
+    old = as_version_3(build(failing))
+    old["ledger"]["groups"][0]["siblings"][0]["attempts"][0]["failure_kind"] = "data"
+    for read in (
+        parse_rollout_recovery_state,
+        lambda s: decode_rollout_recovery_state(json.dumps(s).encode()),
+    ):
+        with pytest.raises(
+            LedgerStateError,
+            match=r"\$\.ledger\.groups\[0\]\.siblings\[0\]\.attempts\[0\]: unknown field 'failure_kind' in schema version 3",
+        ):
+            read(old)
+
+
+def test_a_version_4_failure_needs_its_kind(failing: Harness) -> None:
+    state = build(failing)
+    position = [g["group_id"] for g in state["ledger"]["groups"]].index("failing")
+    state["ledger"]["groups"][position]["siblings"][1]["attempts"][0]["failure_kind"] = None
+    with pytest.raises(LedgerStateError, match="a failed attempt needs a failure_kind"):
+        parse_rollout_recovery_state(state)
+    state["ledger"]["groups"][position]["siblings"][1]["attempts"][0]["failure_kind"] = "infra"
+    state["ledger"]["groups"][0]["siblings"][0]["attempts"][0]["failure_kind"] = "infra"
+    with pytest.raises(LedgerStateError, match="a sealed attempt has no failure_kind"):
+        decode_rollout_recovery_state(json.dumps(state).encode())
+
+
+def test_the_ledger_part_has_the_envelope_version(failing: Harness) -> None:
+    state = build(failing)
+    state["ledger"]["schema_version"] = 3
+    with pytest.raises(LedgerStateError, match="3 differs from the envelope's schema version 4"):
+        decode_rollout_recovery_state(json.dumps(state).encode())

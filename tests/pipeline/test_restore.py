@@ -27,12 +27,19 @@ from rollvault.checkpoint_tools.run_history import (
     work_accounting,
 )
 from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.dispatch_journal import (
+    DISPATCH_JOURNAL_DIRNAME,
+    read_dispatch_journal,
+)
+from rollvault.controller.snapshots.crash_evidence import crash_evidence
 from rollvault.controller.snapshots.restorer import RestoreError, read_recovery_sidecar
 from rollvault.controller.snapshots.resume import RunExistsError, prepare_checkpoint_dir
 from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError
 from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.durable.errors import IncompatibleRunError
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
+from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.ledger.statuses import RolloutAttemptStatus
 
 SLOW_GATE = (
     "gate.simulated.latency_per_token_s=0.002",
@@ -224,3 +231,33 @@ def test_read_recovery_sidecar_checks_checksum_group_count_and_rewards(tmp_path:
     other_rewards = _config(tmp_path, "reward.overlong_penalty=0.5")
     with pytest.raises(RestoreError, match="rewards were captured under"):
         asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=other_rewards))
+
+
+def test_attempts_the_controller_cancelled_are_not_charged_as_interrupted(
+    tmp_path: Path,
+) -> None:
+    # A crash elsewhere (the trainer) cancels the attempts in flight: they killed nothing.
+    crashed = _config(tmp_path / "crashed")
+    run_until_crash(crashed, 3)
+    run_simulated(crashed)
+    (restore,) = read_run_history(Path(crashed.logging.log_dir)).restores
+    assert restore.snapshot is not None and restore.attempts_redispatched > 0
+    assert restore.attempts_interrupted == 0
+    # A clean stop at the step budget cancels them before the final snapshot, which
+    # still holds them dispatched; the journal it leaves says they came back.
+    stopped = _config(tmp_path / "stopped", "grpo.max_num_steps=3", "sampler.kind=windowed")
+    summary, _ = run_simulated(stopped)
+    assert summary.groups_in_flight > 0
+    source = prepare_checkpoint_dir(stopped)
+    assert source is not None and source.snapshot is not None
+    records = RolloutRecoveryLedger.from_state_dict(source.snapshot.recovery.ledger_state).groups()
+    assert any(
+        sibling.current_attempt.status is RolloutAttemptStatus.DISPATCHED
+        for record in records
+        for sibling in record.siblings
+    )
+    tail = read_dispatch_journal(
+        Path(stopped.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME,
+        after_seq=source.snapshot.controller.dispatch_journal_seq,
+    )
+    assert crash_evidence(records, tail, reason="x").count == 0

@@ -172,6 +172,9 @@ class SimulatedGateConfig(_Section, frozen=True):
     transient_failure_rate: Probability = 0.0
     # Probability that an attempt fails in a way retrying the same data will not fix.
     permanent_failure_rate: Probability = 0.0
+    # Tests: SIGKILL the whole process when an attempt of this dataset index starts
+    # (a poison prompt); null: never.
+    crash_on_prompt_idx: NonNegativeInt | None = None
 
 
 class LocalModelGateConfig(_Section, frozen=True):

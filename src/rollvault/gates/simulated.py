@@ -4,13 +4,16 @@ Everything an attempt produces is a function of its gate rollout id (tokens,
 logprobs, length, transient failure) or of its prompt (permanent failure), so
 a rerun of the same attempt is identical and a retry (a new attempt UUID) is
 a fresh draw. Output lengths are lognormal and clipped: a long tail, like
-reasoning rollouts.
+reasoning rollouts. For the chaos tests, an attempt of one chosen prompt can
+kill the process outright (``crash_on_prompt_idx``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import signal
 
 import numpy as np
 
@@ -73,6 +76,9 @@ class SimulatedGate:
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
         rollout_id = request.gate_rollout_id
+        if request.prompt["idx"] == self._config.crash_on_prompt_idx:
+            # A poison prompt: its attempt takes the whole process down, no cleanup.
+            os.kill(os.getpid(), signal.SIGKILL)
         sample_key = f"{self._seed}:prompt:{request.prompt['idx']}"
         if _unit_draw(sample_key) < self._config.permanent_failure_rate:
             raise GateAttemptError(rollout_id, FailureKind.DATA, "environment rejects this prompt")

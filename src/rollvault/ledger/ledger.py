@@ -36,6 +36,7 @@ from rollvault.ledger.errors import (
 from rollvault.ledger.prompt_identity import _validate_prompt_identity
 from rollvault.ledger.receipts import copy_receipt
 from rollvault.ledger.records import (
+    InterruptedAttempt,
     PromptGroupRecoveryRecord,
     PromptRef,
     RolloutAttemptRecord,
@@ -47,6 +48,8 @@ from rollvault.ledger.records import (
 from rollvault.ledger.recovery import (
     abandon_entire_group,
     abandon_unsealed_work,
+    carry_interruptions,
+    record_interruption,
     redo_interrupted,
     retry_incomplete,
     retryable_siblings,
@@ -67,7 +70,9 @@ from rollvault.ledger.state_schema import (
     RolloutRecoveryState,
     read_versioned,
 )
+from rollvault.ledger.state_upgrade import upgrade_ledger_state
 from rollvault.ledger.statuses import (
+    AttemptFailureKind,
     PromptGroupPhase,
     PromptGroupStatus,
     RecoveryGranularity,
@@ -484,13 +489,15 @@ class RolloutRecoveryLedger:
         generation_index: int,
         gate_rollout_id: str,
         reason: str,
+        failure_kind: AttemptFailureKind = AttemptFailureKind.INFRA,
     ) -> None:
         """Record that the sibling's current (dispatched) attempt failed on the Gate.
 
         Not in the reference API, which has no explicit failure mutator.
         ``gate_rollout_id`` must name the current attempt (fencing); ``reason``
-        is persisted with the attempt. The controller then retries the sibling
-        with :meth:`prepare_incomplete_retry` or gives the group up.
+        and ``failure_kind`` (whose retry budget it spends) are persisted with
+        the attempt. The controller then retries the sibling with
+        :meth:`prepare_incomplete_retry` or gives the group up.
         """
         self._enter(cut, "mark_sibling_failed", group_id)
         record = self._mutable_group(group_id)
@@ -505,11 +512,70 @@ class RolloutRecoveryLedger:
             generation_index=generation_index,
             attempt=attempt,
         )
+        if not isinstance(failure_kind, AttemptFailureKind):
+            raise InvalidLedgerInputError(
+                f"{where}: failure_kind must be an AttemptFailureKind, got {failure_kind!r}"
+            )
         status = check_attempt_transition(
             attempt, AttemptEvent.FAIL, group_id=group_id, generation_index=generation_index
         )
         attempt.failure_reason = reason
+        attempt.failure_kind = failure_kind
         attempt.status = status
+
+    def mark_attempt_interrupted(
+        self, cut: DataPlaneMutationCut, group_id: str, interrupted: InterruptedAttempt
+    ) -> None:
+        """Record, on restore, an attempt that was in flight when the process died.
+
+        Not in the reference API. The attempt becomes ``failed`` with kind
+        ``interrupted``, whether the restored snapshot holds it (``reserved``
+        or ``dispatched``) or it was minted after the snapshot (then the
+        attempt it superseded is abandoned and it is appended). Call before
+        :meth:`prepare_for_restart`, which mints its replacement. The group
+        must be ``generating``.
+        """
+        self._enter(cut, "mark_attempt_interrupted", group_id)
+        record = self._mutable_group(group_id)
+        self._check_interrupted(record, [interrupted], "record an interrupted attempt")
+        record_interruption(record, interrupted)
+
+    def carry_interrupted_attempts(
+        self,
+        cut: DataPlaneMutationCut,
+        group_id: str,
+        interrupted: list[InterruptedAttempt],
+    ) -> None:
+        """Give a freshly reserved group the interrupted attempts of its prompt's lost group.
+
+        Not in the reference API. A group reserved after the snapshot that a
+        restore used is lost with the process, but its attempts that were in
+        flight are not forgotten: when the prompt is reserved again, they go
+        into the new group's siblings as ``failed`` (kind ``interrupted``)
+        before each sibling's first attempt, which must still be ``reserved``.
+        """
+        self._enter(cut, "carry_interrupted_attempts", group_id)
+        record = self._mutable_group(group_id)
+        self._check_interrupted(record, interrupted, "carry interrupted attempts")
+        carry_interruptions(record, interrupted)
+
+    @staticmethod
+    def _check_interrupted(
+        record: PromptGroupRecoveryRecord, interrupted: list[InterruptedAttempt], transition: str
+    ) -> None:
+        require_group_status(record, allowed=GENERATING_ONLY, transition=transition)
+        for item in interrupted:
+            if not isinstance(item, InterruptedAttempt):
+                raise InvalidLedgerInputError(
+                    f"group {record.group_id!r}: {transition}: expected InterruptedAttempt "
+                    f"items, got {type(item).__name__}"
+                )
+            require_sibling(record, item.generation_index)
+            require_str(
+                item.reason,
+                name="reason",
+                where=f"group {record.group_id!r} sibling {item.generation_index}",
+            )
 
     # -- failure and recovery ------------------------------------------------------------
 
@@ -673,9 +739,13 @@ class RolloutRecoveryLedger:
         group ids or attempt UUIDs; non-contiguous generation indices; results
         on attempts that are not sealed; a status that contradicts the siblings.
         Restored groups have no runtime prompt payload (``bind_runtime_prompt``).
+        A state of an older supported version is upgraded first.
         """
         typed = read_versioned(
-            state, LedgerState, expected=_LEDGER_STATE_FIELDS, what="rollout recovery ledger state"
+            upgrade_ledger_state(state),
+            LedgerState,
+            expected=_LEDGER_STATE_FIELDS,
+            what="rollout recovery ledger state",
         )
         ledger = cls()
         ledger._groups = records_from_state(typed)

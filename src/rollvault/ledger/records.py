@@ -30,6 +30,7 @@ from rollvault.ledger.errors import (
 from rollvault.ledger.receipts import copy_receipt
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.statuses import (
+    AttemptFailureKind,
     PromptGroupPhase,
     PromptGroupStatus,
     RecoveryGranularity,
@@ -68,7 +69,8 @@ class RolloutAttemptRecord(msgspec.Struct, kw_only=True):
 
     ``receipt``, ``reward``, ``mask_sample``, ``reward_checks``,
     ``reward_log_context`` and ``staging_keys`` are set exactly when the
-    attempt is ``sealed``; ``failure_reason`` exactly when it is ``failed``.
+    attempt is ``sealed``; ``failure_reason`` and ``failure_kind`` exactly
+    when it is ``failed``.
     """
 
     attempt_uuid: uuid.UUID
@@ -80,6 +82,8 @@ class RolloutAttemptRecord(msgspec.Struct, kw_only=True):
     reward_log_context: RewardLogContext | None = None
     staging_keys: list[str] = msgspec.field(default_factory=list)
     failure_reason: str | None = None
+    failure_kind: AttemptFailureKind | None = None
+    """Whose retry budget the failure spends (rollvault's addition, schema 4)."""
 
     @property
     def attempt_id(self) -> str:
@@ -184,6 +188,27 @@ class SiblingSealResult(msgspec.Struct, frozen=True, kw_only=True):
     mask_sample: bool
     reward_checks: RewardChecks | None = None
     reward_log_context: RewardLogContext | None = None
+
+
+class InterruptedAttempt(msgspec.Struct, frozen=True, kw_only=True):
+    """An attempt that was in flight when the controller process died.
+
+    A restore records it as ``failed`` with kind ``interrupted``
+    (``mark_attempt_interrupted``, ``carry_interrupted_attempts``).
+    """
+
+    generation_index: int
+    attempt_uuid: uuid.UUID
+    reason: str
+
+    def failed_record(self) -> RolloutAttemptRecord:
+        """The terminal record of this attempt."""
+        return RolloutAttemptRecord(
+            attempt_uuid=self.attempt_uuid,
+            status=RolloutAttemptStatus.FAILED,
+            failure_reason=self.reason,
+            failure_kind=AttemptFailureKind.INTERRUPTED,
+        )
 
 
 def _new_attempt() -> RolloutAttemptRecord:

@@ -9,13 +9,22 @@ that the group is ``generating``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from rollvault.ledger.errors import LedgerTransitionError
 from rollvault.ledger.records import (
+    InterruptedAttempt,
     PromptGroupRecoveryRecord,
+    RolloutAttemptRecord,
     RolloutSiblingRecord,
     new_attempts,
 )
 from rollvault.ledger.sealing import clear_result
-from rollvault.ledger.statuses import RecoveryGranularity
+from rollvault.ledger.statuses import (
+    AttemptFailureKind,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
 from rollvault.ledger.transitions import (
     ATTEMPT_TRANSITIONS,
     GENERATING_ONLY,
@@ -102,16 +111,115 @@ def redo_interrupted(record: PromptGroupRecoveryRecord) -> None:
     """After a restart, replace the attempts that may have run after the snapshot.
 
     A ``reserved`` attempt is replaced too: the process may have dispatched it
-    after the snapshot was taken, and a fresh UUID fences any late write.
-    Failed or abandoned current attempts are left for the controller's retry
-    policy (it counts retries against its budget).
+    after the snapshot was taken, and a fresh UUID fences any late write. So
+    is an attempt the restore has just recorded as an interrupted failure
+    (:func:`record_interruption`): it stands for work that was in flight.
+    Other failed or abandoned current attempts are left for the controller's
+    retry policy (it counts retries against its budget).
     """
-    if not any(
-        sibling.attempts[-1].status in INTERRUPTED_ATTEMPT_STATUSES for sibling in record.siblings
-    ):
+    redo = [sibling for sibling in record.siblings if _redo_on_restart(sibling.attempts[-1])]
+    if not redo:
         return
     if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
         abandon_entire_group(record)
         mint_fresh_attempts(record.siblings)
     else:
-        mint_fresh_attempts(abandon_live_siblings(record))
+        abandon_live_siblings(record)
+        mint_fresh_attempts(redo)
+
+
+def _redo_on_restart(attempt: RolloutAttemptRecord) -> bool:
+    return attempt.status in INTERRUPTED_ATTEMPT_STATUSES or (
+        attempt.status is RolloutAttemptStatus.FAILED
+        and attempt.failure_kind is AttemptFailureKind.INTERRUPTED
+    )
+
+
+def record_interruption(record: PromptGroupRecoveryRecord, interrupted: InterruptedAttempt) -> None:
+    """Record that ``interrupted`` was in flight when the controller process died.
+
+    When it is the sibling's current attempt (``reserved`` or ``dispatched``
+    in the snapshot), it fails with kind ``interrupted``; a ``reserved`` one
+    is dispatched first, as the dispatch journal saw it dispatched. Otherwise
+    it was minted after the snapshot: the attempt it superseded ended then,
+    with an outcome the process took with it, and is abandoned (a sealed one
+    only under ``prompt_group``, whose retries discard the cohort); the
+    interrupted attempt is appended, failed. Callers hold the cut and have
+    checked that the group is ``generating``. Changes nothing when it raises.
+    """
+    index = interrupted.generation_index
+    sibling = record.siblings[index]
+    current = sibling.attempts[-1]
+    if current.attempt_uuid == interrupted.attempt_uuid:
+        _fail_interrupted(record, index, current, interrupted.reason)
+        return
+    if any(attempt.attempt_uuid == interrupted.attempt_uuid for attempt in sibling.attempts):
+        raise _already_superseded(record, index, interrupted)
+    event = AttemptEvent.ABANDON
+    if current.status is RolloutAttemptStatus.SEALED:
+        event = AttemptEvent.DISCARD_COHORT
+        if record.recovery_granularity is not RecoveryGranularity.PROMPT_GROUP:
+            raise _already_superseded(record, index, interrupted)
+    if current.status not in RETRYABLE_ATTEMPT_STATUSES:
+        target = check_attempt_transition(
+            current, event, group_id=record.group_id, generation_index=index
+        )
+        clear_result(current)
+        current.status = target
+    sibling.attempts.append(interrupted.failed_record())
+
+
+def _fail_interrupted(
+    record: PromptGroupRecoveryRecord, index: int, attempt: RolloutAttemptRecord, reason: str
+) -> None:
+    # reserved -> dispatched -> failed: both edges exist, and the second cannot
+    # fail once the first succeeded, so a refusal changes nothing.
+    if attempt.status is RolloutAttemptStatus.RESERVED:
+        attempt.status = check_attempt_transition(
+            attempt, AttemptEvent.DISPATCH, group_id=record.group_id, generation_index=index
+        )
+    attempt.status = check_attempt_transition(
+        attempt, AttemptEvent.FAIL, group_id=record.group_id, generation_index=index
+    )
+    attempt.failure_reason = reason
+    attempt.failure_kind = AttemptFailureKind.INTERRUPTED
+
+
+def _already_superseded(
+    record: PromptGroupRecoveryRecord, index: int, interrupted: InterruptedAttempt
+) -> LedgerTransitionError:
+    sibling = record.siblings[index]
+    return LedgerTransitionError(
+        f"group {record.group_id!r} sibling {index}: cannot record attempt "
+        f"{interrupted.attempt_uuid.hex} as interrupted: the sibling's lineage "
+        f"({[(a.attempt_uuid.hex, a.status.value) for a in sibling.attempts]}) already "
+        "supersedes it, or cannot have been retried after the snapshot",
+        group_id=record.group_id,
+        transition="record interruption",
+        status=sibling.attempts[-1].status.value,
+        generation_index=index,
+        attempt_id=interrupted.attempt_uuid.hex,
+    )
+
+
+def carry_interruptions(
+    record: PromptGroupRecoveryRecord, interrupted: Sequence[InterruptedAttempt]
+) -> None:
+    """Put interrupted attempts of an earlier, lost group of this prompt into its lineage.
+
+    A group reserved after the snapshot a restore used is lost with the
+    process; when its prompt is reserved again, its interrupted attempts
+    become failed attempts of the new group's siblings, before each
+    sibling's first (``reserved``, never dispatched) attempt, so that they
+    count against its budget. Callers hold the cut. Changes nothing when it
+    raises.
+    """
+    for item in interrupted:
+        sibling = record.siblings[item.generation_index]
+        if sibling.attempts[-1].status is not RolloutAttemptStatus.RESERVED or any(
+            attempt.attempt_uuid == item.attempt_uuid for attempt in sibling.attempts
+        ):
+            raise _already_superseded(record, item.generation_index, item)
+    for item in interrupted:
+        attempts = record.siblings[item.generation_index].attempts
+        attempts.insert(len(attempts) - 1, item.failed_record())

@@ -27,6 +27,7 @@ from rollvault.ledger.state_schema import (
     check_schema_version,
     read_versioned,
 )
+from rollvault.ledger.state_upgrade import upgrade_sidecar_state
 
 ROLLOUT_RECOVERY_STATE_FILENAME: Final = "rollout_recovery.json"
 """Name of the sidecar file in a snapshot directory.
@@ -229,14 +230,22 @@ def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
 
     Strict: unknown, missing or mistyped fields, an unsupported schema version
     and every semantic rule of the ledger state are rejected with the JSON
-    path of the offending value. The result shares nothing with ``state``.
+    path of the offending value. A state of an older supported version is
+    upgraded first (:mod:`rollvault.ledger.state_upgrade`). The result shares
+    nothing with ``state``.
     """
-    typed = read_versioned(state, SidecarState, expected=_SIDECAR_STATE_FIELDS, what=_WHAT)
+    current = upgrade_sidecar_state(state)
+    typed = read_versioned(current, SidecarState, expected=_SIDECAR_STATE_FIELDS, what=_WHAT)
     return _split(typed)
 
 
 def _split(typed: SidecarState) -> ParsedRolloutRecoveryState:
     check_schema_version(typed.ledger.schema_version, context=f"{_WHAT} $.ledger")
+    if typed.ledger.schema_version != typed.schema_version:
+        raise LedgerStateError(
+            f"{_WHAT} $.ledger.schema_version: {typed.ledger.schema_version} differs from the "
+            f"envelope's schema version {typed.schema_version}"
+        )
     check_ledger_state(typed.ledger, path="$.ledger")
     ledger_state: RolloutRecoveryState = msgspec.to_builtins(typed.ledger)
     return ParsedRolloutRecoveryState(
@@ -286,23 +295,35 @@ def decode_rollout_recovery_state(data: bytes) -> ParsedRolloutRecoveryState:
     try:
         typed = msgspec.json.decode(data, type=SidecarState, strict=True)
     except msgspec.ValidationError as exc:
-        # Error path only: re-read untyped so the message is exactly parse's
-        # (a newer schema version is reported as such, not as unknown fields).
-        _raise_as_parse_would(data)
-        raise LedgerStateError(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {exc}") from exc
+        # Error path (or an older version): re-read untyped, so that an older
+        # version is upgraded and any other problem gets exactly parse's
+        # message (a newer schema version is reported as such, not as unknown
+        # fields).
+        return _parse_untyped(data, typed_error=exc)
     except msgspec.DecodeError as exc:
         raise LedgerStateError(
             f"{ROLLOUT_RECOVERY_STATE_FILENAME}: not valid JSON ({exc})"
         ) from exc
+    if typed.schema_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
+        return _parse_untyped(data, typed_error=None)
     try:
-        check_schema_version(typed.schema_version, context=_WHAT + " $")
         return _split(typed)
     except LedgerStateError as exc:
         raise type(exc)(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {exc}") from exc
 
 
-def _raise_as_parse_would(data: bytes | bytearray | memoryview) -> None:
+def _parse_untyped(
+    data: bytes | bytearray | memoryview, *, typed_error: msgspec.ValidationError | None
+) -> ParsedRolloutRecoveryState:
+    state = msgspec.json.decode(data)
     try:
-        parse_rollout_recovery_state(msgspec.json.decode(data))
+        parsed = parse_rollout_recovery_state(state)
     except LedgerStateError as exc:
         raise type(exc)(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {exc}") from exc
+    current = isinstance(state, dict) and state.get("schema_version") == (
+        ROLLOUT_RECOVERY_SCHEMA_VERSION
+    )
+    if typed_error is not None and current:
+        # Parse accepted what the typed decoder refused: report the refusal.
+        raise LedgerStateError(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {typed_error}") from typed_error
+    return parsed

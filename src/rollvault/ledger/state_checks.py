@@ -192,6 +192,8 @@ def _check_sealed(attempt: AttemptState, *, gate_rollout_id: str) -> None:
         raise _Problem("reward", f"{reward!r} differs from the receipt's reward {receipt.reward!r}")
     if attempt.failure_reason is not None:
         raise _Problem("failure_reason", "a sealed attempt has no failure_reason")
+    if attempt.failure_kind is not None:
+        raise _Problem("failure_kind", "a sealed attempt has no failure_kind")
 
 
 def _check_unsealed(attempt: AttemptState) -> None:
@@ -212,8 +214,15 @@ def _check_unsealed(attempt: AttemptState) -> None:
     if attempt.status is _FAILED:
         if not attempt.failure_reason:
             raise _Problem("failure_reason", "a failed attempt needs a non-empty reason")
+        if attempt.failure_kind is None:
+            raise _Problem("failure_kind", "a failed attempt needs a failure_kind")
     elif attempt.failure_reason is not None:
         raise _Problem(
             "failure_reason",
             f"only a failed attempt carries a failure_reason; this attempt is {status!r}",
+        )
+    elif attempt.failure_kind is not None:
+        raise _Problem(
+            "failure_kind",
+            f"only a failed attempt carries a failure_kind; this attempt is {status!r}",
         )

@@ -79,6 +79,7 @@ def _attempt_to_state(attempt: RolloutAttemptRecord) -> AttemptState:
         reward_log_context=attempt.reward_log_context,
         staging_keys=attempt.staging_keys,
         failure_reason=attempt.failure_reason,
+        failure_kind=attempt.failure_kind,
     )
 
 
@@ -131,4 +132,5 @@ def _attempt_from_state(state: AttemptState, attempt_uuid: uuid.UUID) -> Rollout
         reward_log_context=state.reward_log_context,
         staging_keys=state.staging_keys,
         failure_reason=state.failure_reason,
+        failure_kind=state.failure_kind,
     )

@@ -9,6 +9,11 @@ JSON path of the offending value (for example
 Version history: 3 is the first version rollvault writes (it starts at the
 reference system's current version, whose fields it keeps); it adds
 ``failure_reason`` to attempts and stores attempt UUIDs as 32 hex digits.
+4 adds ``failure_kind`` to attempts (``infra``, ``data`` or ``interrupted``;
+set exactly when the attempt failed), so that retry budgets are counted from
+the ledger across restarts. Version 3 is still read: each attempt's kind is
+inferred from its reason, which the controller prefixed with the kind
+(:mod:`rollvault.ledger.state_upgrade`).
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ from rollvault.ledger.reward_penalties import (
     RewardLogContext,
 )
 from rollvault.ledger.statuses import (
+    AttemptFailureKind,
     PromptGroupPhase,
     PromptGroupStatus,
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
 
-ROLLOUT_RECOVERY_SCHEMA_VERSION: Final = 3
-SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS: Final = frozenset({3})
+ROLLOUT_RECOVERY_SCHEMA_VERSION: Final = 4
+SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS: Final = frozenset({3, 4})
 
 RolloutRecoveryState: TypeAlias = dict[str, Any]
 """A persisted state as JSON-safe builtins: the ledger part or the whole sidecar."""
@@ -57,6 +63,7 @@ class AttemptState(_Schema):
     reward_log_context: RewardLogContext | None
     staging_keys: list[str]
     failure_reason: str | None
+    failure_kind: AttemptFailureKind | None
 
 
 class SiblingState(_Schema):

@@ -1,4 +1,4 @@
-"""The ledger's state enums, with the spec's names and values."""
+"""The ledger's state enums, with the spec's names and values (and rollvault's failure kinds)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,23 @@ class RolloutAttemptStatus(StrEnum):
     SEALED = "sealed"
     FAILED = "failed"
     ABANDONED = "abandoned"
+
+
+class AttemptFailureKind(StrEnum):
+    """Why a ``failed`` attempt failed, which decides whose retry budget it spends.
+
+    ``infra``: the machinery failed (worker lost, timeout); it spends the
+    sibling's budget. ``data``: the prompt itself failed (environment error);
+    it spends the group's budget. ``interrupted``: the attempt was in flight
+    when the controller process died, recorded by the restore that found it
+    so; it spends the sibling's budget like ``infra``, because a prompt whose
+    attempt kills the process would otherwise be retried on every restart
+    forever (see :mod:`rollvault.controller.loop.retry_budget`).
+    """
+
+    INFRA = "infra"
+    DATA = "data"
+    INTERRUPTED = "interrupted"
 
 
 class PromptGroupStatus(StrEnum):

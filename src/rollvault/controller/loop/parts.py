@@ -20,6 +20,7 @@ from rollvault.controller.data.dataloader import PromptDataLoader
 from rollvault.controller.data.replay_index import ReplayBufferIndex, ReplayEntry
 from rollvault.controller.data.sampler import Sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
+from rollvault.controller.loop.dispatch_journal import DispatchJournal, LostGroupInterruption
 from rollvault.controller.loop.run_logs import (
     AttemptLogRecord,
     DropLogRecord,
@@ -155,6 +156,10 @@ class RolloutParts:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     reservation_finished: bool = False
     """No more prompts will be reserved (data exhausted or step budget stamped)."""
+    journal: DispatchJournal | None = None
+    """The dispatch journal (None: rollout checkpointing is off, nothing is restored)."""
+    lost_interruptions: list[LostGroupInterruption] = field(default_factory=list)
+    """Interrupted attempts of groups a restore lost, until their prompts are reserved again."""
 
     async def notify(self) -> None:
         """Wake every task waiting on ``changed``."""

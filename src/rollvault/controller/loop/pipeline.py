@@ -25,6 +25,7 @@ from rollvault.controller.data.replay_index import ReplayBufferIndex
 from rollvault.controller.data.sampler import build_sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
 from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.dispatch_journal import DISPATCH_JOURNAL_DIRNAME, DispatchJournal
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import FailureKind, Gate
 from rollvault.controller.loop.parts import RolloutParts, RunLogs
@@ -110,6 +111,11 @@ def build_parts(config: RunConfig, *, dataset: PromptDataset) -> RolloutParts:
             restores=JsonlWriter(log_dir / RESTORES_LOG_FILENAME, sequence),
             sequence=sequence,
             incarnation=incarnation,
+        ),
+        journal=(
+            DispatchJournal(Path(config.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME)
+            if config.rollout_checkpointing.enabled
+            else None
         ),
     )
 
@@ -230,6 +236,8 @@ async def run_pipeline(
     finally:
         await gate.close()
         parts.logs.close()
+        if parts.journal is not None:
+            parts.journal.close()
     return RunSummary(
         incarnation=parts.logs.incarnation,
         trainer_version=parts.trainer_version,

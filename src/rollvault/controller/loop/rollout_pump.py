@@ -15,6 +15,7 @@ advance with its reservation runs inside a mutation section of the cut.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 
 from rollvault.config.schema import OnDroppedPrompt
@@ -28,13 +29,21 @@ from rollvault.controller.loop.gate import (
     Gate,
     GateAttemptError,
 )
+from rollvault.controller.loop.isolation import RoundIsolation
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
+from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
 from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.ledger.datum import DatumSpec
 from rollvault.ledger.records import PromptGroupRecoveryRecord
-from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
+from rollvault.ledger.statuses import (
+    AttemptFailureKind,
+    PromptGroupStatus,
+    RolloutAttemptStatus,
+)
+
+_LOG = logging.getLogger("rollvault.rollout")
 
 _FINALIZABLE = frozenset(
     {PromptGroupStatus.READY_TO_FINALIZE, PromptGroupStatus.FINALIZATION_UNKNOWN}
@@ -64,6 +73,7 @@ class RolloutPump:
         self._capacity = capacity
         self._dispatch_open = dispatch_open
         self._end_weight_version = end_weight_version
+        self._isolation = RoundIsolation()
         self.failures = Counter[FailureKind]()
         self.dropped_groups = 0
 
@@ -150,7 +160,26 @@ class RolloutPump:
             recovery_granularity=config.rollout.recovery_granularity,
         )
         parts.add_reserved_group(record.group_id, GroupOrigin(epoch=epoch, dataset_idx=dataset_idx))
+        if parts.lost_interruptions:
+            self._carry_lost_interruptions(record.group_id, epoch, dataset_idx)
         return record.group_id
+
+    def _carry_lost_interruptions(self, group_id: str, epoch: int, dataset_idx: int) -> None:
+        """An earlier group of this prompt was lost with interrupted attempts: inherit them."""
+        parts = self._parts
+        carried = [
+            lost
+            for lost in parts.lost_interruptions
+            if (lost.epoch, lost.dataset_idx) == (epoch, dataset_idx)
+        ]
+        if not carried:
+            return
+        parts.ledger.carry_interrupted_attempts(
+            parts.cut, group_id, [lost.interrupted_attempt() for lost in carried]
+        )
+        parts.lost_interruptions = [
+            lost for lost in parts.lost_interruptions if lost not in carried
+        ]
 
     # -- one slot ----------------------------------------------------------------------
 
@@ -166,43 +195,35 @@ class RolloutPump:
             self._inflight.release()
 
     async def _sealed(self, group_id: str) -> bool:
-        """Whether a (restored) group needs no generation; readies one that needs a retry."""
-        record = self._parts.ledger.get_group(group_id)
-        if record.status in _FINALIZABLE:
-            return True
-        current = {sibling.current_attempt.status for sibling in record.siblings}
-        if current & _RETRYABLE:
-            # Restored with failed siblings whose retry was not minted yet.
-            await self._retry(group_id)
-        return False
+        """Whether a (restored) group needs no generation."""
+        return self._parts.ledger.get_group(group_id).status in _FINALIZABLE
 
     async def _generate(self, group_id: str) -> bool:
-        """Run the group's attempts until it is sealed (True) or out of budget (False)."""
+        """Run the group's attempts until it is sealed (True) or out of budget (False).
+
+        Before each round the budgets are counted from the ledger
+        (:mod:`~rollvault.controller.loop.retry_budget`), so attempts of earlier
+        runs count too; failed siblings (a restored group's included) get
+        fresh attempts first. A round of a group whose last attempt the
+        process's death interrupted runs alone (:mod:`.isolation`).
+        """
         rollout = self._parts.config.rollout
-        sibling_failures = Counter[int]()
-        group_failures = 0
         while True:
-            requests = await self._dispatch(group_id)
-            async with asyncio.TaskGroup() as attempts:
-                runs = [attempts.create_task(self._run_attempt(r)) for r in requests]
-            failed = [
-                (request, error)
-                for request, run in zip(requests, runs, strict=True)
-                if (error := run.result()) is not None
-            ]
-            if not failed:
-                return True
-            if any(error.kind is FailureKind.DATA for _, error in failed):
-                group_failures += 1
-            for request, error in failed:
-                if error.kind is FailureKind.INFRA:
-                    sibling_failures[request.generation_index] += 1
-            over_budget = group_failures > rollout.max_group_retries or any(
-                count > rollout.max_sibling_retries for count in sibling_failures.values()
-            )
-            if over_budget:
+            record = self._parts.ledger.get_group(group_id)
+            spent = budget_exhausted(record, rollout)
+            if spent is not None:
+                _LOG.warning(
+                    "giving up group %s (prompt %s): %s", group_id, record.prompt_id, spent
+                )
                 return False
-            await self._retry(group_id)
+            if any(sibling.current_attempt.status in _RETRYABLE for sibling in record.siblings):
+                await self._retry(group_id)
+            async with self._isolation.round(alone=was_interrupted(record)):
+                requests = await self._dispatch(group_id)
+                async with asyncio.TaskGroup() as attempts:
+                    runs = [attempts.create_task(self._run_attempt(r)) for r in requests]
+            if all(run.result() is None for run in runs):
+                return True
 
     async def _dispatch(self, group_id: str) -> list[AttemptRequest]:
         parts = self._parts
@@ -215,6 +236,15 @@ class RolloutPump:
                 if sibling.current_attempt.status is RolloutAttemptStatus.RESERVED
             ]
             parts.ledger.mark_group_dispatched(parts.cut, group_id, generation_indices=indices)
+            if parts.journal is not None:
+                # Before the gate sees them: an attempt that kills the process must be on record.
+                origin = parts.group(group_id).origin
+                parts.journal.dispatched(
+                    group_id=group_id,
+                    epoch=origin.epoch,
+                    dataset_idx=origin.dataset_idx,
+                    attempts=[(i, record.siblings[i].current_attempt.attempt_id) for i in indices],
+                )
         payload = dict(record.prompt_payload)
         return [
             AttemptRequest(
@@ -228,6 +258,15 @@ class RolloutPump:
         ]
 
     async def _run_attempt(self, request: AttemptRequest) -> GateAttemptError | None:
+        try:
+            return await self._record_attempt(request)
+        except asyncio.CancelledError:
+            # The controller cancelled it (the run stops, or failed elsewhere): it
+            # did not kill the process, and a restore must not charge it.
+            self._journal_returned(request)
+            raise
+
+    async def _record_attempt(self, request: AttemptRequest) -> GateAttemptError | None:
         parts = self._parts
         try:
             outcome = await self._gate.run_attempt(request)
@@ -240,7 +279,9 @@ class RolloutPump:
                     generation_index=request.generation_index,
                     gate_rollout_id=request.gate_rollout_id,
                     reason=f"{error.kind.value}: {error.reason}",
+                    failure_kind=AttemptFailureKind(error.kind.value),
                 )
+                self._journal_returned(request)
                 self._log_attempt(request, RolloutAttemptStatus.FAILED, 0, error.reason)
             return error
         async with parts.cut.mutation():
@@ -262,7 +303,12 @@ class RolloutPump:
         )
         previous = self._end_weight_version.get(request.group_id, outcome.weight_version)
         self._end_weight_version[request.group_id] = max(previous, outcome.weight_version)
+        self._journal_returned(request)
         self._log_attempt(request, RolloutAttemptStatus.SEALED, outcome.num_tokens, None)
+
+    def _journal_returned(self, request: AttemptRequest) -> None:
+        if self._parts.journal is not None:
+            self._parts.journal.returned(_attempt_hex(request.gate_rollout_id))
 
     async def _retry(self, group_id: str) -> None:
         """Mint fresh attempts; under ``prompt_group`` this also drops the sealed rows."""
@@ -294,6 +340,9 @@ class RolloutPump:
         async with parts.cut.mutation():
             record = parts.ledger.get_group(group_id)
             await parts.data_plane.clear(STAGING_PARTITION, _sealed_keys(record))
+            if record.status is PromptGroupStatus.GENERATING:
+                # A restored group may hold fresh attempts that restore minted.
+                parts.ledger.abandon_unsealed(parts.cut, group_id)
             parts.ledger.drop_group(parts.cut, group_id)
             for sibling in record.siblings:
                 if sibling.current_attempt.status is RolloutAttemptStatus.SEALED:
@@ -360,6 +409,11 @@ async def _refuse_unadmitted(group_ids: list[str]) -> None:
         f"restored groups {group_ids[:5]} are reserved but not admitted; this rollout pump "
         "cannot admit groups it did not reserve"
     )
+
+
+def _attempt_hex(gate_rollout_id: str) -> str:
+    """The attempt UUID (32 hex digits) a gate rollout id ``{group}_g{i}_a{hex}`` names."""
+    return gate_rollout_id.rsplit("_a", 1)[1]
 
 
 def _sealed_keys(record: PromptGroupRecoveryRecord) -> set[str]:

@@ -88,6 +88,8 @@ class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     groups_regenerated: int
     rows_dropped: int
     seconds: float
+    attempts_interrupted: int = 0
+    """Attempts in flight when the previous start died (0 in logs of older versions)."""
     seq: int = 0
 
 

@@ -30,10 +30,12 @@ from rollvault.controller.data.dataloader import DataLoaderState
 from rollvault.controller.data.replay_index import ReplayEntry, ReplayIndexState
 from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.data.shortfall import SparePromptsState
+from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.finalizer import capture_reward_settings
 from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entry
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.snapshot_files import (
+    CONTROLLER_STATE_SCHEMA_VERSION,
     SNAPSHOT_FILES_SCHEMA_VERSION,
     ControllerStateFile,
     ReplayBufferFile,
@@ -84,6 +86,8 @@ class CutCapture:
     data_plane: DataPlaneCapture
     mutation_version: int
     log_sequence: int
+    journal_seq: int
+    lost_interruptions: tuple[LostGroupInterruption, ...]
 
 
 def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> CutCapture:
@@ -107,6 +111,8 @@ def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> Cu
         data_plane=parts.data_plane.capture(),
         mutation_version=parts.cut.mutation_version,
         log_sequence=parts.logs.sequence.value,
+        journal_seq=parts.journal.seq if parts.journal is not None else 0,
+        lost_interruptions=tuple(parts.lost_interruptions),
     )
 
 
@@ -152,7 +158,7 @@ def build_snapshot(
         ),
         spares=cut.spares,
         controller=ControllerStateFile(
-            schema_version=SNAPSHOT_FILES_SCHEMA_VERSION,
+            schema_version=CONTROLLER_STATE_SCHEMA_VERSION,
             sampler=cut.sampler,
             dataloader=cut.dataloader,
             origins=origins,
@@ -160,6 +166,8 @@ def build_snapshot(
                 g: parts.dataset.identity(o.dataset_idx) for g, o in origins.items()
             },
             log_sequence=cut.log_sequence,
+            dispatch_journal_seq=cut.journal_seq,
+            lost_interruptions=list(cut.lost_interruptions),
         ),
         data_plane=cut.data_plane,
         generations_per_group=parts.config.grpo.num_generations_per_prompt,
@@ -191,6 +199,7 @@ class Checkpointer:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._last_version: int | None = None
+        self._committed_journal_seq = 0
         self.stats = SnapshotStats()
 
     def anchor(self) -> Path:
@@ -208,8 +217,8 @@ class Checkpointer:
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self._settings.interval_s)
-            if not self._stopping.is_set():
-                await self.snapshot_if_changed()
+            if not self._stopping.is_set() and await self.snapshot_if_changed() is not None:
+                self._prune_journal()
 
     def stop(self) -> None:
         """Make :meth:`run_periodic` return after its current snapshot, if any."""
@@ -232,6 +241,7 @@ class Checkpointer:
             )
             self.stats.write_seconds.append(time.perf_counter() - started)
             self.stats.snapshots += 1
+            self._committed_journal_seq = capture.controller.dispatch_journal_seq
             return path
 
     def due_for_trainer_checkpoint(self) -> bool:
@@ -273,6 +283,8 @@ class Checkpointer:
                 del parts.trained_since_checkpoint[: len(retired)]
                 parts.base_step = version
             await asyncio.to_thread(self._prune, path)
+            self._committed_journal_seq = capture.controller.dispatch_journal_seq
+            self._prune_journal()
             self.stats.trainer_checkpoints += 1
             return path
 
@@ -300,6 +312,15 @@ class Checkpointer:
         rollout_dir.mkdir()
         self._write_payload(capture, rollout_dir)
         write_snapshot_manifest(rollout_dir, capture.manifest)
+
+    def _prune_journal(self) -> None:
+        """Drop the dispatch journal segments the last committed snapshot reflects.
+
+        Not after the final snapshot of a run: attempts it holds dispatched
+        were cancelled by the stop, and only the journal says so.
+        """
+        if self._parts.journal is not None:
+            self._parts.journal.prune(self._committed_journal_seq)
 
     def _prune(self, latest: Path) -> None:
         prune_bootstrap_snapshots(self._checkpoint_dir, durable_trainer_checkpoint=latest)

@@ -1,11 +1,14 @@
 """Restore the rollout parts of a resumed run, once, before the pumps start.
 
 The order matters and follows the data: rows first (the data plane), then
-the replay index, then the ledger (``prepare_for_restart`` turns interrupted
-attempts into fresh ones and ``finalizing`` groups into
-``finalization_unknown``), then the leftovers nothing references are removed,
-then spares and cursors, and last the prompts are rehydrated from the dataset
-and checked against the identity recorded at reservation. The rollout pump
+the replay index, then the ledger (attempts the dispatch journal shows in
+flight at the death are charged as interrupted failures, see
+:mod:`~rollvault.controller.snapshots.crash_evidence`; then
+``prepare_for_restart`` turns interrupted attempts into fresh ones and
+``finalizing`` groups into ``finalization_unknown``), then the leftovers
+nothing references are removed, then spares and cursors, and last the
+prompts are rehydrated from the dataset and checked against the identity
+recorded at reservation. The rollout pump
 then redispatches the restored groups first, under the same semaphores as new
 work, while the train pump drains the replay index.
 """
@@ -25,10 +28,16 @@ import msgspec
 from rollvault.config.schema import RestoreMode, RunConfig
 from rollvault.controller.data.shortfall import SHORTFALL_SCHEMA_VERSION, BatchShortfallState
 from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.dispatch_journal import (
+    DISPATCH_JOURNAL_DIRNAME,
+    LostGroupInterruption,
+    read_dispatch_journal,
+)
 from rollvault.controller.loop.finalizer import capture_reward_settings
 from rollvault.controller.loop.parts import RolloutParts
-from rollvault.controller.loop.run_logs import RestoreLogRecord
+from rollvault.controller.loop.run_logs import AttemptLogRecord, RestoreLogRecord
 from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.crash_evidence import crash_evidence
 from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
@@ -67,6 +76,8 @@ class RestoreCounts:
     rows_dropped: int = 0
     replay_groups: int = 0
     ledger_groups: int = 0
+    attempts_interrupted: int = 0
+    """Attempts in flight when the process died, charged to their siblings' budgets."""
 
 
 async def read_recovery_sidecar(
@@ -157,6 +168,8 @@ class RolloutRestorer:
                     await self._queue_replay_groups_for_regeneration()
                 await self._drop_orphan_rows()
                 await self._rehydrate_prompts(snapshot)
+            elif resume.mode is RestoreMode.LATEST:
+                self._record_interruptions(journal_seq=0, carried=[])
         self.restored_group_ids = [record.group_id for record in self._records]
         self._count_work()
         self._capacity.take_restored(len(parts.replay) + len(parts.ledger))
@@ -219,6 +232,11 @@ class RolloutRestorer:
         parts = self._parts
         parts.ledger.load_state_dict(parts.cut, snapshot.recovery.ledger_state)
         before = parts.ledger.capture()  # copy-on-write: the state before the restart
+        if self._resume.mode is RestoreMode.LATEST:
+            controller = snapshot.controller
+            self._record_interruptions(
+                journal_seq=controller.dispatch_journal_seq, carried=controller.lost_interruptions
+            )
         parts.ledger.prepare_for_restart(parts.cut)
         self._records = parts.ledger.groups()
         self._log_discarded_seals(before)
@@ -227,6 +245,49 @@ class RolloutRestorer:
             "ledger restored: %d unfinished groups beside %d canonical ones",
             len(parts.ledger),
             restored_replay_groups,
+        )
+
+    def _record_interruptions(
+        self, *, journal_seq: int, carried: list[LostGroupInterruption]
+    ) -> None:
+        """Charge the attempts the process's death interrupted (``crash_evidence``).
+
+        ``journal_seq`` is where the restored snapshot reflects the dispatch
+        journal; ``carried`` are the lost groups' interruptions it kept.
+        """
+        parts = self._parts
+        if parts.journal is None:
+            return
+        tail = read_dispatch_journal(
+            Path(parts.config.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME,
+            after_seq=journal_seq,
+        )
+        reason = (
+            f"interrupted: in flight when the process died (found by start "
+            f"{parts.logs.incarnation})"
+        )
+        evidence = crash_evidence(parts.ledger.groups(), tail, reason=reason)
+        for group_id, interrupted in evidence.in_ledger.items():
+            for attempt in interrupted:
+                parts.ledger.mark_attempt_interrupted(parts.cut, group_id, attempt)
+                self._log_interrupted(group_id, attempt.generation_index, attempt.attempt_uuid.hex)
+        for lost in evidence.lost:
+            self._log_interrupted(lost.group_id, lost.generation_index, lost.attempt_uuid)
+        parts.lost_interruptions = [*carried, *evidence.lost]
+        self.counts.attempts_interrupted = evidence.count
+
+    def _log_interrupted(self, group_id: str, generation_index: int, attempt_hex: str) -> None:
+        parts = self._parts
+        parts.logs.attempts.write(
+            AttemptLogRecord(
+                gate_rollout_id=f"{group_id}_g{generation_index}_a{attempt_hex}",
+                group_id=group_id,
+                generation_index=generation_index,
+                status=RolloutAttemptStatus.FAILED,
+                num_tokens=0,
+                incarnation=parts.logs.incarnation,
+                reason="interrupted: in flight when the process died",
+            )
         )
 
     def _restore_spare_prompts(self, snapshot: LoadedSnapshot) -> None:
@@ -385,13 +446,15 @@ class RolloutRestorer:
         counts = self.counts
         _LOG.info(
             "restored %s in %.3fs: %d canonical groups, %d unfinished groups, %d siblings reused, "
-            "%d attempts to redispatch, %d groups regenerated, %d orphan rows dropped",
+            "%d attempts to redispatch (%d interrupted by the death), %d groups regenerated, "
+            "%d orphan rows dropped",
             snapshot.path if snapshot else "nothing",
             seconds,
             counts.replay_groups,
             counts.ledger_groups,
             counts.siblings_reused,
             counts.attempts_redispatched,
+            counts.attempts_interrupted,
             counts.groups_regenerated,
             counts.rows_dropped,
         )
@@ -408,5 +471,6 @@ class RolloutRestorer:
                 groups_regenerated=counts.groups_regenerated,
                 rows_dropped=counts.rows_dropped,
                 seconds=seconds,
+                attempts_interrupted=counts.attempts_interrupted,
             )
         )

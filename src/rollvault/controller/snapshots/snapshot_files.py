@@ -7,7 +7,8 @@
       rollout_recovery.json          the ledger sidecar (rollvault.ledger.sidecar)
       replay_buffer_metadata.json    canonical groups waiting to train, and their attempts
       replacement_reserve.json       spare prompts
-      controller_state.json          sampler and dataloader cursors, group origins, log seq
+      controller_state.json          sampler and dataloader cursors, group origins, log seq,
+                                     dispatch journal seq, lost groups' interrupted attempts
       data_plane/                    every live row; its metadata.json advertises, for
                                      each sidecar above, its SHA-256, schema version
                                      and group count
@@ -26,7 +27,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -34,6 +35,7 @@ from rollvault.controller.data.dataloader import DataLoaderState
 from rollvault.controller.data.replay_index import ReplayIndexState
 from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.data.shortfall import SparePromptsState
+from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.parts import GroupOrigin
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint, write_checkpoint
@@ -47,9 +49,19 @@ from rollvault.ledger.sidecar import (
     decode_rollout_recovery_state,
     encode_rollout_recovery_state,
 )
-from rollvault.ledger.state_schema import ROLLOUT_RECOVERY_SCHEMA_VERSION, RolloutRecoveryState
+from rollvault.ledger.state_schema import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
+    RolloutRecoveryState,
+)
 
 SNAPSHOT_FILES_SCHEMA_VERSION: Final = 1
+CONTROLLER_STATE_SCHEMA_VERSION: Final = 2
+"""Version 2 of ``controller_state.json`` adds ``dispatch_journal_seq`` and
+``lost_interruptions``. Version 1 (every other file's version) is still read:
+it was written before the dispatch journal, so it reflects none of it and no
+interruption is pending."""
+SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -86,6 +98,23 @@ class ControllerStateFile(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     prompt_identities: dict[str, str]
     """Per group, the dataset's identity digest of its prompt, checked on rehydration."""
     log_sequence: int
+    dispatch_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
+    """The dispatch journal's position this snapshot reflects (version 2)."""
+    lost_interruptions: list[LostGroupInterruption]
+    """Interrupted attempts of lost groups, for their prompts' next groups (version 2)."""
+
+
+class _ControllerStateFileV1(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    schema_version: int
+    sampler: SamplerState
+    dataloader: DataLoaderState
+    origins: dict[str, GroupOrigin]
+    prompt_identities: dict[str, str]
+    log_sequence: int
+
+
+class _Versioned(msgspec.Struct):
+    schema_version: int
 
 
 class SidecarDigest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -189,7 +218,7 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
         recovery=recovery,
         replay=_decode(path, REPLAY_BUFFER_METADATA_FILENAME, raw, ReplayBufferFile),
         spares=_decode(path, REPLACEMENT_RESERVE_FILENAME, raw, SparePromptsState),
-        controller=_decode(path, CONTROLLER_STATE_FILENAME, raw, ControllerStateFile),
+        controller=_decode_controller_state(path, raw),
         data_plane=data_plane,
     )
     _check_counts(snapshot, digests)
@@ -252,11 +281,12 @@ def decode_recovery_sidecar(
 ) -> ParsedRolloutRecoveryState:
     """Decode the ledger sidecar after checking its advertised schema version."""
     expected_version = digests[ROLLOUT_RECOVERY_STATE_FILENAME].schema_version
-    if expected_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
+    if expected_version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS:
+        supported = ", ".join(map(str, sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)))
         raise SnapshotCorruptError(
             path,
             f"data plane metadata advertises ledger schema {expected_version}; this rollvault "
-            f"reads schema {ROLLOUT_RECOVERY_SCHEMA_VERSION}",
+            f"reads schemas {supported}",
         )
     try:
         return decode_rollout_recovery_state(raw[ROLLOUT_RECOVERY_STATE_FILENAME])
@@ -276,6 +306,29 @@ def _decode(path: Path, name: str, raw: dict[str, bytes], kind: type[Any]) -> An
             f"(supported: {SNAPSHOT_FILES_SCHEMA_VERSION})",
         )
     return decoded
+
+
+def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerStateFile:
+    """``controller_state.json`` of a supported version, as the current version."""
+    data = raw[CONTROLLER_STATE_FILENAME]
+    try:
+        version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
+        if version not in SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS:
+            supported = ", ".join(map(str, sorted(SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS)))
+            raise SnapshotCorruptError(
+                path / CONTROLLER_STATE_FILENAME,
+                f"unsupported schema_version {version} (supported: {supported})",
+            )
+        if version == CONTROLLER_STATE_SCHEMA_VERSION:
+            return msgspec.json.decode(data, type=ControllerStateFile, strict=True)
+        old = msgspec.json.decode(data, type=_ControllerStateFileV1, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SnapshotCorruptError(path / CONTROLLER_STATE_FILENAME, str(exc)) from exc
+    return ControllerStateFile(
+        **msgspec.structs.asdict(old),
+        dispatch_journal_seq=0,
+        lost_interruptions=[],
+    )
 
 
 def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -> None:

@@ -1,0 +1,196 @@
+"""Failure kinds, and the attempts a restore records as interrupted by the process's death."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from ledger_testkit import Harness, current_statuses
+
+from rollvault.ledger.records import InterruptedAttempt
+from rollvault.ledger.statuses import AttemptFailureKind
+from rollvault.rollout_recovery import (
+    InvalidLedgerInputError,
+    LedgerTransitionError,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+    RolloutRecoveryLedger,
+)
+
+A = RolloutAttemptStatus
+K = AttemptFailureKind
+
+
+def interrupted(index: int, attempt_uuid: uuid.UUID | None = None) -> InterruptedAttempt:
+    return InterruptedAttempt(
+        generation_index=index,
+        attempt_uuid=attempt_uuid or uuid.uuid4(),
+        reason="interrupted: in flight when the process died",
+    )
+
+
+def current_uuid(harness: Harness, group_id: str, index: int) -> uuid.UUID:
+    return harness.group(group_id).siblings[index].current_attempt.attempt_uuid
+
+
+def test_a_failure_keeps_its_kind_through_the_persisted_state(harness: Harness) -> None:
+    group_id = harness.reserve(2)
+    harness.dispatch(group_id)
+    gate = harness.gate_id(group_id, 1)
+    harness.call(
+        "mark_sibling_failed",
+        group_id,
+        generation_index=1,
+        gate_rollout_id=gate,
+        reason="data: environment rejects this prompt",
+        failure_kind=K.DATA,
+    )
+    harness.fail(group_id, 0)  # the default kind is infra
+    state = harness.ledger.state_dict()
+    attempts = [sibling["attempts"][0] for sibling in state["groups"][0]["siblings"]]
+    assert [attempt["failure_kind"] for attempt in attempts] == ["infra", "data"]
+    restored = RolloutRecoveryLedger.from_state_dict(state).get_group(group_id)
+    assert [s.current_attempt.failure_kind for s in restored.siblings] == [K.INFRA, K.DATA]
+
+
+def test_a_failure_kind_must_be_the_enum(harness: Harness) -> None:
+    group_id = harness.reserve(1)
+    harness.dispatch(group_id)
+    gate = harness.gate_id(group_id, 0)
+    with pytest.raises(InvalidLedgerInputError, match="failure_kind must be an AttemptFailureKind"):
+        harness.call(
+            "mark_sibling_failed",
+            group_id,
+            generation_index=0,
+            gate_rollout_id=gate,
+            reason="x",
+            failure_kind="data",
+        )
+    assert current_statuses(harness.group(group_id)) == [A.DISPATCHED]
+
+
+@pytest.mark.parametrize("dispatched", [True, False])
+def test_the_current_attempt_fails_as_interrupted(harness: Harness, dispatched: bool) -> None:
+    # A reserved one too: the journal saw it dispatched after the snapshot.
+    group_id = harness.reserve(2)
+    if dispatched:
+        harness.dispatch(group_id)
+    target = current_uuid(harness, group_id, 1)
+    harness.call("mark_attempt_interrupted", group_id, interrupted(1, target))
+    sibling = harness.group(group_id).siblings[1]
+    assert len(sibling.attempts) == 1
+    attempt = sibling.current_attempt
+    assert (attempt.status, attempt.failure_kind) == (A.FAILED, K.INTERRUPTED)
+    assert attempt.failure_reason == "interrupted: in flight when the process died"
+    # Sibling 0 is untouched, and the state is one the strict loader accepts.
+    assert harness.group(group_id).siblings[0].current_attempt.failure_kind is None
+    RolloutRecoveryLedger.from_state_dict(harness.ledger.state_dict())
+
+
+def test_an_attempt_minted_after_the_snapshot_is_appended(harness: Harness) -> None:
+    group_id = harness.reserve(2)
+    harness.dispatch(group_id)
+    later = uuid.uuid4()
+    harness.call("mark_attempt_interrupted", group_id, interrupted(0, later))
+    attempts = harness.group(group_id).siblings[0].attempts
+    # The dispatched attempt it superseded ended with an outcome the process took along.
+    assert [(a.status, a.failure_kind) for a in attempts] == [
+        (A.ABANDONED, None),
+        (A.FAILED, K.INTERRUPTED),
+    ]
+    assert attempts[-1].attempt_uuid == later
+    with pytest.raises(LedgerTransitionError, match="already"):
+        harness.call("mark_attempt_interrupted", group_id, interrupted(0, attempts[0].attempt_uuid))
+
+
+def test_a_sealed_sibling_is_superseded_only_under_prompt_group(harness: Harness) -> None:
+    atomic = harness.reserve(2, granularity=RecoveryGranularity.PROMPT_GROUP)
+    harness.dispatch(atomic)
+    harness.seal(atomic, 0)
+    harness.call("mark_attempt_interrupted", atomic, interrupted(0))
+    discarded, failed = harness.group(atomic).siblings[0].attempts
+    assert (discarded.status, discarded.receipt, discarded.staging_keys) == (A.ABANDONED, None, [])
+    assert failed.failure_kind is K.INTERRUPTED
+
+    per_sibling = harness.reserve(2)
+    harness.dispatch(per_sibling)
+    harness.seal(per_sibling, 0)
+    before = harness.ledger.state_dict()
+    with pytest.raises(LedgerTransitionError, match="cannot have been retried"):
+        harness.call("mark_attempt_interrupted", per_sibling, interrupted(0))
+    assert harness.ledger.state_dict() == before
+
+
+def test_prepare_for_restart_mints_a_replacement_for_each_interrupted_failure(
+    harness: Harness,
+) -> None:
+    group_id = harness.reserve(3)
+    harness.dispatch(group_id)
+    harness.seal(group_id, 0)
+    harness.fail(group_id, 1)
+    harness.call(
+        "mark_attempt_interrupted", group_id, interrupted(2, current_uuid(harness, group_id, 2))
+    )
+    harness.call("prepare_for_restart")
+    sealed, failed, redone = harness.group(group_id).siblings
+    assert [a.status for a in sealed.attempts] == [A.SEALED]
+    # An ordinary failure is left for the retry policy; the interrupted one is redone.
+    assert [a.status for a in failed.attempts] == [A.FAILED]
+    assert [(a.status, a.failure_kind) for a in redone.attempts] == [
+        (A.FAILED, K.INTERRUPTED),
+        (A.RESERVED, None),
+    ]
+
+
+def test_prepare_for_restart_redoes_a_whole_atomic_group_with_an_interruption(
+    harness: Harness,
+) -> None:
+    group_id = harness.reserve(2, granularity=RecoveryGranularity.PROMPT_GROUP)
+    harness.dispatch(group_id)
+    harness.seal(group_id, 0)
+    harness.call(
+        "mark_attempt_interrupted", group_id, interrupted(1, current_uuid(harness, group_id, 1))
+    )
+    harness.call("prepare_for_restart")
+    first, second = harness.group(group_id).siblings
+    assert [a.status for a in first.attempts] == [A.ABANDONED, A.RESERVED]
+    assert [a.status for a in second.attempts] == [A.FAILED, A.RESERVED]
+
+
+def test_interrupted_attempts_of_a_lost_group_go_before_the_first_attempt(
+    harness: Harness,
+) -> None:
+    group_id = harness.reserve(2)
+    first = current_uuid(harness, group_id, 1)
+    carried = [interrupted(1), interrupted(1), interrupted(0)]
+    harness.call("carry_interrupted_attempts", group_id, carried)
+    record = harness.group(group_id)
+    assert [len(sibling.attempts) for sibling in record.siblings] == [2, 3]
+    lineage = record.siblings[1].attempts
+    assert [a.attempt_uuid for a in lineage] == [
+        carried[0].attempt_uuid,
+        carried[1].attempt_uuid,
+        first,
+    ]
+    assert [a.status for a in lineage] == [A.FAILED, A.FAILED, A.RESERVED]
+    RolloutRecoveryLedger.from_state_dict(harness.ledger.state_dict())
+
+
+def test_interrupted_attempts_are_carried_only_into_an_undispatched_group(
+    harness: Harness,
+) -> None:
+    group_id = harness.reserve(2)
+    harness.dispatch(group_id, [1])
+    before = harness.ledger.state_dict()
+    # Sibling 0 would be fine; sibling 1 is dispatched, so nothing changes at all.
+    with pytest.raises(LedgerTransitionError):
+        harness.call("carry_interrupted_attempts", group_id, [interrupted(0), interrupted(1)])
+    with pytest.raises(InvalidLedgerInputError, match="generation_index 5"):
+        harness.call("carry_interrupted_attempts", group_id, [interrupted(5)])
+    assert harness.ledger.state_dict() == before
+
+
+def test_interruptions_are_recorded_only_while_generating(harness: Harness) -> None:
+    group_id = harness.ready_group(1)
+    with pytest.raises(LedgerTransitionError, match="'ready_to_finalize'"):
+        harness.call("mark_attempt_interrupted", group_id, interrupted(0))

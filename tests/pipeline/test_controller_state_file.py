@@ -1,0 +1,97 @@
+"""controller_state.json: version 2 carries the dispatch journal position; version 1 still loads."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from rollvault.config.schema import SamplerKind
+from rollvault.controller.data.dataloader import DataLoaderState
+from rollvault.controller.data.sampler import SamplerState
+from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
+from rollvault.controller.loop.parts import GroupOrigin
+from rollvault.controller.snapshots.snapshot_files import (
+    CONTROLLER_STATE_FILENAME,
+    CONTROLLER_STATE_SCHEMA_VERSION,
+    ControllerStateFile,
+    SnapshotCorruptError,
+    _decode_controller_state,
+)
+
+LOST = LostGroupInterruption(
+    group_id="lost",
+    epoch=1,
+    dataset_idx=3,
+    generation_index=2,
+    attempt_uuid=uuid.uuid4().hex,
+    reason="interrupted: test",
+)
+
+
+def current() -> ControllerStateFile:
+    return ControllerStateFile(
+        schema_version=CONTROLLER_STATE_SCHEMA_VERSION,
+        sampler=SamplerState(
+            kind=SamplerKind.IN_ORDER, epoch=1, sampler_dispatch_index=9, next_stamp_index=9
+        ),
+        dataloader=DataLoaderState(epoch=1, position=4),
+        origins={"g": GroupOrigin(epoch=1, dataset_idx=5)},
+        prompt_identities={"g": "ab" * 16},
+        log_sequence=42,
+        dispatch_journal_seq=17,
+        lost_interruptions=[LOST],
+    )
+
+
+def decode(state: dict[str, object]) -> ControllerStateFile:
+    raw = {CONTROLLER_STATE_FILENAME: json.dumps(state).encode()}
+    return _decode_controller_state(Path("snap"), raw)
+
+
+def test_version_2_round_trips() -> None:
+    state = msgspec.to_builtins(current())
+    assert state["schema_version"] == 2
+    assert decode(state) == current()
+
+
+def test_a_version_1_file_loads_reflecting_no_journal_and_no_pending_interruption() -> None:
+    old = msgspec.to_builtins(current())
+    del old["dispatch_journal_seq"], old["lost_interruptions"]
+    old["schema_version"] = 1
+    loaded = decode(old)
+    assert (loaded.dispatch_journal_seq, loaded.lost_interruptions) == (0, [])
+    assert (
+        msgspec.structs.replace(
+            loaded, schema_version=2, dispatch_journal_seq=17, lost_interruptions=[LOST]
+        )
+        == current()
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.update(schema_version=3), "unsupported schema_version 3 (supported: 1, 2)"),
+        (lambda s: s.pop("dispatch_journal_seq"), "missing required field `dispatch_journal_seq`"),
+        (lambda s: s.update(schema_version=1), "unknown field `dispatch_journal_seq`"),
+        (lambda s: s.update(dispatch_journal_seq=-1), "at `$.dispatch_journal_seq`"),
+    ],
+)
+def test_each_version_is_held_to_its_own_fields(
+    edit: Callable[[dict[str, Any]], object], message: str
+) -> None:
+    state = msgspec.to_builtins(current())
+    edit(state)
+    with pytest.raises(
+        SnapshotCorruptError,
+        match=re.escape(message),
+    ) as raised:
+        decode(state)
+    assert str(raised.value).startswith(f"snap/{CONTROLLER_STATE_FILENAME}: ")
