@@ -88,6 +88,8 @@ class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     groups_regenerated: int
     rows_dropped: int
     seconds: float
+    skipped: list[str] = msgspec.field(default_factory=list)
+    """Newer trainer checkpoints this start could not use, each ``path: why``."""
     seq: int = 0
 
 

@@ -408,5 +408,6 @@ class RolloutRestorer:
                 groups_regenerated=counts.groups_regenerated,
                 rows_dropped=counts.rows_dropped,
                 seconds=seconds,
+                skipped=[f"{path}: {reason}" for path, reason in self._resume.skipped],
             )
         )
