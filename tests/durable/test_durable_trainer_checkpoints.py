@@ -146,7 +146,7 @@ def test_a_flipped_byte_in_the_weights_is_named(tmp_path: Path) -> None:
     data = bytearray(state.read_bytes())
     data[100] ^= 0x10
     state.write_bytes(bytes(data))
-    assert verify_trainer_checkpoint(path) == [f"{state}: content changed (digest mismatch)"]
+    assert verify_trainer_checkpoint(path) == [(state, "content changed (digest mismatch)")]
 
 
 def test_missing_extra_and_undigested_files_are_named(tmp_path: Path) -> None:
@@ -154,13 +154,22 @@ def test_missing_extra_and_undigested_files_are_named(tmp_path: Path) -> None:
     (path / "done").unlink()
     (path / "trainer" / "stray.bin").write_bytes(b"x")
     assert verify_trainer_checkpoint(path) == [
-        f"{path / 'done'}: missing",
-        f"{path / 'trainer' / 'stray.bin'}: not in {TRAINER_DIGESTS_FILENAME}",
+        (path / "done", "missing"),
+        (path / "trainer" / "stray.bin", f"not in {TRAINER_DIGESTS_FILENAME}"),
     ]
     (path / TRAINER_DIGESTS_FILENAME).write_bytes(b'{"schema_version": 1}')
-    [problem] = verify_trainer_checkpoint(path)
+    [(where, problem)] = verify_trainer_checkpoint(path)
+    assert where == path / TRAINER_DIGESTS_FILENAME
     assert "unreadable" in problem and "files" in problem
     (path / TRAINER_DIGESTS_FILENAME).unlink()
     assert verify_trainer_checkpoint(path) == [
-        f"{path / TRAINER_DIGESTS_FILENAME}: missing, so the checkpoint's files cannot be checked"
+        (path / TRAINER_DIGESTS_FILENAME, "missing, so the checkpoint's files cannot be checked")
     ]
+
+
+def test_rollout_snapshots_written_after_publication_are_not_trainer_files(tmp_path: Path) -> None:
+    path = publish_trainer_checkpoint(tmp_path, 3, _write_state(3))
+    later = path / "rollout_snapshots" / "snapshot_000001"
+    later.mkdir(parents=True)
+    (later / "manifest.json").write_text("{}")
+    assert verify_trainer_checkpoint(path) == []

@@ -34,6 +34,7 @@ from rollvault.controller.snapshots.verification import (
     verify_loaded_snapshot,
     verify_snapshot,
 )
+from rollvault.durable.trainer_checkpoints import verify_trainer_checkpoint
 
 
 class VerifyReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -91,10 +92,18 @@ def _as_checkpoint_problems(
 
 
 def _trainer_state_problems(anchor: AnchorEntry) -> list[CheckpointProblem]:
-    if anchor.kind is not AnchorKind.TRAINER_CHECKPOINT or anchor.trainer_state_bytes is not None:
+    """A trainer checkpoint's state is present and every file matches its recorded digest."""
+    if anchor.kind is not AnchorKind.TRAINER_CHECKPOINT:
         return []
-    path = Path(anchor.path) / TRAINER_STATE_DIRNAME
-    return [CheckpointProblem(str(path), "missing: the trainer checkpoint has no trainer state")]
+    if anchor.trainer_state_bytes is None:
+        path = Path(anchor.path) / TRAINER_STATE_DIRNAME
+        return [
+            CheckpointProblem(str(path), "missing: the trainer checkpoint has no trainer state")
+        ]
+    return [
+        CheckpointProblem(str(path), f"trainer checkpoint file: {problem}")
+        for path, problem in verify_trainer_checkpoint(Path(anchor.path))
+    ]
 
 
 def _all_leftovers(inventory: CheckpointInventory) -> list[str]:

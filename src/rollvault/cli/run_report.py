@@ -82,6 +82,7 @@ def summary_lines(
             f"and {restore.siblings_reused} sealed siblings, redispatched "
             f"{restore.attempts_redispatched} attempts, {restore.seconds:.2f}s"
         )
+        lines += [f"    skipped {skipped}" for skipped in restore.skipped]
     return lines
 
 

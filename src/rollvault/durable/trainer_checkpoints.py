@@ -25,8 +25,9 @@ import msgspec
 
 from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.faults import fault_point
-from rollvault.durable.file_digests import directory_digests
+from rollvault.durable.file_digests import directory_digests, sha256_file
 from rollvault.durable.fsync import _fsync_directory, _fsync_tree
+from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME
 from rollvault.durable.retention import PruneFaultPoints, beyond_latest, prune_through_trash
 from rollvault.durable.trash import remove_tree
 
@@ -118,8 +119,8 @@ def _write_digests(directory: Path) -> None:
     (directory / TRAINER_DIGESTS_FILENAME).write_bytes(msgspec.json.encode(digests))
 
 
-def verify_trainer_checkpoint(step_dir: Path) -> list[str]:
-    """Every problem with ``step_dir``'s files against its digests (empty: none).
+def verify_trainer_checkpoint(step_dir: Path) -> list[tuple[Path, str]]:
+    """Every ``(file, problem)`` of ``step_dir`` against its digests (empty: none).
 
     Names the digest file when it is missing, unreadable or of an unsupported
     schema version, and each file that is missing, changed or not listed.
@@ -128,23 +129,40 @@ def verify_trainer_checkpoint(step_dir: Path) -> list[str]:
     try:
         recorded = msgspec.json.decode(path.read_bytes(), type=TrainerCheckpointDigests)
     except FileNotFoundError:
-        return [f"{path}: missing, so the checkpoint's files cannot be checked"]
+        return [(path, "missing, so the checkpoint's files cannot be checked")]
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return [f"{path}: unreadable: {exc}"]
+        return [(path, f"unreadable: {exc}")]
     if recorded.schema_version not in SUPPORTED_TRAINER_DIGESTS_SCHEMA_VERSIONS:
         supported = sorted(SUPPORTED_TRAINER_DIGESTS_SCHEMA_VERSIONS)
-        return [f"{path}: schema_version {recorded.schema_version} is not one of {supported}"]
-    actual = directory_digests(step_dir)
-    actual.pop(TRAINER_DIGESTS_FILENAME, None)
+        return [(path, f"schema_version {recorded.schema_version} is not one of {supported}")]
     problems = []
-    for name in sorted(recorded.files.keys() | actual.keys()):
-        if name not in actual:
-            problems.append(f"{step_dir / name}: missing")
-        elif name not in recorded.files:
-            problems.append(f"{step_dir / name}: not in {TRAINER_DIGESTS_FILENAME}")
-        elif actual[name] != recorded.files[name]:
-            problems.append(f"{step_dir / name}: content changed (digest mismatch)")
+    for name, digest in sorted(recorded.files.items()):
+        file = step_dir / name
+        if not file.is_file():
+            problems.append((file, "missing"))
+        elif sha256_file(file) != digest:
+            problems.append((file, "content changed (digest mismatch)"))
+    for file in sorted(_published_files(step_dir)):
+        if file.relative_to(step_dir).as_posix() not in recorded.files:
+            problems.append((file, f"not in {TRAINER_DIGESTS_FILENAME}"))
     return problems
+
+
+def _published_files(step_dir: Path) -> list[Path]:
+    """Files of the checkpoint as published: not the digests, not later rollout snapshots.
+
+    ``rollout_snapshots/`` fills in after publication, and each snapshot
+    there carries checksums of its own.
+    """
+    later = step_dir / ROLLOUT_SNAPSHOTS_DIRNAME
+    return [
+        path
+        for path in step_dir.rglob("*")
+        if path.is_file()
+        and path.name != TRAINER_DIGESTS_FILENAME
+        and not path.is_relative_to(later)
+        and not any(part.startswith(".") for part in path.relative_to(step_dir).parts)
+    ]
 
 
 def prune_trainer_checkpoints(checkpoint_dir: Path, *, keep_latest: int) -> list[int]:

@@ -90,6 +90,8 @@ class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     seconds: float
     attempts_interrupted: int = 0
     """Attempts in flight when the previous start died (0 in logs of older versions)."""
+    skipped: list[str] = msgspec.field(default_factory=list)
+    """Newer trainer checkpoints this start could not use, each ``path: why``."""
     seq: int = 0
 
 

@@ -472,5 +472,6 @@ class RolloutRestorer:
                 rows_dropped=counts.rows_dropped,
                 seconds=seconds,
                 attempts_interrupted=counts.attempts_interrupted,
+                skipped=[f"{path}: {reason}" for path, reason in self._resume.skipped],
             )
         )

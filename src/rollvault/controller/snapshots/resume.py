@@ -21,9 +21,13 @@ changed dotpath.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from rollvault.config.loading import config_to_dict
 from rollvault.config.schema import RestoreMode, RunConfig
@@ -40,13 +44,21 @@ from rollvault.durable.compatibility import (
 )
 from rollvault.durable.errors import NoUsableSnapshotError, SnapshotError
 from rollvault.durable.file_digests import directory_digests
+from rollvault.durable.fsync import _fsync_directory
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
 from rollvault.durable.resolve import resolve_latest_snapshot
 from rollvault.durable.trainer_checkpoints import (
-    latest_trainer_checkpoint,
     trainer_checkpoint_path,
+    trainer_checkpoint_steps,
+    verify_trainer_checkpoint,
 )
+from rollvault.durable.trash import remove_tree
+
+_LOG = logging.getLogger("rollvault.resume")
+
+DAMAGED_STEP_PREFIX: Final = "damaged_"
+"""A skipped trainer checkpoint ``step_<N>`` is kept as ``damaged_step_<N>``: never read again."""
 
 
 class RunExistsError(RuntimeError):
@@ -63,6 +75,8 @@ class ResumeSource:
     """The verified snapshot to restore (None: nothing to restore, start fresh)."""
     trainer_dir: Path | None
     """The trainer state to load (None at the bootstrap anchor)."""
+    skipped: tuple[tuple[Path, str], ...] = ()
+    """Newer trainer checkpoints that could not be used, with why (newest first)."""
 
 
 def run_identity(config: RunConfig) -> BootstrapCompatibilityIdentity:
@@ -114,15 +128,45 @@ def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
 
 
 def _resume_source(config: RunConfig, checkpoint_dir: Path, fingerprint: str) -> ResumeSource:
+    """The newest usable trainer checkpoint and snapshot, skipping damaged ones.
+
+    DESIGN invariant 6 (fall back to the next older committed snapshot) holds
+    across trainer checkpoints too: ``step_<N>`` whose files fail their
+    digests, or none of whose snapshots verifies, is skipped for the next
+    older one, whose trainer state is loaded with it. What was skipped is
+    moved aside as ``damaged_step_<N>`` (so the run can publish ``step_<N>``
+    again when it gets there) and named in ``ResumeSource.skipped``. Before
+    the first trainer checkpoint the bootstrap anchor is the only source.
+    """
+    steps = trainer_checkpoint_steps(checkpoint_dir)
+    if not steps:
+        return _source_at(config, None, 0, checkpoint_dir / BOOTSTRAP_DIRNAME, fingerprint)
+    skipped: list[tuple[Path, str]] = []
+    for step in reversed(steps):
+        step_dir = trainer_checkpoint_path(checkpoint_dir, step)
+        problems = verify_trainer_checkpoint(step_dir)
+        if problems:
+            skipped.append((step_dir, "; ".join(f"{path}: {why}" for path, why in problems)))
+            continue
+        try:
+            source = _source_at(config, step_dir, step, step_dir, fingerprint)
+        except NoUsableSnapshotError as exc:
+            skipped.append((step_dir, str(exc)))
+            continue
+        return dataclasses.replace(source, skipped=_set_aside(skipped))
+    raise NoUsableSnapshotError(checkpoint_dir, skipped)
+
+
+def _source_at(
+    config: RunConfig, step_dir: Path | None, step: int, anchor: Path, fingerprint: str
+) -> ResumeSource:
+    """Resume at ``step`` (``step_dir`` None: the bootstrap anchor) or raise NoUsableSnapshotError."""
     mode = config.rollout_checkpointing.restore_mode
-    step = latest_trainer_checkpoint(checkpoint_dir) or 0
-    step_dir = trainer_checkpoint_path(checkpoint_dir, step) if step else None
     per_group = config.grpo.num_generations_per_prompt
     trainer_dir = step_dir / TRAINER_STATE_DIRNAME if step_dir else None
     if mode is RestoreMode.TRAINER_CHECKPOINT:
         snapshot = _embedded_snapshot(step_dir, per_group) if step_dir else None
         return ResumeSource(mode, step, snapshot, trainer_dir)
-    anchor = step_dir or checkpoint_dir / BOOTSTRAP_DIRNAME
     loaded: dict[Path, LoadedSnapshot] = {}
 
     def verify(path: Path, manifest: RolloutSnapshotManifest) -> None:
@@ -136,14 +180,34 @@ def _resume_source(config: RunConfig, checkpoint_dir: Path, fingerprint: str) ->
             expected_bootstrap_fingerprint=fingerprint,
             verify_snapshot=verify,
         )
-    except NoUsableSnapshotError:
+    except NoUsableSnapshotError as periodic:
         if step_dir is None:
             raise
-        resolved = None  # the trainer checkpoint's own snapshot is the oldest fallback
+        # The trainer checkpoint's own snapshot is the oldest fallback at this step.
+        try:
+            embedded = _embedded_snapshot(step_dir, per_group)
+        except NoUsableSnapshotError as own:
+            raise NoUsableSnapshotError(step_dir, periodic.rejected + own.rejected) from own
+        return ResumeSource(mode, step, embedded, trainer_dir)
     if resolved is not None:
         return ResumeSource(mode, step, loaded[resolved.path], trainer_dir)
     snapshot = _embedded_snapshot(step_dir, per_group) if step_dir else None
     return ResumeSource(mode, step, snapshot, trainer_dir)
+
+
+def _set_aside(skipped: list[tuple[Path, str]]) -> tuple[tuple[Path, str], ...]:
+    """Rename each skipped ``step_<N>`` to ``damaged_step_<N>`` (kept for the operator)."""
+    kept = []
+    for step_dir, reason in skipped:
+        aside = step_dir.with_name(f"{DAMAGED_STEP_PREFIX}{step_dir.name}")
+        if aside.exists():
+            remove_tree(aside)  # an older damaged copy of the same step, already reported
+        os.rename(step_dir, aside)
+        _LOG.warning("skipped trainer checkpoint %s (moved to %s): %s", step_dir, aside, reason)
+        kept.append((step_dir, f"{reason} (moved to {aside.name})"))
+    if skipped:
+        _fsync_directory(skipped[0][0].parent)
+    return tuple(kept)
 
 
 def _embedded_snapshot(step_dir: Path, generations_per_group: int) -> LoadedSnapshot:
