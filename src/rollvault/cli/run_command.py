@@ -25,6 +25,7 @@ from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLog
 from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
+from rollvault.durable.run_lock import RunLockedError, acquire_run_lock
 from rollvault.gates.causal_lm import ModelDirError
 from rollvault.recipes.async_grpo import PreparedRun, prepare, train
 
@@ -33,9 +34,13 @@ def run_command(config: RunConfig) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
     try:
-        prepared = _prepare(config, console)
-        summary, steps = asyncio.run(_train(prepared, console))
+        # One process owns a checkpoint directory for the whole run: from the
+        # policy's warm-up and saves to the last snapshot (DESIGN invariant 9).
+        with acquire_run_lock(Path(config.checkpointing.checkpoint_dir)):
+            prepared = _prepare(config, console)
+            summary, steps = asyncio.run(_train(prepared, console))
     except (
+        RunLockedError,
         ConfigError,
         IncompatibleRunError,
         RunExistsError,

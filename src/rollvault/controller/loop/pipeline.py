@@ -33,6 +33,7 @@ from rollvault.controller.loop.rollout_pump import RolloutPump
 from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     DROPS_LOG_FILENAME,
+    INCARNATION_FILENAME,
     RESTORES_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
     JsonlWriter,
@@ -53,8 +54,6 @@ from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
 from rollvault.durable.fsync import atomic_write_bytes
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.tasks.protocols import PromptDataset
-
-INCARNATION_FILENAME = "incarnation"
 
 GateFactory = Callable[[DataPlane], Gate]
 StepCallback = Callable[[RolloutParts, dict[str, float]], None]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Generic, TypeVar
+from typing import IO, Final, Generic, TypeVar
 
 import msgspec
 
@@ -28,6 +28,8 @@ TRAIN_LOG_FILENAME = "train_log.jsonl"
 ATTEMPTS_LOG_FILENAME = "attempts.jsonl"
 DROPS_LOG_FILENAME = "drops.jsonl"
 RESTORES_LOG_FILENAME = "restores.jsonl"
+INCARNATION_FILENAME: Final = "incarnation"
+"""The start counter every start writes first: it also marks a log directory as rollvault's."""
 
 
 class TrainLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

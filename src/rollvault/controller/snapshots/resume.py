@@ -31,6 +31,7 @@ from typing import Final
 
 from rollvault.config.loading import config_to_dict
 from rollvault.config.schema import RestoreMode, RunConfig
+from rollvault.controller.loop.run_logs import INCARNATION_FILENAME
 from rollvault.controller.snapshots.checkpointer import (
     TRAINER_ROLLOUT_STATE_DIRNAME,
     TRAINER_STATE_DIRNAME,
@@ -48,6 +49,7 @@ from rollvault.durable.fsync import _fsync_directory
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
 from rollvault.durable.resolve import resolve_latest_snapshot
+from rollvault.durable.run_lock import RUN_LOCK_FILENAME
 from rollvault.durable.trainer_checkpoints import (
     trainer_checkpoint_path,
     trainer_checkpoint_steps,
@@ -117,14 +119,40 @@ def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
                 f"{checkpoint_dir} holds a run; restore_mode=none refuses to overwrite it "
                 "(set rollout_checkpointing.force_fresh=true to delete it and start fresh)"
             )
-        shutil.rmtree(checkpoint_dir)
-        shutil.rmtree(Path(config.logging.log_dir), ignore_errors=True)
+        _remove_run(checkpoint_dir, Path(config.logging.log_dir))
         existing = False
     # Creates the anchor for a new run; for an existing one, refuses a changed config.
     ensure_bootstrap_anchor(checkpoint_dir, identity=identity)
     if not existing:
         return None
     return _resume_source(config, checkpoint_dir, identity.fingerprint())
+
+
+def _remove_run(checkpoint_dir: Path, log_dir: Path) -> None:
+    """``force_fresh``: delete the old run, and only what is provably rollvault's.
+
+    The checkpoint directory holds a run (its anchor or a trainer checkpoint
+    was found); everything in it goes but the run lock this start holds. The
+    log directory goes only if it carries the start counter every rollvault
+    start writes first: ``logging.log_dir`` may point anywhere, and a
+    directory of someone else's files is refused, before anything is deleted.
+    """
+    foreign = not (log_dir / INCARNATION_FILENAME).is_file()
+    if log_dir.is_dir() and any(log_dir.iterdir()) and foreign:
+        raise RunExistsError(
+            f"force_fresh: logging.log_dir {log_dir} holds files but no "
+            f"{INCARNATION_FILENAME!r} counter, so it is not provably rollvault's run logs; "
+            "refusing to delete it (empty it yourself or choose another logging.log_dir)"
+        )
+    for entry in checkpoint_dir.iterdir():
+        if entry.name == RUN_LOCK_FILENAME:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    if log_dir.is_dir():
+        shutil.rmtree(log_dir)
 
 
 def _resume_source(config: RunConfig, checkpoint_dir: Path, fingerprint: str) -> ResumeSource:
