@@ -71,6 +71,11 @@ FAULT_POINTS: Final = frozenset(
         "trainer_checkpoint.after_rename",
         "trainer_checkpoint.parent_synced",
         "trainer_prune.after_trash_rename",
+        # published_dirs.py
+        "published_dir.tree_synced",
+        "published_dir.old_trashed",
+        "published_dir.after_rename",
+        "published_dir.parent_synced",
     }
 )
 
