@@ -114,6 +114,13 @@ def _report(
         markup=False,
         highlight=False,
     )
+    if prepared.final_model is not None:
+        console.print(
+            f"  final model: {prepared.final_model} (a Hugging Face model directory)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,  # a path to copy, not to wrap
+        )
     console.print(
         f"  logs: {log_dir / METRICS_LOG_FILENAME}" + (f", plot: {plot}" if plot else ""),
         markup=False,

@@ -16,17 +16,23 @@ Read this file to know what a run is made of. :func:`prepare` builds, in order:
 
 :func:`train` then hands all of it to the **pipeline**
 (:func:`rollvault.controller.loop.pipeline.run`), which restores or starts
-the run and runs its rollout and train pumps to the end. ``rollvault run``
-is :func:`prepare`, then :func:`train`, with progress and a report around them.
+the run and runs its rollout and train pumps to the end. When the run
+finishes (its step budget trained, or its data used up), a GRPO run exports
+its policy as a Hugging Face model directory,
+``<checkpointing.checkpoint_dir>/final_model/``, replacing the one an earlier
+start left. ``rollvault run`` is :func:`prepare`, then :func:`train`, with
+progress and a report around them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import GateKind, RestoreMode, RunConfig
@@ -34,6 +40,7 @@ from rollvault.controller.loop.gate import Gate
 from rollvault.controller.loop.pipeline import GateFactory, RunSummary, StepCallback, run
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
+from rollvault.durable.layout import FINAL_MODEL_DIRNAME
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.simulated import SimulatedGate
@@ -51,7 +58,9 @@ from rollvault.training.recording import RecordingTrainer
 from rollvault.training.warmup import WarmupReport, supervised_warmup
 
 __all__ = [
+    "Policy",
     "PreparedRun",
+    "final_model_path",
     "prepare",
     "prompt_dataset",
     "text_environment",
@@ -64,6 +73,14 @@ __all__ = [
 
 class _CountingGate(Gate, Protocol):
     tokens_generated: int
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A GRPO run's policy: the model ``trainer`` trains in place, and its tokenizer."""
+
+    trainer: GrpoTrainer
+    tokenizer: PreTrainedTokenizerBase
 
 
 @dataclass
@@ -80,6 +97,10 @@ class PreparedRun:
     """The supervised warm-up this start ran; None when it ran none."""
     gates: list[_CountingGate] = field(default_factory=list)
     """Every gate the factory built, for progress and benchmarks."""
+    policy: Policy | None = None
+    """The policy a GRPO run trains; None for the simulated run."""
+    final_model: Path | None = None
+    """Where :func:`train` exported the final policy; None before that, or without a policy."""
 
     def tokens_generated(self) -> int:
         """Response tokens generated so far by this start's gates."""
@@ -99,14 +120,30 @@ def prepare(config: RunConfig) -> PreparedRun:
 
 
 async def train(prepared: PreparedRun, *, on_step: StepCallback | None = None) -> RunSummary:
-    """Start or resume the run and run it to the end (see :func:`~rollvault.controller.loop.pipeline.run`)."""
-    return await run(
+    """Start or resume the run and run it to the end (see :func:`~rollvault.controller.loop.pipeline.run`).
+
+    Once it has finished, a run with a policy exports it to
+    :func:`final_model_path` and records the path in ``prepared.final_model``.
+    A run that raises (killed, refused) exports nothing.
+    """
+    summary = await run(
         prepared.config,
         gate_factory=prepared.gate_factory,
         trainer=prepared.trainer,
         dataset=prepared.dataset,
         on_step=on_step,
     )
+    policy = prepared.policy
+    if policy is not None:
+        prepared.final_model = await asyncio.to_thread(
+            policy.trainer.export_policy, final_model_path(prepared.config), policy.tokenizer
+        )
+    return summary
+
+
+def final_model_path(config: RunConfig) -> Path:
+    """Where a finished GRPO run leaves its policy as a Hugging Face model directory."""
+    return Path(config.checkpointing.checkpoint_dir) / FINAL_MODEL_DIRNAME
 
 
 def _prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
@@ -163,6 +200,7 @@ def _prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
         gate_factory=local_model_gate,
         warmup=warmup,
         gates=gates,
+        policy=Policy(trainer=trainer, tokenizer=tokenizer),
     )
 
 
