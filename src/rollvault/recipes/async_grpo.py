@@ -49,7 +49,6 @@ from rollvault.config.schema import GateKind, RestoreMode, RunConfig
 from rollvault.controller.loop.gate import Gate
 from rollvault.controller.loop.pipeline import GateFactory, RunSummary, StepCallback, run
 from rollvault.controller.loop.trainer import Trainer
-from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.dataplane.interface import DataPlane
 from rollvault.durable.layout import (
     BOOTSTRAP_DIRNAME,
@@ -166,7 +165,8 @@ async def train(prepared: PreparedRun, *, on_step: StepCallback | None = None) -
         trainer=prepared.trainer,
         dataset=prepared.dataset,
         on_step=on_step,
-        before_start=lambda resume: _save_version_zero(prepared, resume),
+        # policy_start already read the directory this resume was found in.
+        before_start=lambda _resume: _save_version_zero(prepared),
     )
     policy = prepared.policy
     if policy is not None:
@@ -176,7 +176,7 @@ async def train(prepared: PreparedRun, *, on_step: StepCallback | None = None) -
     return summary
 
 
-def _save_version_zero(prepared: PreparedRun, resume: ResumeSource | None) -> None:
+def _save_version_zero(prepared: PreparedRun) -> None:
     """Save the policy this start warmed up as version 0, with digests of its files.
 
     Called by the pipeline once it has checked the checkpoint directory
