@@ -141,7 +141,9 @@ def test_kills_of_the_real_grpo_recipe_train_every_prompt_once(
     run_dir = tmp_path / "latest"
     assert (run_dir / "runs/grpo_addition/model/config.json").is_file()
     history = read_run_history(run_dir / "logs")
-    assert len(history.restores) == GRPO_KILLS
+    # A kill can land while a start is still restoring (loading the trainer
+    # state, rehydrating prompts): that start writes no restore line.
+    assert 1 <= len(history.restores) <= GRPO_KILLS
     assert all(r.restore_mode == "latest" for r in history.restores)
     assert any(r.snapshot is not None for r in history.restores), "no kill found a snapshot"
     # The GRPO trainer (not the recording one) trained: its loss is in the metrics.

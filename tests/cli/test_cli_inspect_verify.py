@@ -48,10 +48,12 @@ from rollvault.dataplane.interface import (  # noqa: E402
     TRAIN_PARTITION,
     staging_key,
 )
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME, BOOTSTRAP_POLICY_DIRNAME  # noqa: E402
 from rollvault.durable.manifest_schema import (  # noqa: E402
     encode_snapshot_manifest,
     read_snapshot_manifest,
 )
+from rollvault.durable.published_dirs import publish_directory  # noqa: E402
 from rollvault.ledger.statuses import RolloutAttemptStatus  # noqa: E402
 
 SLOW_GATE = (
@@ -523,3 +525,21 @@ def test_a_run_root_gets_a_hint(
     code, _, err = run_cli(capsys, "verify", tmp_path)
     assert code == 2
     assert f"did you mean {tmp_path / 'checkpoints'}?" in err
+
+
+def test_verify_checks_the_version_zero_policy_against_its_digests(
+    capsys: pytest.CaptureFixture[str], trained_copy: Path
+) -> None:
+    def write(directory: Path) -> None:
+        (directory / "model.safetensors").write_bytes(bytes(range(256)) * 16)
+        (directory / "config.json").write_text("{}")
+
+    policy = publish_directory(
+        trained_copy / BOOTSTRAP_DIRNAME / BOOTSTRAP_POLICY_DIRNAME, write, with_digests=True
+    )
+    code, out, _ = run_cli(capsys, "verify", trained_copy)
+    assert code == 0, out
+    flip_middle_byte(policy / "model.safetensors")
+    code, out, _ = run_cli(capsys, "verify", trained_copy)
+    assert code == 1
+    assert f"{policy / 'model.safetensors'}: version-0 policy file: content changed" in out

@@ -18,10 +18,12 @@ from rollvault.cli.metrics_log import (
     read_metrics,
 )
 from rollvault.cli.run_command import run_command
-from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
+from rollvault.cli.run_report import PLOT_FILENAME, plot_run, policy_line, summary_lines
 from rollvault.config.loading import load_run_config
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RestoreLogRecord
+from rollvault.recipes.async_grpo import PolicyStart
+from rollvault.training.warmup import WarmupReport
 
 
 def _record(
@@ -184,3 +186,19 @@ def test_without_tensorboard_the_mirror_says_why_and_writes_nothing(
     mirror.write(_record(0))
     mirror.close()
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_the_policy_line_says_where_version_zero_came_from(tmp_path: Path) -> None:
+    saved = tmp_path / "ckpt" / "bootstrap" / "policy"
+    warmup = WarmupReport(steps=30, first_loss=2.5, final_loss=0.75, seconds=1.25)
+    assert policy_line(PolicyStart.WARM_UP, warmup=warmup, version_zero=saved) == (
+        "policy: warmed up by this start (30 supervised steps, loss 2.500 -> 0.750, 1.2s); "
+        f"it is saved as version 0 to {saved} before the first rollout"
+    )
+    assert policy_line(PolicyStart.SAVED, warmup=None, version_zero=saved) == (
+        f"policy: version 0 loaded from {saved}, saved after the warm-up of an earlier start "
+        "(no warm-up this start)"
+    )
+    line = policy_line(PolicyStart.TRAINER_CHECKPOINT, warmup=None, version_zero=saved)
+    assert line == "policy: the newest trainer checkpoint's (no warm-up this start)"
+    assert policy_line(PolicyStart.MODEL, warmup=None, version_zero=saved) is None

@@ -34,6 +34,7 @@ from rollvault.controller.snapshots.verification import (
     verify_loaded_snapshot,
     verify_snapshot,
 )
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME, BOOTSTRAP_POLICY_DIRNAME
 from rollvault.durable.trainer_checkpoints import verify_trainer_checkpoint
 
 
@@ -54,6 +55,7 @@ def verify_checkpoint_dir(checkpoint_dir: Path) -> VerifyReport:
     bootstrap = inventory.bootstrap
     problems = [bootstrap.damage] if bootstrap.damage is not None else []
     checked: list[str] = []
+    problems += _version_zero_policy_problems(checkpoint_dir)
     for anchor in inventory.anchors:
         problems += _trainer_state_problems(anchor)
         for snapshot in anchor.snapshots:
@@ -89,6 +91,17 @@ def _as_checkpoint_problems(
     problems: tuple[SnapshotProblem, ...] | list[SnapshotProblem],
 ) -> list[CheckpointProblem]:
     return [CheckpointProblem(str(problem.path), problem.problem) for problem in problems]
+
+
+def _version_zero_policy_problems(checkpoint_dir: Path) -> list[CheckpointProblem]:
+    """The version-0 policy saved with the bootstrap anchor matches its digests, if present."""
+    policy = checkpoint_dir / BOOTSTRAP_DIRNAME / BOOTSTRAP_POLICY_DIRNAME
+    if not policy.is_dir():
+        return []
+    return [
+        CheckpointProblem(str(path), f"version-0 policy file: {problem}")
+        for path, problem in verify_trainer_checkpoint(policy)
+    ]
 
 
 def _trainer_state_problems(anchor: AnchorEntry) -> list[CheckpointProblem]:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollvault.cli.metrics_log import METRICS_LOG_FILENAME, read_metrics
-from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
+from rollvault.cli.run_report import PLOT_FILENAME, plot_run, policy_line, summary_lines
 from rollvault.cli.step_monitor import StepMonitor
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RunConfig, TrainerKind
@@ -27,7 +27,7 @@ from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
 from rollvault.durable.run_lock import RunLockedError, acquire_run_lock
 from rollvault.gates.causal_lm import ModelDirError
-from rollvault.recipes.async_grpo import PreparedRun, prepare, train
+from rollvault.recipes.async_grpo import PreparedRun, prepare, train, version_zero_policy_path
 
 
 def run_command(config: RunConfig) -> int:
@@ -58,11 +58,21 @@ def _prepare(config: RunConfig, console: Console) -> PreparedRun:
     if config.trainer.warmup.steps and config.trainer.kind is TrainerKind.GRPO:
         console.print(
             f"preparing the policy ({config.model.path}); warm-up of up to "
-            f"{config.trainer.warmup.steps} supervised steps unless resuming a trainer checkpoint",
+            f"{config.trainer.warmup.steps} supervised steps unless resuming a trainer checkpoint "
+            "or the saved version-0 policy",
             markup=False,
             highlight=False,
         )
-    return prepare(config)
+    prepared = prepare(config)
+    if prepared.policy is not None:
+        line = policy_line(
+            prepared.policy.start,
+            warmup=prepared.warmup,
+            version_zero=version_zero_policy_path(config),
+        )
+        if line is not None:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return prepared
 
 
 async def _train(prepared: PreparedRun, console: Console) -> tuple[RunSummary, int]:
@@ -119,6 +129,13 @@ def _report(
         markup=False,
         highlight=False,
     )
+    if prepared.final_model is not None:
+        console.print(
+            f"  final model: {prepared.final_model} (a Hugging Face model directory)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,  # a path to copy, not to wrap
+        )
     console.print(
         f"  logs: {log_dir / METRICS_LOG_FILENAME}" + (f", plot: {plot}" if plot else ""),
         markup=False,

@@ -1,5 +1,8 @@
 """The end of ``rollvault run``: a one-screen summary and a plot of reward and accuracy.
 
+Also the line printed once the policy is prepared, saying where this start's
+version-0 weights came from (warmed up now, or the saved version-0 policy).
+
 Both read the run's logs, so they cover every start of the run, not only
 this one: ``metrics.jsonl`` for the curves (the last line of each step wins,
 so a step retrained after a restore shows its final training) and
@@ -18,9 +21,10 @@ import numpy as np
 from rollvault.cli.metrics_log import MetricsRecord, effective_metrics
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RestoreLogRecord
+from rollvault.recipes.async_grpo import PolicyStart
 from rollvault.training.warmup import WarmupReport
 
-__all__ = ["PLOT_FILENAME", "plot_run", "summary_lines"]
+__all__ = ["PLOT_FILENAME", "plot_run", "policy_line", "summary_lines"]
 
 PLOT_FILENAME = "reward_accuracy.png"
 _WINDOW = 20
@@ -34,6 +38,26 @@ def _window_mean(records: Sequence[MetricsRecord], name: str) -> float | None:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def policy_line(
+    start: PolicyStart, *, warmup: WarmupReport | None, version_zero: Path
+) -> str | None:
+    """Where this start's version-0 policy came from; None when it is just ``model.path``."""
+    if start is PolicyStart.SAVED:
+        return (
+            f"policy: version 0 loaded from {version_zero}, saved after the warm-up of an "
+            "earlier start (no warm-up this start)"
+        )
+    if start is PolicyStart.TRAINER_CHECKPOINT:
+        return "policy: the newest trainer checkpoint's (no warm-up this start)"
+    if start is PolicyStart.WARM_UP and warmup is not None:
+        return (
+            f"policy: warmed up by this start ({warmup.steps} supervised steps, loss "
+            f"{warmup.first_loss:.3f} -> {warmup.final_loss:.3f}, {warmup.seconds:.1f}s); "
+            f"it is saved as version 0 to {version_zero} before the first rollout"
+        )
+    return None
 
 
 def summary_lines(

@@ -15,6 +15,8 @@ and knows nothing of the ledger or the data plane. One job per module:
 - ``compatibility``: the run's compatibility identity and its fingerprint.
 - ``bootstrap``: the trainer-version-zero anchor.
 - ``resolve``: choosing the newest usable committed snapshot.
+- ``trainer_checkpoints``: ``step_<N>/`` directories and their file digests.
+- ``published_dirs``: directories published and replaced whole (the final model).
 
 The spec-facing names are re-exported by
 :mod:`rollvault.rollout_checkpointing.manifest`.

@@ -75,6 +75,11 @@ FAULT_POINTS: Final = frozenset(
         "trainer_prune.trash_synced",
         "trainer_prune.before_trash_delete",
         "trainer_prune.after_trash_delete",
+        # published_dirs.py
+        "published_dir.tree_synced",
+        "published_dir.old_trashed",
+        "published_dir.after_rename",
+        "published_dir.parent_synced",
     }
 )
 

@@ -5,6 +5,8 @@
     <checkpoint_dir>/
       bootstrap/manifest.json            BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME
       bootstrap/rollout_snapshots/       snapshots before the first trainer checkpoint
+      bootstrap/policy/                  BOOTSTRAP_POLICY_DIRNAME: the version-0 policy
+      final_model/                       FINAL_MODEL_DIRNAME: the policy when the run finished
       step_<N>/rollout_snapshots/        ROLLOUT_SNAPSHOTS_DIRNAME under a trainer checkpoint
          tmp_snapshot_<seq>/             being written, never read
          snapshot_<seq>/manifest.json    committed; ROLLOUT_SNAPSHOT_MANIFEST_FILENAME
@@ -25,3 +27,9 @@ ROLLOUT_SNAPSHOT_MANIFEST_FILENAME: Final = "manifest.json"
 # rename and its delete (rollvault.durable.retention.trash_name of
 # ROLLOUT_SNAPSHOTS_DIRNAME); never read, removed by the next prune.
 BOOTSTRAP_TRASH_DIRNAME: Final = "trash_rollout_snapshots"
+
+# Hugging Face model directories (published whole by durable.published_dirs):
+# the policy the run generated its first rollouts with, saved once after the
+# warm-up, and the policy as the run finished.
+BOOTSTRAP_POLICY_DIRNAME: Final = "policy"
+FINAL_MODEL_DIRNAME: Final = "final_model"

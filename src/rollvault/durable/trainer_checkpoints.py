@@ -93,7 +93,7 @@ def publish_trainer_checkpoint(
     try:
         tmp.mkdir(parents=True)
         write(tmp)
-        _write_digests(tmp)
+        write_file_digests(tmp)
         _fsync_tree(tmp)
         fault_point("trainer_checkpoint.tree_synced")
         os.rename(tmp, final)
@@ -112,7 +112,12 @@ def publish_trainer_checkpoint(
     return final
 
 
-def _write_digests(directory: Path) -> None:
+def write_file_digests(directory: Path) -> None:
+    """Write ``file_digests.json`` into ``directory``: the SHA-256 of every file in it.
+
+    Call it last, once every other file is written; :func:`verify_trainer_checkpoint`
+    checks a directory against it, whatever the directory holds.
+    """
     digests = TrainerCheckpointDigests(
         schema_version=TRAINER_DIGESTS_SCHEMA_VERSION, files=directory_digests(directory)
     )

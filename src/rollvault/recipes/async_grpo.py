@@ -5,9 +5,12 @@ Read this file to know what a run is made of. :func:`prepare` builds, in order:
 1. the **task** that ``dataset.kind`` names (the folder ``rollvault/tasks/<name>/``)
    and its **dataset**; a gate the task cannot be scored on is refused here,
    before anything is built;
-2. with ``gate.kind=local_model``, the **model and tokenizer** of ``model.path``
-   (the default tiny model is built there on the first start), warmed up on
-   the task's examples when this start begins from scratch;
+2. with ``gate.kind=local_model``, the **model and tokenizer**: those of
+   ``model.path`` (the default tiny model is built there on the first start),
+   warmed up on the task's examples when this start begins from scratch; or,
+   for a restart before the first trainer checkpoint, the **version-0
+   policy** the first start saved after its warm-up (:func:`policy_start`
+   decides which);
 3. the **gate** that executes attempts and scores them with the task's
    environment: the local model gate (generation in a worker process, text
    environment) or the simulated gate (seeded tokens, token environment);
@@ -16,17 +19,30 @@ Read this file to know what a run is made of. :func:`prepare` builds, in order:
 
 :func:`train` then hands all of it to the **pipeline**
 (:func:`rollvault.controller.loop.pipeline.run`), which restores or starts
-the run and runs its rollout and train pumps to the end. ``rollvault run``
-is :func:`prepare`, then :func:`train`, with progress and a report around them.
+the run and runs its rollout and train pumps to the end. A start that
+warmed up saves that policy as version 0 in
+``<checkpointing.checkpoint_dir>/bootstrap/policy/`` once the pipeline has
+checked the checkpoint directory and before anything is generated, so the
+bootstrap rollouts can always be traced to the weights that generated them
+and a restart need not warm up again. When the run
+finishes (its step budget trained, or its data used up), a GRPO run exports
+its policy as a Hugging Face model directory,
+``<checkpointing.checkpoint_dir>/final_model/``, replacing the one an earlier
+start left. ``rollvault run`` is :func:`prepare`, then :func:`train`, with
+progress and a report around them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
 import torch
+from transformers import PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import GateKind, RestoreMode, RunConfig
@@ -34,6 +50,12 @@ from rollvault.controller.loop.gate import Gate
 from rollvault.controller.loop.pipeline import GateFactory, RunSummary, StepCallback, run
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
+from rollvault.durable.layout import (
+    BOOTSTRAP_DIRNAME,
+    BOOTSTRAP_MANIFEST_FILENAME,
+    BOOTSTRAP_POLICY_DIRNAME,
+    FINAL_MODEL_DIRNAME,
+)
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.simulated import SimulatedGate
@@ -47,23 +69,51 @@ from rollvault.tasks.protocols import (
 from rollvault.tasks.registry import get_task
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
+from rollvault.training.policy_dirs import DamagedPolicyError, load_policy
 from rollvault.training.recording import RecordingTrainer
 from rollvault.training.warmup import WarmupReport, supervised_warmup
 
 __all__ = [
+    "Policy",
+    "PolicyStart",
     "PreparedRun",
+    "final_model_path",
+    "policy_start",
     "prepare",
     "prompt_dataset",
     "text_environment",
     "token_environment",
     "train",
+    "version_zero_policy_path",
     "warmup_source",
-    "will_load_trainer_checkpoint",
 ]
 
 
 class _CountingGate(Gate, Protocol):
     tokens_generated: int
+
+
+class PolicyStart(StrEnum):
+    """Where one start of a GRPO run takes its version-0 policy from."""
+
+    MODEL = "model"
+    """``model.path`` as it is: the run has no warm-up."""
+    WARM_UP = "warm_up"
+    """``model.path``, warmed up by this start and then saved as the version-0 policy."""
+    SAVED = "saved"
+    """The version-0 policy an earlier start of the run saved after its warm-up."""
+    TRAINER_CHECKPOINT = "trainer_checkpoint"
+    """``model.path``: the pipeline loads the newest trainer checkpoint's weights over it."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A GRPO run's policy: the model ``trainer`` trains in place, and its tokenizer."""
+
+    trainer: GrpoTrainer
+    tokenizer: PreTrainedTokenizerBase
+    start: PolicyStart
+    """Where this start's version-0 weights came from."""
 
 
 @dataclass
@@ -80,6 +130,10 @@ class PreparedRun:
     """The supervised warm-up this start ran; None when it ran none."""
     gates: list[_CountingGate] = field(default_factory=list)
     """Every gate the factory built, for progress and benchmarks."""
+    policy: Policy | None = None
+    """The policy a GRPO run trains; None for the simulated run."""
+    final_model: Path | None = None
+    """Where :func:`train` exported the final policy; None before that, or without a policy."""
 
     def tokens_generated(self) -> int:
         """Response tokens generated so far by this start's gates."""
@@ -99,14 +153,53 @@ def prepare(config: RunConfig) -> PreparedRun:
 
 
 async def train(prepared: PreparedRun, *, on_step: StepCallback | None = None) -> RunSummary:
-    """Start or resume the run and run it to the end (see :func:`~rollvault.controller.loop.pipeline.run`)."""
-    return await run(
+    """Start or resume the run and run it to the end (see :func:`~rollvault.controller.loop.pipeline.run`).
+
+    Once it has finished, a run with a policy exports it to
+    :func:`final_model_path` and records the path in ``prepared.final_model``.
+    A run that raises (killed, refused) exports nothing.
+    """
+    summary = await run(
         prepared.config,
         gate_factory=prepared.gate_factory,
         trainer=prepared.trainer,
         dataset=prepared.dataset,
         on_step=on_step,
+        # policy_start already read the directory this resume was found in.
+        before_start=lambda _resume: _save_version_zero(prepared),
     )
+    policy = prepared.policy
+    if policy is not None:
+        prepared.final_model = await asyncio.to_thread(
+            policy.trainer.export_policy, final_model_path(prepared.config), policy.tokenizer
+        )
+    return summary
+
+
+def _save_version_zero(prepared: PreparedRun) -> None:
+    """Save the policy this start warmed up as version 0, with digests of its files.
+
+    Called by the pipeline once it has checked the checkpoint directory
+    (a changed config is refused first, ``force_fresh`` has cleared an old
+    run) and before the gate generates anything with these weights. Only a
+    start that warmed up saves: every other start found one saved, has no
+    warm-up, or resumes a trainer checkpoint.
+    """
+    policy = prepared.policy
+    if policy is None or policy.start is not PolicyStart.WARM_UP:
+        return
+    path = version_zero_policy_path(prepared.config)
+    policy.trainer.export_policy(path, policy.tokenizer, with_digests=True)
+
+
+def final_model_path(config: RunConfig) -> Path:
+    """Where a finished GRPO run leaves its policy as a Hugging Face model directory."""
+    return Path(config.checkpointing.checkpoint_dir) / FINAL_MODEL_DIRNAME
+
+
+def version_zero_policy_path(config: RunConfig) -> Path:
+    """Where a run saves the policy it generates its first rollouts with (after the warm-up)."""
+    return Path(config.checkpointing.checkpoint_dir) / BOOTSTRAP_DIRNAME / BOOTSTRAP_POLICY_DIRNAME
 
 
 def _prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
@@ -119,10 +212,11 @@ def _prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
     model_path = ensure_model_dir(
         Path(config.model.path), build_default=config.model.build_default, seed=config.seed
     )
-    model, tokenizer = load_model_dir(model_path)
+    start = policy_start(config)
+    model, tokenizer = _version_zero_model(config, model_path, start)
     warmup = None
-    # A start that resumes a trainer checkpoint loads its weights over any warm-up.
-    if examples is not None and not will_load_trainer_checkpoint(config):
+    # examples is None exactly when the run has no warm-up steps (then start is not WARM_UP).
+    if start is PolicyStart.WARM_UP and examples is not None:
         warmup = supervised_warmup(
             model,
             tokenizer,
@@ -163,6 +257,7 @@ def _prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
         gate_factory=local_model_gate,
         warmup=warmup,
         gates=gates,
+        policy=Policy(trainer=trainer, tokenizer=tokenizer, start=start),
     )
 
 
@@ -232,8 +327,38 @@ def warmup_source(config: RunConfig, task: Task) -> WarmupSource | None:
     return task.warmup_examples
 
 
-def will_load_trainer_checkpoint(config: RunConfig) -> bool:
-    """Whether this start will resume from a trainer checkpoint (so a warm-up would be lost)."""
-    if config.rollout_checkpointing.restore_mode is RestoreMode.NONE:
-        return False  # a fresh start: an old run is refused or deleted, never loaded
-    return latest_trainer_checkpoint(Path(config.checkpointing.checkpoint_dir)) is not None
+def policy_start(config: RunConfig) -> PolicyStart:
+    """Where this start's version-0 policy comes from; decided before any model is loaded.
+
+    A start that resumes a trainer checkpoint loads its weights over any
+    warm-up, so it runs none. A start that resumes a run before its first
+    trainer checkpoint loads the version-0 policy the run saved, when there
+    is one: its bootstrap rollouts were generated with those very weights,
+    and the warm-up is not paid for twice. Any other start warms up when the
+    run has a warm-up; ``restore_mode=none`` always starts fresh (an old run
+    is refused or deleted, never loaded).
+    """
+    if config.rollout_checkpointing.restore_mode is not RestoreMode.NONE:
+        checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
+        if latest_trainer_checkpoint(checkpoint_dir) is not None:
+            return PolicyStart.TRAINER_CHECKPOINT
+        holds_run = (checkpoint_dir / BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME).is_file()
+        if holds_run and version_zero_policy_path(config).is_dir():
+            return PolicyStart.SAVED
+    return PolicyStart.WARM_UP if config.trainer.warmup.steps > 0 else PolicyStart.MODEL
+
+
+def _version_zero_model(
+    config: RunConfig, model_path: Path, start: PolicyStart
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The saved version-0 policy for ``SAVED`` (its files checked first), else ``model.path``."""
+    if start is not PolicyStart.SAVED:
+        return load_model_dir(model_path)
+    path = version_zero_policy_path(config)
+    try:
+        return load_policy(path)
+    except DamagedPolicyError as error:
+        raise DamagedPolicyError(
+            f"{error} (this is the version-0 policy saved after the run's warm-up; "
+            f"delete {path} to warm up again)"
+        ) from error

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import save as save_safetensors
 from transformers import PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rollvault.config.schema import TrainerConfig
 from rollvault.controller.loop.trainer import TrainBatch, TrainBatchError, TrainerCheckpointError
@@ -33,6 +34,7 @@ from rollvault.dataplane.rows import RowView
 from rollvault.gates.sampling import left_pad
 from rollvault.training.grpo_loss import GrpoLossStats, grpo_loss
 from rollvault.training.logprobs import left_pad_values, token_logprobs
+from rollvault.training.policy_dirs import publish_policy
 from rollvault.training.trainer_files import (
     MODEL_FILENAME,
     OPTIMIZER_FILENAME,
@@ -117,6 +119,16 @@ class GrpoTrainer:
         with self._lock:
             state = self._model.state_dict()
             return save_safetensors({k: v.detach().clone().contiguous() for k, v in state.items()})
+
+    def export_policy(
+        self, path: Path, tokenizer: PreTrainedTokenizerBase, *, with_digests: bool = False
+    ) -> Path:
+        """Publish the current policy at ``path`` as a Hugging Face model directory.
+
+        See :func:`rollvault.training.policy_dirs.publish_policy`; never while a step runs.
+        """
+        with self._lock:
+            return publish_policy(path, self._model, tokenizer, with_digests=with_digests)
 
     def save_checkpoint(self, directory: Path) -> None:
         with self._lock:

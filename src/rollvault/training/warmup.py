@@ -6,8 +6,9 @@ is zero and GRPO has nothing to learn from. A short warm-up on
 ``prompt -> answer<eos>`` pairs teaches the format and a little arithmetic;
 RL then improves accuracy from there. The loss covers the answer and eos
 tokens only. It is deterministic given the seed: batches are drawn with a
-private generator, and with one torch thread the arithmetic is too, so a
-restart before the first trainer checkpoint recomputes the same weights.
+private generator, and with one torch thread the arithmetic is too. A
+restart before the first trainer checkpoint does not run it again: the recipe
+saves the warmed-up policy as version 0 and the restart loads that.
 """
 
 from __future__ import annotations

@@ -126,17 +126,23 @@ async def run(
     trainer: Trainer,
     dataset: PromptDataset,
     on_step: StepCallback | None = None,
+    before_start: Callable[[ResumeSource | None], None] | None = None,
 ) -> RunSummary:
     """Start or resume the run ``config`` describes, on ``dataset``, and run it to the end.
 
     ``dataset`` must be the run's (the task's dataset for ``config.dataset``):
     a restore rehydrates its prompts by index and checks their identities.
+    ``before_start(resume)`` is called once the checkpoint directory holds
+    this run's checked anchor (None: a fresh start), before the gate is built
+    and anything is restored or generated.
 
     Raises ``IncompatibleRunError`` (config changed), ``RunExistsError``
     (``restore_mode=none`` on an existing run) or ``NoUsableSnapshotError``
     before anything runs.
     """
     resume = prepare_checkpoint_dir(config)
+    if before_start is not None:
+        before_start(resume)
     parts = build_parts(config, dataset=dataset)
     with _long_lived_objects_frozen():
         return await run_pipeline(
