@@ -32,6 +32,7 @@ from rollvault.config.errors import ConfigError
 from rollvault.config.schema import GateKind, RestoreMode, RunConfig
 from rollvault.controller.loop.gate import Gate
 from rollvault.controller.loop.pipeline import GateFactory, RunSummary, StepCallback, run
+from rollvault.controller.loop.shutdown import Shutdown
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
@@ -98,14 +99,21 @@ def prepare(config: RunConfig) -> PreparedRun:
     return _prepare_simulated_run(config, task)
 
 
-async def train(prepared: PreparedRun, *, on_step: StepCallback | None = None) -> RunSummary:
-    """Start or resume the run and run it to the end (see :func:`~rollvault.controller.loop.pipeline.run`)."""
+async def train(
+    prepared: PreparedRun,
+    *,
+    on_step: StepCallback | None = None,
+    shutdown: Shutdown | None = None,
+) -> RunSummary:
+    """Start or resume the run and run it to the end, or until ``shutdown`` is requested
+    (see :func:`~rollvault.controller.loop.pipeline.run`)."""
     return await run(
         prepared.config,
         gate_factory=prepared.gate_factory,
         trainer=prepared.trainer,
         dataset=prepared.dataset,
         on_step=on_step,
+        shutdown=shutdown,
     )
 
 
