@@ -46,19 +46,15 @@ from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     DROPS_LOG_FILENAME,
     RESTORES_LOG_FILENAME,
-    SHUTDOWNS_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
     JsonlWriter,
     LogSequence,
     ShutdownLogRecord,
 )
-from rollvault.controller.loop.shutdown import Shutdown
+from rollvault.controller.loop.shutdown import Shutdown, record_shutdown
 from rollvault.controller.loop.train_pump import TrainPump
 from rollvault.controller.loop.trainer import Trainer
-from rollvault.controller.snapshots.checkpointer import (
-    TRAINER_ROLLOUT_STATE_DIRNAME,
-    Checkpointer,
-)
+from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import (
     ResumeSource,
@@ -69,9 +65,7 @@ from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
 from rollvault.durable.fsync import atomic_write_bytes
-from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.ledger.ledger import RolloutRecoveryLedger
-from rollvault.ledger.statuses import RolloutAttemptStatus
 from rollvault.tasks.protocols import PromptDataset
 
 INCARNATION_FILENAME = "incarnation"
@@ -261,7 +255,7 @@ async def run_pipeline(
         finally:
             await gate.close()
         if shutdown.requested:
-            stopped = _record_shutdown(
+            stopped = record_shutdown(
                 parts, checkpointer, shutdown, final_snapshot, grace_exceeded=grace.expired()
             )
     finally:
@@ -342,54 +336,3 @@ class _Pumps:
         if self._shutdown.requested:
             grace_s = self._parts.config.rollout_checkpointing.shutdown_grace_s
             self._grace.reschedule(self._shutdown.deadline(grace_s))
-
-
-def _record_shutdown(
-    parts: RolloutParts,
-    checkpointer: Checkpointer | None,
-    shutdown: Shutdown,
-    final_snapshot: Path | None,
-    *,
-    grace_exceeded: bool,
-) -> ShutdownLogRecord:
-    """Log where a restart of the stopped run resumes, in ``shutdowns.jsonl``."""
-    assert shutdown.signal is not None
-    resume_from = final_snapshot or (_newest_snapshot(checkpointer) if checkpointer else None)
-    record = ShutdownLogRecord(
-        incarnation=parts.logs.incarnation,
-        signal=shutdown.signal.name,
-        checkpoint_dir=parts.config.checkpointing.checkpoint_dir,
-        final_snapshot=str(final_snapshot) if final_snapshot else None,
-        resume_from=str(resume_from) if resume_from else None,
-        grace_exceeded=grace_exceeded,
-        attempts_in_flight=_attempts_in_flight(parts.ledger),
-        trainer_version=parts.trainer_version,
-        base_train_step=parts.base_step,
-        seconds=shutdown.seconds_since_request(),
-    )
-    log: JsonlWriter[ShutdownLogRecord] = JsonlWriter(
-        Path(parts.config.logging.log_dir) / SHUTDOWNS_LOG_FILENAME, parts.logs.sequence
-    )
-    try:
-        log.write(record)
-    finally:
-        log.close()
-    return record
-
-
-def _newest_snapshot(checkpointer: Checkpointer) -> Path | None:
-    """The newest committed snapshot of the current anchor, or its trainer checkpoint's own."""
-    anchor = checkpointer.anchor()
-    committed = committed_snapshot_paths(snapshots_root(anchor))
-    if committed:
-        return committed[-1]
-    embedded = anchor / TRAINER_ROLLOUT_STATE_DIRNAME
-    return embedded if embedded.is_dir() else None
-
-
-def _attempts_in_flight(ledger: RolloutRecoveryLedger) -> int:
-    return sum(
-        sibling.current_attempt.status is RolloutAttemptStatus.DISPATCHED
-        for group in ledger.groups()
-        for sibling in group.siblings
-    )
