@@ -282,6 +282,7 @@ def test_config_drift_over_every_leaf_of_the_default_config(tmp_path: Path) -> N
         "rollout_checkpointing.interval_s",
         "rollout_checkpointing.keep_latest_k",
         "rollout_checkpointing.restore_mode",
+        "rollout_checkpointing.shutdown_grace_s",
         "grpo.max_num_steps",
         "grpo.max_num_epochs",
         "rollout.max_inflight_prompts",

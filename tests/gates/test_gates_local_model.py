@@ -142,3 +142,31 @@ def test_a_killed_worker_fails_its_attempts_as_infra_and_is_restarted(tmp_path: 
             await gate.close()
 
     asyncio.run(main())
+
+
+def test_the_worker_ignores_sigterm_and_sigint_and_stops_when_the_gate_closes(
+    tmp_path: Path,
+) -> None:
+    # A scheduler may signal every process of the job, a Ctrl-C the whole process
+    # group: the worker keeps serving, and the parent stops it after its final snapshot.
+    torch.set_num_threads(1)
+    model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
+    model, _ = load_model_dir(model_dir)
+
+    async def main() -> int:
+        gate = _gate(model_dir, _Weights(model), EmbeddedDataPlane(DataPlaneMutationCut()))
+        try:
+            await gate.run_attempt(_request(0))  # the worker is up, its handlers installed
+            pid = gate.worker_pid
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
+            outcome = await gate.run_attempt(_request(1))
+            assert outcome.num_tokens > 0
+            assert gate.worker_restarts == 0 and gate.worker_pid == pid
+        finally:
+            await gate.close()
+        return pid
+
+    pid = asyncio.run(main())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # stopped and reaped by close()

@@ -4,24 +4,39 @@ Live progress shows the step, reward, accuracy, rollout tokens/s, groups in
 flight, buffered groups and the age of the newest snapshot;
 ``<log_dir>/metrics.jsonl`` gets one line per step. At the end: a one-screen
 summary and ``<log_dir>/reward_accuracy.png`` with the restores marked.
+
+SIGTERM or SIGINT stops the run in order (:mod:`rollvault.cli.preemption`):
+a final rollout snapshot, a line saying where a restart resumes, exit code
+143 or 130.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollvault.cli.metrics_log import METRICS_LOG_FILENAME, read_metrics
+from rollvault.cli.preemption import (
+    Preempted,
+    exit_code,
+    exit_now,
+    raise_on_signals,
+    stop_message,
+    stop_on_signals,
+)
 from rollvault.cli.run_report import PLOT_FILENAME, plot_run, policy_line, summary_lines
 from rollvault.cli.step_monitor import StepMonitor
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RunConfig, TrainerKind
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
+from rollvault.controller.loop.shutdown import Shutdown
 from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
@@ -30,28 +45,53 @@ from rollvault.gates.causal_lm import ModelDirError
 from rollvault.recipes.async_grpo import PreparedRun, prepare, train, version_zero_policy_path
 
 
+@dataclass(frozen=True)
+class _Trained:
+    summary: RunSummary
+    steps: int
+    """Steps trained by this start."""
+    signal: signal.Signals | None
+    """The signal that asked the run to stop, if one came (even after the last step)."""
+
+
 def run_command(config: RunConfig) -> int:
     console = Console(stderr=True)
     started = time.perf_counter()
     try:
-        # One process owns a checkpoint directory for the whole run: from the
-        # policy's warm-up and saves to the last snapshot (DESIGN invariant 9).
-        with acquire_run_lock(Path(config.checkpointing.checkpoint_dir)):
-            prepared = _prepare(config, console)
-            summary, steps = asyncio.run(_train(prepared, console))
-    except (
-        RunLockedError,
-        ConfigError,
-        IncompatibleRunError,
-        RunExistsError,
-        NoUsableSnapshotError,
-        RestoreError,
-        ModelDirError,
-    ) as error:
-        console.print(f"rollvault run: cannot start: {error}", markup=False, highlight=False)
-        return 2
-    _report(console, prepared, summary, steps, time.perf_counter() - started)
-    return 0
+        with raise_on_signals():
+            try:
+                # One process owns a checkpoint directory for the whole run: from
+                # the policy's warm-up and saves to the last snapshot (invariant 9).
+                with acquire_run_lock(Path(config.checkpointing.checkpoint_dir)):
+                    prepared = _prepare(config, console)
+                    trained = asyncio.run(_train(prepared, console))
+            except (
+                RunLockedError,
+                ConfigError,
+                IncompatibleRunError,
+                RunExistsError,
+                NoUsableSnapshotError,
+                RestoreError,
+                ModelDirError,
+            ) as error:
+                _say(console, f"rollvault run: cannot start: {error}")
+                return 2
+            if trained.summary.shutdown is not None:
+                grace_s = config.rollout_checkpointing.shutdown_grace_s
+                _say(console, stop_message(trained.summary.shutdown, grace_s=grace_s))
+            else:
+                elapsed = time.perf_counter() - started
+                _report(console, prepared, trained.summary, trained.steps, elapsed)
+    except Preempted as stop:
+        # Loading, warm-up or the report: the checkpoint directory is not being written.
+        _say(console, f"rollvault run: {stop.signum.name} while not training: exiting")
+        return exit_code(stop.signum)
+    return 0 if trained.signal is None else exit_code(trained.signal)
+
+
+def _say(console: Console, line: str) -> None:
+    # Never wrapped: a path split across lines could not be copied or grepped.
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _prepare(config: RunConfig, console: Console) -> PreparedRun:
@@ -75,7 +115,7 @@ def _prepare(config: RunConfig, console: Console) -> PreparedRun:
     return prepared
 
 
-async def _train(prepared: PreparedRun, console: Console) -> tuple[RunSummary, int]:
+async def _train(prepared: PreparedRun, console: Console) -> _Trained:
     config = prepared.config
     progress = Progress(
         TextColumn("[bold]step"),
@@ -98,12 +138,24 @@ async def _train(prepared: PreparedRun, console: Console) -> tuple[RunSummary, i
             markup=False,
             highlight=False,
         )
+    shutdown = Shutdown()
+    grace_s = config.rollout_checkpointing.shutdown_grace_s
     try:
-        with progress:
-            summary = await train(prepared, on_step=monitor.on_step)
+        with (
+            progress,
+            stop_on_signals(shutdown, grace_s=grace_s, announce=lambda line: _say(console, line)),
+        ):
+            summary = await train(prepared, on_step=monitor.on_step, shutdown=shutdown)
     finally:
         monitor.close()
-    return summary, monitor.steps
+    stopped = summary.shutdown
+    if stopped is not None and stopped.grace_exceeded:
+        # Threads may still be writing a snapshot or training a step: leaving
+        # asyncio.run would wait for them, past the scheduler's SIGKILL.
+        _say(console, stop_message(stopped, grace_s=grace_s))
+        assert shutdown.signal is not None
+        exit_now(exit_code(shutdown.signal))
+    return _Trained(summary=summary, steps=monitor.steps, signal=shutdown.signal)
 
 
 def _report(

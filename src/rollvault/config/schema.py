@@ -281,6 +281,11 @@ class RolloutCheckpointingConfig(_Section, frozen=True):
     restore_mode: RestoreMode = RestoreMode.LATEST
     # With restore_mode=none, start fresh even if the directory holds a run.
     force_fresh: bool = False
+    # After SIGTERM or SIGINT, seconds to stop and write the final rollout snapshot;
+    # past this the run exits anyway and a restart uses the last committed snapshot.
+    # Keep it below the scheduler's grace before SIGKILL (30 s by default for
+    # Kubernetes' terminationGracePeriodSeconds and SLURM's KillWait).
+    shutdown_grace_s: PositiveFloat = 20.0
 
 
 class RunConfig(_Section, frozen=True):

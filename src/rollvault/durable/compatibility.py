@@ -55,6 +55,10 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "rollout_checkpointing.interval_s": "how often rollout snapshots are taken",
         "rollout_checkpointing.keep_latest_k": "how many older snapshots are kept as fallbacks",
         "rollout_checkpointing.force_fresh": "how this start treats an existing run directory",
+        "rollout_checkpointing.shutdown_grace_s": (
+            "how long a preempted start may take to write its final snapshot: when the run "
+            "stops, not what it computes"
+        ),
         "**.restore_mode": "how this start resumes, not what the run computes",
         "gate.simulated.latency_per_token_s": "simulated generation speed: timing, not tokens",
         "grpo.max_num_steps": (

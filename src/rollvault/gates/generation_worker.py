@@ -9,8 +9,10 @@ applied between batches, never during one, and every batch reports the
 weight version that generated it.
 
 The worker exits when told to, or when the parent's end of the pipe closes
-(the parent died): it never outlives the run. It ignores SIGINT, so a Ctrl-C
-reaches the parent, which shuts the worker down in order.
+(the parent died): it never outlives the run. It ignores SIGINT and SIGTERM:
+a Ctrl-C reaches the whole process group and a scheduler (SLURM) may signal
+every process of the job, but only the parent knows how to stop in order
+(final snapshot first), and it then shuts the worker down itself.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ __all__ = ["worker_main"]
 def worker_main(connection: Connection, settings_bytes: bytes) -> None:
     """Process entry point: load the model, report ready, serve commands until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     settings = decode_settings(settings_bytes)
     torch.set_num_threads(settings.torch_threads)
     try:

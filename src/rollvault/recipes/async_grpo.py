@@ -48,6 +48,7 @@ from rollvault.config.errors import ConfigError
 from rollvault.config.schema import GateKind, RestoreMode, RunConfig
 from rollvault.controller.loop.gate import Gate
 from rollvault.controller.loop.pipeline import GateFactory, RunSummary, StepCallback, run
+from rollvault.controller.loop.shutdown import Shutdown
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.dataplane.interface import DataPlane
 from rollvault.durable.layout import (
@@ -152,12 +153,19 @@ def prepare(config: RunConfig) -> PreparedRun:
     return _prepare_simulated_run(config, task)
 
 
-async def train(prepared: PreparedRun, *, on_step: StepCallback | None = None) -> RunSummary:
-    """Start or resume the run and run it to the end (see :func:`~rollvault.controller.loop.pipeline.run`).
+async def train(
+    prepared: PreparedRun,
+    *,
+    on_step: StepCallback | None = None,
+    shutdown: Shutdown | None = None,
+) -> RunSummary:
+    """Start or resume the run and run it to the end, or until ``shutdown`` is requested
+    (see :func:`~rollvault.controller.loop.pipeline.run`).
 
     Once it has finished, a run with a policy exports it to
     :func:`final_model_path` and records the path in ``prepared.final_model``.
-    A run that raises (killed, refused) exports nothing.
+    A run that raises (killed, refused) or was stopped by ``shutdown`` exports
+    nothing: its policy is not final.
     """
     summary = await run(
         prepared.config,
@@ -167,9 +175,11 @@ async def train(prepared: PreparedRun, *, on_step: StepCallback | None = None) -
         on_step=on_step,
         # policy_start already read the directory this resume was found in.
         before_start=lambda _resume: _save_version_zero(prepared),
+        shutdown=shutdown,
     )
     policy = prepared.policy
-    if policy is not None:
+    stopped = shutdown is not None and shutdown.requested
+    if policy is not None and not stopped:
         prepared.final_model = await asyncio.to_thread(
             policy.trainer.export_policy, final_model_path(prepared.config), policy.tokenizer
         )

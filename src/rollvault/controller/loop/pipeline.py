@@ -7,6 +7,19 @@ The rollout pump and the train pump run concurrently in one TaskGroup on one
 event loop. The run ends when the train pump has trained the step budget or
 no step is left; the rollout pump is then cancelled (groups still in flight
 stay in the ledger, which is what a later snapshot would keep).
+
+A stop request (:class:`~rollvault.controller.loop.shutdown.Shutdown`, which
+``rollvault run`` makes on SIGTERM or SIGINT) ends the run the same way, early
+and within ``rollout_checkpointing.shutdown_grace_s`` of the request: the
+rollout pump is cancelled at once, so no attempt is dispatched after it; the
+periodic checkpointer finishes the snapshot it may be writing; the train pump
+takes no further step; then the final rollout snapshot is written, and the
+run's logs get a line in ``shutdowns.jsonl`` naming it. Attempts in flight are
+not awaited: a model call can take longer than any grace period, and the
+snapshot keeps them as dispatched, so a restart redoes exactly those and
+reuses every sibling sealed before the stop. If the grace runs out first,
+whatever is still running is cancelled and a restart resumes from the last
+snapshot committed before.
 """
 
 from __future__ import annotations
@@ -38,7 +51,9 @@ from rollvault.controller.loop.run_logs import (
     TRAIN_LOG_FILENAME,
     JsonlWriter,
     LogSequence,
+    ShutdownLogRecord,
 )
+from rollvault.controller.loop.shutdown import Shutdown, record_shutdown
 from rollvault.controller.loop.train_pump import TrainPump
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.checkpointer import Checkpointer
@@ -73,6 +88,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     staging_rows_left: int
     snapshots_written: int
     trainer_checkpoints: int
+    shutdown: ShutdownLogRecord | None = None
+    """Set when a stop request ended the run early: what was kept, where to resume."""
 
 
 def next_incarnation(log_dir: Path) -> int:
@@ -127,6 +144,7 @@ async def run(
     dataset: PromptDataset,
     on_step: StepCallback | None = None,
     before_start: Callable[[ResumeSource | None], None] | None = None,
+    shutdown: Shutdown | None = None,
 ) -> RunSummary:
     """Start or resume the run ``config`` describes, on ``dataset``, and run it to the end.
 
@@ -135,6 +153,7 @@ async def run(
     ``before_start(resume)`` is called once the checkpoint directory holds
     this run's checked anchor (None: a fresh start), before the gate is built
     and anything is restored or generated.
+    A request on ``shutdown`` ends the run early (see the module docstring).
 
     Raises ``IncompatibleRunError`` (config changed), ``RunExistsError``
     (``restore_mode=none`` on an existing run) or ``NoUsableSnapshotError``
@@ -152,6 +171,7 @@ async def run(
             on_step=on_step,
             resume=resume,
             fingerprint=run_fingerprint(config),
+            shutdown=shutdown,
         )
 
 
@@ -182,14 +202,17 @@ async def run_pipeline(
     on_step: StepCallback | None = None,
     resume: ResumeSource | None = None,
     fingerprint: str | None = None,
+    shutdown: Shutdown | None = None,
 ) -> RunSummary:
-    """Restore (when resuming), then run both pumps until the train pump is done.
+    """Restore (when resuming), then run both pumps until the train pump is done or
+    ``shutdown`` is requested.
 
     With rollout checkpointing enabled, snapshots are written every
     ``interval_s`` meanwhile and once more at the end, and trainer
     checkpoints every ``save_period`` steps.
     """
     config = parts.config
+    shutdown = shutdown if shutdown is not None else Shutdown()
     gate = gate_factory(parts.data_plane)
     inflight = asyncio.Semaphore(config.rollout.max_inflight_prompts)
     capacity = ReplayCapacity(config.rollout.max_buffered_rollouts)
@@ -219,27 +242,34 @@ async def run_pipeline(
         dispatch_open=dispatch_open,
         on_step=on_step,
         checkpointer=checkpointer,
+        shutdown=shutdown,
     )
+    # No deadline until a stop is requested; then the grace period's end.
+    grace = asyncio.timeout(None)
+    final_snapshot: Path | None = None
+    stopped: ShutdownLogRecord | None = None
     try:
-        restorer = None
-        if resume is not None:
-            restorer = RolloutRestorer(
-                parts, trainer=trainer, buffer_capacity=capacity, resume=resume
+        try:
+            async with grace:
+                restorer = None
+                if resume is not None:
+                    restorer = RolloutRestorer(
+                        parts, trainer=trainer, buffer_capacity=capacity, resume=resume
+                    )
+                    await restorer.restore()
+                    await gate.update_weights(parts.trainer_version)
+                pumps = _Pumps(parts, rollout, train, checkpointer, shutdown, grace)
+                final_snapshot = await pumps.run(restorer)
+        except TimeoutError:
+            if not grace.expired():
+                raise
+        finally:
+            await gate.close()
+        if shutdown.requested:
+            stopped = record_shutdown(
+                parts, checkpointer, shutdown, final_snapshot, grace_exceeded=grace.expired()
             )
-            await restorer.restore()
-            await gate.update_weights(parts.trainer_version)
-        async with asyncio.TaskGroup() as group:
-            rollout_task = group.create_task(rollout.run(restorer))
-            if checkpointer is not None:
-                group.create_task(checkpointer.run_periodic())
-            await train.run()
-            rollout_task.cancel()
-            if checkpointer is not None:
-                checkpointer.stop()
-        if checkpointer is not None:
-            await checkpointer.snapshot_if_changed()
     finally:
-        await gate.close()
         parts.logs.close()
         if parts.journal is not None:
             parts.journal.close()
@@ -255,4 +285,67 @@ async def run_pipeline(
         staging_rows_left=len(parts.data_plane.keys(STAGING_PARTITION)),
         snapshots_written=checkpointer.stats.snapshots if checkpointer else 0,
         trainer_checkpoints=checkpointer.stats.trainer_checkpoints if checkpointer else 0,
+        shutdown=stopped,
     )
+
+
+class _Pumps:
+    """Both pumps and the periodic checkpointer, until the end of the run or a stop request."""
+
+    def __init__(
+        self,
+        parts: RolloutParts,
+        rollout: RolloutPump,
+        train: TrainPump,
+        checkpointer: Checkpointer | None,
+        shutdown: Shutdown,
+        grace: asyncio.Timeout,
+    ) -> None:
+        self._parts = parts
+        self._rollout = rollout
+        self._train = train
+        self._checkpointer = checkpointer
+        self._shutdown = shutdown
+        self._grace = grace
+
+    async def run(self, restorer: RolloutRestorer | None) -> Path | None:
+        """Run to the end or the stop, then write the final snapshot; return its path.
+
+        None: checkpointing is off, or nothing changed since the last snapshot.
+        A step the train pump is training when the pumps stop finishes beside
+        the final snapshot (the TaskGroup awaits it).
+        """
+        async with asyncio.TaskGroup() as group:
+            # A request during the restore: start nothing, keep what it restored.
+            if not self._shutdown.requested:
+                await self._until_done_or_stopped(group, restorer)
+            self._bound_by_grace()
+            if self._checkpointer is None:
+                return None
+            return await self._checkpointer.snapshot_if_changed()
+
+    async def _until_done_or_stopped(
+        self, group: asyncio.TaskGroup, restorer: RolloutRestorer | None
+    ) -> None:
+        rollout_task = group.create_task(self._rollout.run(restorer))
+        stoppable: list[asyncio.Task[None]] = [rollout_task]
+        if self._checkpointer is not None:
+            stoppable.append(group.create_task(self._checkpointer.run_periodic()))
+        train_task = group.create_task(self._train.run())
+        requested = group.create_task(self._shutdown.wait())
+        await asyncio.wait((train_task, requested), return_when=asyncio.FIRST_COMPLETED)
+        self._bound_by_grace()
+        requested.cancel()
+        # In-flight attempts stay in the ledger as dispatched: the snapshot keeps them.
+        rollout_task.cancel()
+        if self._checkpointer is not None:
+            self._checkpointer.stop()  # after the snapshot it may be writing
+        await self._parts.notify()  # a train pump waiting for a batch sees the request
+        # Then nothing dispatches, seals or snapshots any more.
+        await asyncio.wait(stoppable)
+
+    def _bound_by_grace(self) -> None:
+        """Once a stop is requested, end everything left by the grace period's end."""
+        if self._shutdown.requested:
+            grace_s = self._parts.config.rollout_checkpointing.shutdown_grace_s
+            self._grace.reschedule(self._shutdown.deadline(grace_s))

@@ -2,7 +2,8 @@
 
 ``train_log.jsonl`` has one line per trained group, ``attempts.jsonl`` one
 line per attempt that reached a terminal status, ``drops.jsonl`` one line per
-prompt group given up, ``restores.jsonl`` one line per restore. They are the
+prompt group given up, ``restores.jsonl`` one line per restore,
+``shutdowns.jsonl`` one line per start stopped by a signal. They are the
 evidence the chaos harness checks exactly-once against, so each line is
 flushed as it is written. A SIGKILL can still tear the last line; readers drop
 a torn final line (and only a final one: a torn line in the middle means the
@@ -30,6 +31,7 @@ DROPS_LOG_FILENAME = "drops.jsonl"
 RESTORES_LOG_FILENAME = "restores.jsonl"
 INCARNATION_FILENAME: Final = "incarnation"
 """The start counter every start writes first: it also marks a log directory as rollvault's."""
+SHUTDOWNS_LOG_FILENAME = "shutdowns.jsonl"
 
 
 class TrainLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -97,7 +99,42 @@ class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     seq: int = 0
 
 
-RecordT = TypeVar("RecordT", TrainLogRecord, AttemptLogRecord, DropLogRecord, RestoreLogRecord)
+class ShutdownLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One start stopped early by SIGTERM or SIGINT, and where a restart resumes."""
+
+    incarnation: int
+    signal: str
+    """The signal's name, e.g. ``SIGTERM``."""
+    checkpoint_dir: str
+    final_snapshot: str | None
+    """The snapshot written after the signal (None: nothing had changed since the last
+    one, rollout checkpointing is off, or the grace ran out)."""
+    resume_from: str | None
+    """The newest committed rollout snapshot of this start's anchor when it stopped: the
+    one a restart restores (None: none exists yet; a restart begins from scratch). Past
+    the grace, a snapshot still being written may yet commit and be newer."""
+    grace_exceeded: bool
+    """The final snapshot did not finish within ``shutdown_grace_s``."""
+    attempts_in_flight: int
+    """Attempts dispatched and unfinished when the pumps stopped: a restart redoes them."""
+    trainer_version: int
+    """Steps trained when the run stopped."""
+    base_train_step: int
+    """The last trainer checkpoint's step: a restart resumes there and trains the
+    groups trained since again, from the snapshot."""
+    seconds: float
+    """From the signal until the run stopped."""
+    seq: int = 0
+
+
+RecordT = TypeVar(
+    "RecordT",
+    TrainLogRecord,
+    AttemptLogRecord,
+    DropLogRecord,
+    RestoreLogRecord,
+    ShutdownLogRecord,
+)
 
 
 class LogSequence:

@@ -8,6 +8,15 @@ trainer. A windowed group that goes stale when the trainer version moves is
 lost from the step it went stale at. After the optimizer step the trainer
 version increases and the gate gets the new weight version; new dispatches
 wait meanwhile.
+
+On a stop request (:class:`~rollvault.controller.loop.shutdown.Shutdown`) the
+pump takes no further step and starts no trainer checkpoint; a step being
+trained runs to its end (its thread cannot be interrupted), while the
+pipeline writes the final rollout snapshot beside it. That snapshot is
+anchored to the last trainer checkpoint and keeps every group trained since,
+so a restart trains them again; a trainer checkpoint would only save that
+retraining, at the cost of the model and optimizer state's write time, which
+the grace period cannot spare.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.gate import Gate
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import DropLogRecord, TrainLogRecord
+from rollvault.controller.loop.shutdown import Shutdown
 from rollvault.controller.loop.trainer import TrainBatch, Trainer
 from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
@@ -39,6 +49,7 @@ class TrainPump:
         dispatch_open: asyncio.Event,
         on_step: Callable[[RolloutParts, dict[str, float]], None] | None = None,
         checkpointer: Checkpointer | None = None,
+        shutdown: Shutdown | None = None,
     ) -> None:
         self._parts = parts
         self._trainer = trainer
@@ -47,22 +58,37 @@ class TrainPump:
         self._dispatch_open = dispatch_open
         self._on_step = on_step
         self._checkpointer = checkpointer
+        self._shutdown = shutdown
         self.trained_groups = 0
 
     async def run(self) -> None:
+        """Train until the step budget, the data or a stop request ends the run.
+
+        After a stop request, call :meth:`~rollvault.controller.loop.parts.RolloutParts.notify`
+        so that a pump waiting for its next batch sees it.
+        """
         parts = self._parts
         while parts.trainer_version < parts.config.grpo.max_num_steps:
             async with parts.changed:
-                await parts.changed.wait_for(lambda: self._batch_ready() is not None)
+                await parts.changed.wait_for(
+                    lambda: self._stopping() or self._batch_ready() is not None
+                )
+            if self._stopping():
+                return
             if not self._batch_ready():
                 break  # no step is left: the data ran out
             metrics = await self._train()
             await self._sync_weights()
-            if self._checkpointer and self._checkpointer.due_for_trainer_checkpoint():
-                await self._checkpointer.trainer_checkpoint()
+            checkpointer = self._checkpointer
+            if checkpointer and not self._stopping() and checkpointer.due_for_trainer_checkpoint():
+                await checkpointer.trainer_checkpoint()
             if self._on_step is not None:
                 self._on_step(parts, metrics)
-        await self._final_trainer_checkpoint()
+        if not self._stopping():
+            await self._final_trainer_checkpoint()
+
+    def _stopping(self) -> bool:
+        return self._shutdown is not None and self._shutdown.requested
 
     async def _final_trainer_checkpoint(self) -> None:
         """Make the last step durable, whatever ``save_period`` is.
