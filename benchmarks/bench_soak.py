@@ -14,7 +14,7 @@ It reports kills delivered, harness runs, starts, violations (with the first
 few named) and wall time, and exits 1 when any violation was found.
 
 Usage: python benchmarks/bench_soak.py [--kills 500] [--kills-per-run 20] [--first-seed 0]
-       [--kill-window 1.0] [--workdir DIR] [--keep] [--json]
+       [--kill-window 1.0] [--max-minutes M] [--workdir DIR] [--keep] [--json]
 The runs go to .bench_tmp/soak/ in the checkout and are removed as they pass,
 unless ``--keep``; a run with a violation is always kept for inspection.
 """
@@ -44,13 +44,19 @@ class SoakResult:
     failed_runs: list[str] = field(default_factory=list)
     first_problems: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    stopped_early: bool = False
+    """``--max-minutes`` ran out before ``--kills`` kills."""
 
 
 def soak(args: argparse.Namespace) -> SoakResult:
     result = SoakResult()
     started = time.perf_counter()
     seed = args.first_seed
+    deadline = started + 60 * args.max_minutes if args.max_minutes else None
     while result.kills < args.kills:
+        if deadline is not None and time.perf_counter() > deadline:
+            result.stopped_early = True
+            break
         run_dir = args.workdir / f"seed_{seed}"
         shutil.rmtree(run_dir, ignore_errors=True)
         plan = ChaosPlan(
@@ -89,6 +95,9 @@ def main() -> int:
     parser.add_argument("--kill-window", type=float, default=1.0)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--max-minutes", type=float, default=0.0, help="stop after this long (0: no limit)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.kills < 1 or args.kills_per_run < 1:
@@ -102,6 +111,7 @@ def main() -> int:
             f"soak: {result.kills} kills over {result.harness_runs} harness runs "
             f"({result.starts} starts), {result.violations} violations, "
             f"{result.wall_s / 60:.1f} min wall"
+            + (" (stopped early by --max-minutes)" if result.stopped_early else "")
         )
         for problem in result.first_problems[:10]:
             print(f"  - {problem}")
