@@ -36,7 +36,9 @@ def _run(tmp_path: Path, max_num_steps: int) -> int:
             f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
             "logging.progress=false",
             "logging.tensorboard=false",
-            "trainer.warmup.steps=0",
+            # A short warm-up: from the untrained model every reward can be 0, and then
+            # GRPO's advantages, and so its updates, are all zero.
+            "trainer.warmup.steps=30",
             "dataset.num_prompts=64",
             "grpo.num_prompts_per_step=4",
             "grpo.num_generations_per_prompt=4",
@@ -73,7 +75,8 @@ def test_a_finished_run_exports_its_last_policy_and_an_extension_replaces_it(
     assert _run(tmp_path, max_num_steps=2) == 0
     final = tmp_path / "ckpt" / "final_model"
     assert f"final model: {final} (a Hugging Face model directory)" in capsys.readouterr().err
-    start = load_file(str(tmp_path / "model" / "model.safetensors"))
+    # The policy the RL steps started from: version 0, saved after the warm-up.
+    start = load_file(str(tmp_path / "ckpt" / "bootstrap" / "policy" / "model.safetensors"))
     at_step_2 = _check_final_model(tmp_path, step=2)
     assert _differs(at_step_2, start), "two GRPO steps left the start weights unchanged"
     assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(("tmp_", "trash_"))]

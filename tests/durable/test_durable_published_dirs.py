@@ -61,7 +61,7 @@ def test_with_digests_every_file_is_recorded_and_checked(tmp_path: Path) -> None
     data = bytearray(weights.read_bytes())
     data[7] ^= 0x01
     weights.write_bytes(bytes(data))
-    assert verify_trainer_checkpoint(final) == [f"{weights}: content changed (digest mismatch)"]
+    assert verify_trainer_checkpoint(final) == [(weights, "content changed (digest mismatch)")]
 
 
 def test_a_failing_write_leaves_the_old_directory_untouched(tmp_path: Path) -> None:

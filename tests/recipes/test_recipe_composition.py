@@ -12,6 +12,7 @@ from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RunConfig
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
+from rollvault.durable.run_lock import RUN_LOCK_FILENAME
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.recipes.async_grpo import prepare, warmup_source
 from rollvault.tasks.addition.dataset import build_addition_dataset
@@ -104,4 +105,5 @@ def test_rollvault_run_refuses_an_unknown_task_by_name(
     err = capsys.readouterr().err
     assert "cannot start: dataset.kind='additon' names no task" in err
     assert "did you mean 'addition'?" in err
-    assert not (tmp_path / "ckpt").exists()
+    # Refused before anything was written but the run lock, which the start takes first.
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [RUN_LOCK_FILENAME]
