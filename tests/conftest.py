@@ -43,4 +43,5 @@ def small_filesystem(tmp_path: Path) -> Iterator[SmallFilesystem]:
         yield mount
     finally:
         for directory in reversed(mounted):
-            subprocess.run(["umount", str(directory)], check=True)
+            # Lazy: a file a failed test left open must not keep the mount alive.
+            subprocess.run(["umount", "--lazy", str(directory)], check=True)

@@ -28,6 +28,7 @@ from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.dispatch_journal import DISPATCH_JOURNAL_DIRNAME, DispatchJournal
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import FailureKind, Gate
+from rollvault.controller.loop.io_failures import RunStoppedByIOError, first_stop
 from rollvault.controller.loop.parts import RolloutParts, RunLogs
 from rollvault.controller.loop.rollout_pump import RolloutPump
 from rollvault.controller.loop.run_logs import (
@@ -135,7 +136,9 @@ async def run(
 
     Raises ``IncompatibleRunError`` (config changed), ``RunExistsError``
     (``restore_mode=none`` on an existing run) or ``NoUsableSnapshotError``
-    before anything runs.
+    before anything runs, and a ``RunStoppedByIOError`` when the run stops
+    on a write it could not make (snapshots failing, a trainer checkpoint, a
+    log line), with everything durable before it intact.
     """
     resume = prepare_checkpoint_dir(config)
     parts = build_parts(config, dataset=dataset)
@@ -233,6 +236,8 @@ async def run_pipeline(
                 checkpointer.stop()
         if checkpointer is not None:
             await checkpointer.snapshot_if_changed()
+    except* RunStoppedByIOError as stopped:
+        raise first_stop(stopped) from None
     finally:
         await gate.close()
         parts.logs.close()
