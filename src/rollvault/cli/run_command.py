@@ -20,6 +20,7 @@ from rollvault.cli.run_report import PLOT_FILENAME, plot_run, summary_lines
 from rollvault.cli.step_monitor import StepMonitor
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RunConfig, TrainerKind
+from rollvault.controller.loop.io_failures import RunStoppedByIOError
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
 from rollvault.controller.snapshots.restorer import RestoreError
@@ -27,6 +28,9 @@ from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
 from rollvault.gates.causal_lm import ModelDirError
 from rollvault.recipes.async_grpo import PreparedRun, prepare, train
+
+IO_STOP_EXIT_STATUS = 3
+"""The run stopped on writes it could not make (disk full, I/O error); see the README."""
 
 
 def run_command(config: RunConfig) -> int:
@@ -45,6 +49,9 @@ def run_command(config: RunConfig) -> int:
     ) as error:
         console.print(f"rollvault run: cannot start: {error}", markup=False, highlight=False)
         return 2
+    except RunStoppedByIOError as error:
+        console.print(f"rollvault run: cannot continue: {error}", markup=False, highlight=False)
+        return IO_STOP_EXIT_STATUS
     _report(console, prepared, summary, steps, time.perf_counter() - started)
     return 0
 
