@@ -39,27 +39,30 @@ class AppendOnlyFile:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_EXCL if exclusive else 0)
         self.path = path
         self._fd: int | None = os.open(path, flags, 0o644)
+        # The one writer appends: the size is known without a stat per line.
+        self._size = os.fstat(self._fd).st_size
         self.failure: LogWriteError | None = None
         """Why the file refuses lines (None: it takes them)."""
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes (a torn last line of a dead process)."""
         os.ftruncate(self._open_fd(), size)
+        self._size = size
 
     def append(self, line: bytes) -> None:
         """Write ``line`` (ending in a newline) whole; raises :class:`LogWriteError`."""
         if self.failure is not None:
             raise self.failure
         fd = self._open_fd()
-        start = os.fstat(fd).st_size
         wait = _FIRST_WAIT_S
         deadline = time.monotonic() + SPACE_RETRY_BUDGET_S
         while True:
             try:
                 _write_all(fd, line)
+                self._size += len(line)
                 return
             except OSError as exc:
-                self._cut_back(fd, start, exc)
+                self._cut_back(fd, self._size, exc)
                 if exc.errno not in _SPACE_ERRNOS or time.monotonic() + wait > deadline:
                     self.failure = LogWriteError(
                         f"cannot write {self.path}: {exc.strerror or exc}"
