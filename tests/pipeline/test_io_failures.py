@@ -49,6 +49,8 @@ from rollvault.gates.simulated import SimulatedGate
 from rollvault.tasks.synthetic.environment import ParityEnvironment
 
 SLOW = ("gate.simulated.latency_per_token_s=0.002", "rollout_checkpointing.interval_s=0.02")
+SLOWER = ("gate.simulated.latency_per_token_s=0.008", "rollout_checkpointing.interval_s=0.02")
+"""For tests that need several snapshot tries before the run ends, on a busy machine too."""
 
 
 def _full_disk() -> OSError:
@@ -117,7 +119,7 @@ def test_failed_snapshots_are_retried_with_backoff_and_stop_the_run_after_the_li
 ) -> None:
     config = small_config(
         tmp_path,
-        *SLOW,
+        *SLOWER,
         "rollout_checkpointing.max_consecutive_failures=3",
         "checkpointing.save_period=1000",
     )
@@ -154,7 +156,7 @@ def test_failed_snapshots_are_retried_with_backoff_and_stop_the_run_after_the_li
 def test_a_success_resets_the_count_so_scattered_failures_never_stop_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = small_config(tmp_path, *SLOW, "rollout_checkpointing.max_consecutive_failures=3")
+    config = small_config(tmp_path, *SLOWER, "rollout_checkpointing.max_consecutive_failures=3")
     writes = PeriodicWrites([True, True, False] * 6, then=False)
     monkeypatch.setattr(checkpointer, "write_snapshot_payload", writes)
     with caplog.at_level(logging.WARNING, logger="rollvault.checkpointer"):
