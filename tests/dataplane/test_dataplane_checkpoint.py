@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import threading
@@ -410,3 +411,13 @@ def test_user_metadata_must_round_trip_through_json(
 
     asyncio.run(main())
     assert not (tmp_path / "dp").exists()
+
+
+def test_a_full_filesystem_fails_the_write_with_an_oserror(
+    small_filesystem: Callable[[int], Path],
+) -> None:
+    big: dict[str, Row] = {f"g{i}_g0": {"x": np.arange(50_000, dtype=np.int64)} for i in range(4)}
+    rows = {TRAIN_PARTITION: big}
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        save(small_filesystem(1 << 20) / "checkpoint", rows)
+    assert caught.value.errno == errno.ENOSPC

@@ -349,3 +349,77 @@ def test_commit_flushes_everything_before_the_rename_and_the_parent_after(
     old = final_path.parent / "snapshot_000001"
     assert events[6:] == [("rename", f"{old} -> {root}/trash_snapshot_000001"), ("fsync", root)]
     assert _names(anchor) == [final_path.name]
+
+
+def test_prepare_claims_a_leftover_by_rename_when_mkdir_finds_no_space(
+    anchor: Path, commit_one: CommitOne, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    previous = commit_one(anchor)
+    root = anchor / "rollout_snapshots"
+    (root / "tmp_snapshot_000002").mkdir()
+    (root / "tmp_snapshot_000002" / "rows.bin").write_bytes(b"x" * 4096)
+    (root / "trash_snapshot_000001").mkdir()
+    (root / "trash_snapshot_000001" / "payload.bin").write_bytes(b"old")
+    real_mkdir = Path.mkdir
+
+    def full_disk_mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        if self.name.startswith("tmp_snapshot_"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", full_disk_mkdir)
+    tmp_path, final_path, sequence = prepare_snapshot_paths(anchor)
+    assert sequence == 3
+    assert tmp_path.is_dir() and list(tmp_path.iterdir()) == []
+    assert _names(anchor) == [previous.name, "tmp_snapshot_000003"]
+    assert (previous / "payload.bin").read_bytes() == b"payload 1"
+
+
+def test_prepare_without_leftovers_reports_a_full_disk(
+    anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk_mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    prepare_snapshot_paths(anchor)  # creates rollout_snapshots/ while there is space
+    abort_snapshot(anchor / "rollout_snapshots" / "tmp_snapshot_000001")
+    monkeypatch.setattr(Path, "mkdir", full_disk_mkdir)
+    with pytest.raises(SnapshotWriteError, match="cannot allocate.*No space left on device"):
+        prepare_snapshot_paths(anchor)
+
+
+def _payload(size: int) -> Callable[[Path], None]:
+    def write(tmp: Path) -> None:
+        (tmp / "rows.bin").write_bytes(os.urandom(size))
+
+    return write
+
+
+def test_on_a_full_filesystem_leftovers_are_freed_before_the_payload_and_a_retry_succeeds(
+    small_filesystem: Callable[[int], Path], make_manifest: MakeManifest
+) -> None:
+    anchor = small_filesystem(1 << 20) / "bootstrap"
+    anchor.mkdir()
+    first = publish_snapshot(
+        anchor, manifest=make_manifest(), write_payload=_payload(200_000), keep_latest_k=2
+    )
+    # A crashed earlier write left 600 kB behind: the next snapshot fits only without it.
+    leftover = anchor / "rollout_snapshots" / "tmp_snapshot_000002"
+    leftover.mkdir()
+    (leftover / "rows.bin").write_bytes(os.urandom(600_000))
+    second = publish_snapshot(
+        anchor, manifest=make_manifest(), write_payload=_payload(500_000), keep_latest_k=2
+    )
+    assert _names(anchor) == [first.name, second.name]
+    # Too big for what is left: the write fails, the committed snapshots stay as they were.
+    with pytest.raises(SnapshotWriteError, match="No space left on device"):
+        publish_snapshot(
+            anchor, manifest=make_manifest(), write_payload=_payload(400_000), keep_latest_k=2
+        )
+    assert _names(anchor) == [first.name, second.name]
+    assert read_snapshot_manifest(second) == make_manifest()
+    # The failed attempt took its partial files with it: a smaller retry fits.
+    third = publish_snapshot(
+        anchor, manifest=make_manifest(), write_payload=_payload(200_000), keep_latest_k=2
+    )
+    assert _names(anchor) == [second.name, third.name]

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from rollvault.durable import trainer_checkpoints
 from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.trainer_checkpoints import (
     TRAINER_DIGESTS_FILENAME,
@@ -173,3 +174,56 @@ def test_rollout_snapshots_written_after_publication_are_not_trainer_files(tmp_p
     later.mkdir(parents=True)
     (later / "manifest.json").write_text("{}")
     assert verify_trainer_checkpoint(path) == []
+
+
+def test_leftovers_are_cleared_before_anything_is_written(tmp_path: Path) -> None:
+    publish_trainer_checkpoint(tmp_path, 10, _write_state(10))
+    for name in ("tmp_step_20", "trash_step_5"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.bin").write_bytes(b"w" * 4096)
+    seen: list[list[str]] = []
+
+    def write(directory: Path) -> None:
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))
+        _write_state(20)(directory)
+
+    publish_trainer_checkpoint(tmp_path, 20, write)
+    assert seen == [["step_10", "tmp_step_20"]]  # tmp_step_20 is the new one, empty
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_10", "step_20"]
+
+
+def test_a_failed_cleanup_after_a_failed_write_keeps_the_write_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    publish_trainer_checkpoint(tmp_path, 10, _write_state(10))
+
+    def full(directory: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    def failing_remove(path: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(trainer_checkpoints, "remove_tree", failing_remove)
+    with pytest.raises(SnapshotWriteError, match="step_20 failed.*No space left"):
+        publish_trainer_checkpoint(tmp_path, 20, full)
+    assert "could not remove unpublished trainer checkpoint" in caplog.text
+    assert "Input/output error" in caplog.text
+    assert _complete(tmp_path / "step_10", 10)
+
+
+def test_on_a_full_filesystem_a_failed_checkpoint_leaves_the_previous_one_intact(
+    small_filesystem: Callable[[int], Path],
+) -> None:
+    root = small_filesystem(1 << 20) / "ckpt"
+    publish_trainer_checkpoint(root, 10, _write_state(10))
+
+    def big(directory: Path) -> None:
+        (directory / "weights.bin").write_bytes(os.urandom(2 << 20))
+
+    with pytest.raises(SnapshotWriteError, match="step_20 failed.*No space left on device"):
+        publish_trainer_checkpoint(root, 20, big)
+    assert trainer_checkpoint_steps(root) == [10]
+    assert _complete(root / "step_10", 10) and verify_trainer_checkpoint(root / "step_10") == []
+    assert sorted(p.name for p in root.iterdir()) == ["step_10"]
+    publish_trainer_checkpoint(root, 20, _write_state(20))
+    assert trainer_checkpoint_steps(root) == [10, 20]

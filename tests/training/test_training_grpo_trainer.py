@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -159,3 +161,14 @@ def test_masked_and_empty_rows_add_nothing(tmp_path: Path) -> None:
     rows = {key: empty for key in keys}
     metrics = asyncio.run(trainer.train_step(msgspec.structs.replace(batch, rows=rows)))
     assert "loss" not in metrics and trainer.steps_trained == 1
+
+
+def test_a_checkpoint_on_a_full_filesystem_fails_with_an_oserror(
+    tmp_path: Path, small_filesystem: Callable[[int], Path]
+) -> None:
+    trainer = _trainer(tmp_path)
+    directory = small_filesystem(256 << 10) / "trainer"
+    directory.mkdir()
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        trainer.save_checkpoint(directory)
+    assert caught.value.errno == errno.ENOSPC

@@ -34,6 +34,7 @@ from rollvault.cli.run_report import PLOT_FILENAME, plot_run, policy_line, summa
 from rollvault.cli.step_monitor import StepMonitor
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RunConfig, TrainerKind
+from rollvault.controller.loop.io_failures import RunStoppedByIOError
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
 from rollvault.controller.loop.shutdown import Shutdown
@@ -52,6 +53,10 @@ class _Trained:
     """Steps trained by this start."""
     signal: signal.Signals | None
     """The signal that asked the run to stop, if one came (even after the last step)."""
+
+
+IO_STOP_EXIT_STATUS = 3
+"""The run stopped on writes it could not make (disk full, I/O error); see the README."""
 
 
 def run_command(config: RunConfig) -> int:
@@ -76,6 +81,9 @@ def run_command(config: RunConfig) -> int:
             ) as error:
                 _say(console, f"rollvault run: cannot start: {error}")
                 return 2
+            except RunStoppedByIOError as error:
+                _say(console, f"rollvault run: cannot continue: {error}")
+                return IO_STOP_EXIT_STATUS
             if trained.summary.shutdown is not None:
                 grace_s = config.rollout_checkpointing.shutdown_grace_s
                 _say(console, stop_message(trained.summary.shutdown, grace_s=grace_s))

@@ -276,6 +276,10 @@ class RolloutCheckpointingConfig(_Section, frozen=True):
     interval_s: PositiveFloat = 5.0
     # Committed snapshots kept per anchor; older ones are pruned.
     keep_latest_k: PositiveInt = 2
+    # Failed snapshots in a row (disk full, I/O error) after which the run stops.
+    # Each failure keeps the previous snapshot and is retried after a wait that
+    # doubles from interval_s (up to 8x); a success resets the count.
+    max_consecutive_failures: PositiveInt = 5
     # latest: newest compatible snapshot; trainer_checkpoint: regenerate everything
     # after the last trainer checkpoint (the baseline); none: start fresh.
     restore_mode: RestoreMode = RestoreMode.LATEST

@@ -38,6 +38,7 @@ from rollvault.dataplane.checkpoint_format import (
 )
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowArray, RowDtype, RowValue, RowView, row_dtype
+from rollvault.durable.io_errors import os_error_in
 
 _HASH_CHUNK = 1 << 22
 
@@ -97,7 +98,14 @@ def _write_partition(directory: Path, name: str, rows: Mapping[str, RowView]) ->
         for (field, dtype), parts in columns.items()
     }
     path = directory / partition_file_name(name)
-    safetensors.numpy.save_file(tensors, path)
+    try:
+        safetensors.numpy.save_file(tensors, path)
+    except safetensors.SafetensorError as exc:
+        # A full disk must reach the snapshot writer as the OSError it is.
+        os_error = os_error_in(exc, path)
+        if os_error is None:
+            raise
+        raise os_error from exc
     digest, size = _hash_file(path)
     return PartitionEntry(name=name, file=path.name, sha256=digest, byte_size=size, rows=entries)
 

@@ -54,6 +54,9 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "rollout_checkpointing.enabled": "whether rollout snapshots are written at all",
         "rollout_checkpointing.interval_s": "how often rollout snapshots are taken",
         "rollout_checkpointing.keep_latest_k": "how many older snapshots are kept as fallbacks",
+        "rollout_checkpointing.max_consecutive_failures": (
+            "how many failed snapshots in a row stop the run: when it stops, not what it computes"
+        ),
         "rollout_checkpointing.force_fresh": "how this start treats an existing run directory",
         "rollout_checkpointing.shutdown_grace_s": (
             "how long a preempted start may take to write its final snapshot: when the run "

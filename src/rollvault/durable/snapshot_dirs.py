@@ -5,7 +5,8 @@ rename to ``snapshot_<seq>/``; old ones are renamed to
 ``trash_snapshot_<seq>/`` before they are deleted. A rename is atomic, so at
 any instant every ``snapshot_<seq>`` directory is complete, and a crash at any
 step leaves the previous snapshot or the new one. Nothing reads ``tmp_`` or
-``trash_`` directories; ``prepare_snapshot_paths`` removes them.
+``trash_`` directories; ``prepare_snapshot_paths`` removes them before the new
+snapshot writes anything, so that on a full disk their space is free for it.
 
 Sequence numbers are never reused: the next one is one more than the largest
 found among committed, temporary and trash names. Names are zero-padded to six
@@ -99,7 +100,7 @@ def _ensure_root(anchor: Path) -> Path:
 
 
 def _clear_leftovers(root: Path, leftovers: list[Path]) -> None:
-    """Delete tmp_ and trash_ directories of a crashed earlier run.
+    """Delete tmp_ and trash_ directories of a crashed or failed earlier write.
 
     A failure only costs disk space (nothing reads them), so it is logged and
     retried by the next prepare rather than failing the new snapshot.
@@ -113,17 +114,55 @@ def _clear_leftovers(root: Path, leftovers: list[Path]) -> None:
             continue
         fault_point("prepare.after_leftover_delete")
     if leftovers:
-        _fsync_directory(root)
+        try:
+            _fsync_directory(root)
+        except OSError as exc:
+            # Only the deletions' durability is at stake: a leftover that comes
+            # back after a power loss is deleted again by the next prepare.
+            _LOG.warning("could not flush %s after removing leftovers: %s", root, exc)
+
+
+def _claim_tmp_dir(tmp_path: Path, leftovers: list[Path]) -> Path | None:
+    """Create ``tmp_path``: by renaming a leftover directory when there is one.
+
+    Returns the leftover renamed (its old contents are still in ``tmp_path``),
+    or None when the directory was made anew. A rename needs no free space,
+    where a mkdir may need a block the full disk does not have.
+    """
+    for leftover in leftovers:
+        if leftover.is_dir() and not leftover.is_symlink():
+            os.rename(leftover, tmp_path)
+            return leftover
+    tmp_path.mkdir()
+    return None
+
+
+def _empty_claimed_dir(tmp_path: Path, claimed: Path) -> None:
+    """Delete what the leftover renamed to ``tmp_path`` held; abort the snapshot on failure."""
+    try:
+        for child in sorted(tmp_path.iterdir()):
+            fault_point("prepare.before_leftover_delete")
+            remove_tree(child)
+            fault_point("prepare.after_leftover_delete")
+    except OSError as exc:
+        abort_snapshot(tmp_path)
+        raise SnapshotWriteError(
+            f"cannot empty {tmp_path} (the leftover {claimed.name}, renamed): {exc}"
+        ) from exc
 
 
 def prepare_snapshot_paths(anchor: Path) -> tuple[Path, Path, int]:
     """Allocate the next temporary/final snapshot directory pair.
 
     Creates ``<anchor>/rollout_snapshots/tmp_snapshot_<seq>/`` (empty) and returns
-    ``(tmp_path, final_path, seq)``. The new directory is made durable before
-    leftovers of a crashed earlier run are removed, so no sequence number that
-    ever appeared on disk is handed out again. Raises ``SnapshotWriteError``
-    when the directory cannot be created.
+    ``(tmp_path, final_path, seq)``. The ``tmp_`` and ``trash_`` leftovers of
+    crashed or failed earlier writes are deleted first, so that on a full disk
+    their space is free before the new snapshot writes a byte. The new name is
+    made durable before anything is deleted, so no sequence number that ever
+    appeared on disk is handed out again: when a leftover exists, the new
+    directory is that leftover renamed (which needs no free space), emptied
+    with the others. Raises ``SnapshotWriteError`` when the directory cannot
+    be created or emptied.
     """
     try:
         root = _ensure_root(anchor)
@@ -131,7 +170,8 @@ def prepare_snapshot_paths(anchor: Path) -> tuple[Path, Path, int]:
         sequence = _next_sequence(names)
         tmp_path = root / f"tmp_snapshot_{sequence:0{_SEQUENCE_DIGITS}d}"
         final_path = root / f"snapshot_{sequence:0{_SEQUENCE_DIGITS}d}"
-        tmp_path.mkdir()
+        leftovers = [root / name for name in names if _is_leftover(name)]
+        claimed = _claim_tmp_dir(tmp_path, leftovers)
         fault_point("prepare.tmp_created")
         _fsync_directory(root)
         fault_point("prepare.parent_synced")
@@ -139,7 +179,9 @@ def prepare_snapshot_paths(anchor: Path) -> tuple[Path, Path, int]:
         raise SnapshotWriteError(
             f"cannot allocate a snapshot directory under {anchor}: {exc}"
         ) from exc
-    _clear_leftovers(root, [root / name for name in names if _is_leftover(name)])
+    if claimed is not None:
+        _empty_claimed_dir(tmp_path, claimed)
+    _clear_leftovers(root, [path for path in leftovers if path != claimed])
     return tmp_path, final_path, sequence
 
 

@@ -4,7 +4,7 @@ A trainer checkpoint is written into ``tmp_step_<N>/``, flushed file by file,
 renamed to ``step_<N>/`` and the parent flushed, the same atomic publication
 as a rollout snapshot: a crash leaves either no ``step_<N>/`` or a complete
 one. ``tmp_step_`` and ``trash_step_`` directories are never read and are
-cleared by the next publication. Older checkpoints are pruned through
+cleared by the next publication before it writes anything. Older checkpoints are pruned through
 ``trash_step_<N>`` so a half-deleted directory never keeps a committed name.
 
 Before the rename, ``file_digests.json`` records the SHA-256 of every other
@@ -15,6 +15,7 @@ their own, so without it a flipped byte would load silently.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME
 from rollvault.durable.retention import PruneFaultPoints, beyond_latest, prune_through_trash
 from rollvault.durable.trash import remove_tree
 
+_LOG = logging.getLogger("rollvault.durable")
 _STEP_RE: Final = re.compile(r"step_([0-9]+)")
 _LEFTOVER_RE: Final = re.compile(r"(tmp|trash)_step_([0-9]+)")
 TRAINER_RETENTION_POINTS: Final = PruneFaultPoints(
@@ -88,6 +90,7 @@ def publish_trainer_checkpoint(
     final = trainer_checkpoint_path(checkpoint_dir, step)
     if final.exists():
         raise SnapshotWriteError(f"trainer checkpoint {final} already exists")
+    # Before anything is written: on a full disk, their space may be what it needs.
     _clear_leftovers(checkpoint_dir)
     tmp = checkpoint_dir / f"tmp_step_{step}"
     try:
@@ -98,18 +101,36 @@ def publish_trainer_checkpoint(
         fault_point("trainer_checkpoint.tree_synced")
         os.rename(tmp, final)
     except OSError as exc:
-        remove_tree(tmp)
+        _remove_unpublished(tmp)
         raise SnapshotWriteError(
             f"writing trainer checkpoint {final} failed: {exc}; it was removed and earlier "
             "checkpoints are untouched"
         ) from exc
     except BaseException:
-        remove_tree(tmp)
+        _remove_unpublished(tmp)
         raise
     fault_point("trainer_checkpoint.after_rename")
-    _fsync_directory(checkpoint_dir)
+    try:
+        _fsync_directory(checkpoint_dir)
+    except OSError as exc:
+        raise SnapshotWriteError(
+            f"published trainer checkpoint {final} but flushing {checkpoint_dir} failed: "
+            f"{exc}; it is complete but may not survive a power loss"
+        ) from exc
     fault_point("trainer_checkpoint.parent_synced")
     return final
+
+
+def _remove_unpublished(tmp: Path) -> None:
+    """Remove a ``tmp_step_`` directory after a failure, logging (not raising) a failure.
+
+    The caller is reporting the error that made it give up; the next
+    publication removes what is left.
+    """
+    try:
+        remove_tree(tmp)
+    except OSError as exc:
+        _LOG.warning("could not remove unpublished trainer checkpoint %s: %s", tmp, exc)
 
 
 def write_file_digests(directory: Path) -> None:
@@ -185,8 +206,16 @@ def prune_trainer_checkpoints(checkpoint_dir: Path, *, keep_latest: int) -> list
 
 
 def _clear_leftovers(checkpoint_dir: Path) -> None:
+    """Delete the ``tmp_step_`` and ``trash_step_`` directories of earlier failed writes.
+
+    A failure only costs space (nothing reads them): it is logged, and the
+    write goes on (a leftover of the same name then fails its mkdir).
+    """
     if not checkpoint_dir.is_dir():
         return
-    for entry in checkpoint_dir.iterdir():
+    for entry in sorted(checkpoint_dir.iterdir()):
         if _LEFTOVER_RE.fullmatch(entry.name):
-            remove_tree(entry)
+            try:
+                remove_tree(entry)
+            except OSError as exc:
+                _LOG.warning("could not remove leftover trainer checkpoint %s: %s", entry, exc)

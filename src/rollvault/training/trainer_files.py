@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from rollvault.controller.loop.trainer import TrainerCheckpointError
+from rollvault.durable.io_errors import os_error_in
 
 __all__ = [
     "MODEL_FILENAME",
@@ -58,8 +59,19 @@ class TrainerStateFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
 
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Save detached, contiguous copies (tied weights become separate tensors)."""
-    save_file({name: t.detach().clone().contiguous() for name, t in tensors.items()}, str(path))
+    """Save detached, contiguous copies (tied weights become separate tensors).
+
+    A failed write (disk full, I/O error) raises ``OSError``, which the
+    checkpointer reports as a failed trainer checkpoint.
+    """
+    copies = {name: t.detach().clone().contiguous() for name, t in tensors.items()}
+    try:
+        save_file(copies, str(path))
+    except SafetensorError as exc:
+        os_error = os_error_in(exc, path)
+        if os_error is None:
+            raise
+        raise os_error from exc
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:

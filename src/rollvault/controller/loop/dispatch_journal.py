@@ -10,10 +10,14 @@ attempt that comes back (sealed, failed, or cancelled by the controller). On
 restore, an attempt that was dispatched and never came back was in flight
 when the process died (:mod:`rollvault.controller.snapshots.crash_evidence`).
 
-Each line is flushed to the operating system, not fsynced: it survives the
+Each line is handed to the operating system, not fsynced: it survives the
 death of the process, which is what a poison prompt causes, at the cost of a
 write call per line. A power loss may lose the last lines; the attempts they
-name are then not charged for that crash.
+name are then not charged for that crash. A line that cannot be written (the
+disk stays full, an I/O error) stops the run with a
+:class:`~rollvault.controller.loop.io_failures.LogWriteError` before its
+attempts reach the gate: dispatching them unrecorded would let a poison
+prompt go uncharged (see :mod:`rollvault.controller.loop.append_only_file`).
 
 Every line carries ``seq``, a counter over the whole journal that is never
 reset: each start continues after the highest ``seq`` on disk. A snapshot
@@ -40,10 +44,12 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Annotated, Final
+from typing import Annotated, Final
 
 import msgspec
 
+from rollvault.controller.loop.append_only_file import AppendOnlyFile
+from rollvault.controller.loop.io_failures import LogWriteError
 from rollvault.ledger.records import InterruptedAttempt
 
 DISPATCH_JOURNAL_DIRNAME: Final = "dispatch_journal"
@@ -181,8 +187,10 @@ class DispatchJournal:
         directory.mkdir(parents=True, exist_ok=True)
         self._directory = directory
         self._seq = _last_seq(directory)
-        self._file: IO[bytes] | None = None
+        self._file: AppendOnlyFile | None = None
         self._encoder = msgspec.json.Encoder()
+        self.failure: LogWriteError | None = None
+        """Why the journal refuses lines (None: it takes them)."""
 
     @property
     def seq(self) -> int:
@@ -228,11 +236,20 @@ class DispatchJournal:
         self._close_segment()
 
     def _write(self, line: JournalLine) -> None:
-        if self._file is None:
-            # A new segment, named for its first line: never one a dead process wrote.
-            self._file = open(segment_path(self._directory, line.seq), "xb")  # noqa: SIM115
-        self._file.write(self._encoder.encode(line) + b"\n")
-        self._file.flush()
+        if self.failure is not None:
+            raise self.failure
+        try:
+            if self._file is None:
+                # A new segment, named for its first line: never one a dead process wrote.
+                path = segment_path(self._directory, line.seq)
+                try:
+                    self._file = AppendOnlyFile(path, exclusive=True)
+                except OSError as exc:
+                    raise LogWriteError(f"cannot create {path}: {exc.strerror or exc}") from exc
+            self._file.append(self._encoder.encode(line) + b"\n")
+        except LogWriteError as error:
+            self.failure = error
+            raise
         self._seq = line.seq
 
     def _close_segment(self) -> None:

@@ -21,6 +21,7 @@ from rollvault.controller.data.replay_index import ReplayBufferIndex, ReplayEntr
 from rollvault.controller.data.sampler import Sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
 from rollvault.controller.loop.dispatch_journal import DispatchJournal, LostGroupInterruption
+from rollvault.controller.loop.io_failures import LogWriteError
 from rollvault.controller.loop.run_logs import (
     AttemptLogRecord,
     DropLogRecord,
@@ -120,6 +121,13 @@ class RunLogs:
                 reason=reason,
             )
         )
+
+    def failure(self) -> LogWriteError | None:
+        """Why a log refuses lines, if one does: the state may then be ahead of the logs."""
+        for writer in (self.train, self.attempts, self.drops, self.restores):
+            if writer.failure is not None:
+                return writer.failure
+        return None
 
     def close(self) -> None:
         self.train.close()

@@ -41,6 +41,7 @@ from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.dispatch_journal import DISPATCH_JOURNAL_DIRNAME, DispatchJournal
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import FailureKind, Gate
+from rollvault.controller.loop.io_failures import RunStoppedByIOError, first_stop
 from rollvault.controller.loop.parts import RolloutParts, RunLogs
 from rollvault.controller.loop.rollout_pump import RolloutPump
 from rollvault.controller.loop.run_logs import (
@@ -157,7 +158,9 @@ async def run(
 
     Raises ``IncompatibleRunError`` (config changed), ``RunExistsError``
     (``restore_mode=none`` on an existing run) or ``NoUsableSnapshotError``
-    before anything runs.
+    before anything runs, and a ``RunStoppedByIOError`` when the run stops
+    on a write it could not make (snapshots failing, a trainer checkpoint, a
+    log line), with everything durable before it intact.
     """
     resume = prepare_checkpoint_dir(config)
     if before_start is not None:
@@ -259,7 +262,11 @@ async def run_pipeline(
                     await restorer.restore()
                     await gate.update_weights(parts.trainer_version)
                 pumps = _Pumps(parts, rollout, train, checkpointer, shutdown, grace)
-                final_snapshot = await pumps.run(restorer)
+                try:
+                    final_snapshot = await pumps.run(restorer)
+                except* RunStoppedByIOError as io_stop:
+                    # Out of the TaskGroup as itself, so the command can name its cause.
+                    raise first_stop(io_stop) from None
         except TimeoutError:
             if not grace.expired():
                 raise

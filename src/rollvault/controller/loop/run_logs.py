@@ -5,9 +5,14 @@ line per attempt that reached a terminal status, ``drops.jsonl`` one line per
 prompt group given up, ``restores.jsonl`` one line per restore,
 ``shutdowns.jsonl`` one line per start stopped by a signal. They are the
 evidence the chaos harness checks exactly-once against, so each line is
-flushed as it is written. A SIGKILL can still tear the last line; readers drop
-a torn final line (and only a final one: a torn line in the middle means the
-file is damaged and is an error).
+handed to the operating system as it is written. A SIGKILL can still tear the
+last line; readers drop a torn final line (and only a final one: a torn line
+in the middle means the file is damaged and is an error).
+
+A line that cannot be written (the disk stays full, an I/O error) is never
+dropped: it is cut off whole, the writer refuses every later line, and the
+:class:`~rollvault.controller.loop.io_failures.LogWriteError` stops the run
+(see :mod:`rollvault.controller.loop.append_only_file`).
 
 Every line carries ``seq``, a run-wide counter that rollout snapshots capture.
 A restore from a snapshot taken at ``seq = S`` rolls back whatever earlier
@@ -19,10 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 import msgspec
 
+from rollvault.controller.loop.append_only_file import AppendOnlyFile
+from rollvault.controller.loop.io_failures import LogWriteError
 from rollvault.ledger.statuses import RolloutAttemptStatus
 
 TRAIN_LOG_FILENAME = "train_log.jsonl"
@@ -149,15 +156,20 @@ class LogSequence:
 
 
 class JsonlWriter(Generic[RecordT]):
-    """Appends records, one JSON line each, flushed per line, stamped with ``seq``."""
+    """Appends records, one JSON line each, written per line, stamped with ``seq``."""
 
     def __init__(self, path: Path, sequence: LogSequence) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
         self._sequence = sequence
-        self._file: IO[bytes] = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self._file = AppendOnlyFile(path)
         self._encoder = msgspec.json.Encoder()
         self._repair_torn_tail()
+
+    @property
+    def failure(self) -> LogWriteError | None:
+        """Why this log refuses lines (None: it takes them)."""
+        return self._file.failure
 
     def _repair_torn_tail(self) -> None:
         # A previous incarnation may have died mid-line. Cut its torn line off
@@ -169,9 +181,9 @@ class JsonlWriter(Generic[RecordT]):
             self._file.truncate(complete)
 
     def write(self, record: RecordT) -> None:
+        """Append ``record``; raises :class:`LogWriteError` if it cannot be written."""
         stamped = msgspec.structs.replace(record, seq=self._sequence.next())
-        self._file.write(self._encoder.encode(stamped) + b"\n")
-        self._file.flush()
+        self._file.append(self._encoder.encode(stamped) + b"\n")
 
     def close(self) -> None:
         self._file.close()

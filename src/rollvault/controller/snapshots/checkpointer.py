@@ -14,6 +14,15 @@ checkpoint's trainer version*: groups trained since then go back into the
 replay index (``rolled_back_train_group_count``), with their rows kept, so a
 restore, which loads the trainer from ``step_<N>``, trains them again in the
 same steps.
+
+A write that fails (disk full, I/O error) leaves what was committed before
+it intact. A failed periodic snapshot is a warning on stderr (logger
+``rollvault.checkpointer``) and is retried with a doubling wait
+(:mod:`.snapshot_retry`); ``max_consecutive_failures`` in a row raise
+:class:`SnapshotsFailingError`. A failed trainer checkpoint raises
+:class:`TrainerCheckpointWriteError` at once: the step it would have made
+durable is not, and training on would only widen the gap. Either message
+names the cause and the newest good state a restart resumes from.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +42,10 @@ from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.data.shortfall import SparePromptsState
 from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.finalizer import capture_reward_settings
+from rollvault.controller.loop.io_failures import (
+    SnapshotsFailingError,
+    TrainerCheckpointWriteError,
+)
 from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entry
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.snapshot_files import (
@@ -42,9 +56,11 @@ from rollvault.controller.snapshots.snapshot_files import (
     RolloutStateCapture,
     write_snapshot_payload,
 )
+from rollvault.controller.snapshots.snapshot_retry import SnapshotRetry
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
 from rollvault.durable.bootstrap import prune_bootstrap_snapshots
+from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.manifest_schema import (
     ROLLOUT_SNAPSHOT_SCHEMA_VERSION,
@@ -52,6 +68,7 @@ from rollvault.durable.manifest_schema import (
     write_snapshot_manifest,
 )
 from rollvault.durable.publish import publish_snapshot
+from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.durable.trainer_checkpoints import (
     prune_trainer_checkpoints,
     publish_trainer_checkpoint,
@@ -59,6 +76,8 @@ from rollvault.durable.trainer_checkpoints import (
 )
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.sidecar import build_rollout_recovery_state
+
+_LOG = logging.getLogger("rollvault.checkpointer")
 
 TRAINER_STATE_DIRNAME = "trainer"
 TRAINER_ROLLOUT_STATE_DIRNAME = "rollout_state"
@@ -180,6 +199,8 @@ class SnapshotStats:
     def __init__(self) -> None:
         self.snapshots = 0
         self.skipped = 0
+        self.failures = 0
+        """Periodic or final snapshots that failed and were left for a later try."""
         self.trainer_checkpoints = 0
         self.bytes_written = 0
         self.cut_hold_seconds: list[float] = []
@@ -200,6 +221,10 @@ class Checkpointer:
         self._stopping = asyncio.Event()
         self._last_version: int | None = None
         self._committed_journal_seq = 0
+        self._retry = SnapshotRetry(
+            interval_s=self._settings.interval_s,
+            max_consecutive_failures=self._settings.max_consecutive_failures,
+        )
         self.stats = SnapshotStats()
 
     def anchor(self) -> Path:
@@ -213,10 +238,11 @@ class Checkpointer:
 
         Stopping waits for a snapshot being written to finish: cancelling
         would leave its worker thread writing while the next snapshot starts.
+        After failures the wait doubles (:class:`SnapshotRetry`).
         """
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self._settings.interval_s)
+                await asyncio.wait_for(self._stopping.wait(), self._retry.next_wait_s())
             if not self._stopping.is_set() and await self.snapshot_if_changed() is not None:
                 self._prune_journal()
 
@@ -225,24 +251,67 @@ class Checkpointer:
         self._stopping.set()
 
     async def snapshot_if_changed(self) -> Path | None:
-        """Write one rollout snapshot unless nothing mutated since the last one."""
+        """Write one rollout snapshot unless nothing mutated since the last one.
+
+        Returns the committed snapshot, or None when skipped or failed. A
+        failed write leaves the previous snapshot as it was and is logged;
+        the next call tries again. The ``max_consecutive_failures``-th
+        failure in a row raises :class:`SnapshotsFailingError`.
+        """
         async with self._lock:
             if self._last_version == self._parts.cut.mutation_version:
                 self.stats.skipped += 1
                 return None
             capture = await self._capture(base_step=None)
             started = time.perf_counter()
-            path = await asyncio.to_thread(
-                publish_snapshot,
-                self.anchor(),
-                manifest=capture.manifest,
-                write_payload=functools.partial(self._write_payload, capture),
-                keep_latest_k=self._settings.keep_latest_k,
-            )
+            try:
+                path = await asyncio.to_thread(
+                    publish_snapshot,
+                    self.anchor(),
+                    manifest=capture.manifest,
+                    write_payload=functools.partial(self._write_payload, capture),
+                    keep_latest_k=self._settings.keep_latest_k,
+                )
+            except SnapshotWriteError as error:
+                self._last_version = None  # nothing of it is on disk: the next try must write
+                self._snapshot_failed(error)
+                return None
+            self._retry.succeeded()
             self.stats.write_seconds.append(time.perf_counter() - started)
             self.stats.snapshots += 1
             self._committed_journal_seq = capture.controller.dispatch_journal_seq
             return path
+
+    def _snapshot_failed(self, error: SnapshotWriteError) -> None:
+        self.stats.failures += 1
+        limit = self._retry.max_consecutive_failures
+        newest = self.newest_good_state()
+        if self._retry.failed():
+            raise SnapshotsFailingError(
+                f"{limit} rollout snapshot(s) in a row failed "
+                f"(rollout_checkpointing.max_consecutive_failures={limit}); the last: {error}. "
+                f"The newest good snapshot is {newest}: a restart resumes from it once the "
+                "disk has room."
+            ) from error
+        _LOG.warning(
+            "rollout snapshot failed (%d in a row; the run stops at %d): %s; the newest good "
+            "snapshot is %s; trying again in %.3g s",
+            self._retry.consecutive,
+            limit,
+            error,
+            newest,
+            self._retry.next_wait_s(),
+        )
+
+    def newest_good_state(self) -> str:
+        """The newest committed snapshot a restart would resume from, for messages."""
+        anchor = self.anchor()
+        committed = committed_snapshot_paths(snapshots_root(anchor))
+        if committed:
+            return str(committed[-1])
+        if self._parts.base_step > 0:
+            return f"{anchor / TRAINER_ROLLOUT_STATE_DIRNAME} (of trainer checkpoint {anchor.name})"
+        return "none yet (a restart starts the run from the beginning)"
 
     def due_for_trainer_checkpoint(self) -> bool:
         """Whether the current trainer version ends a ``save_period``."""
@@ -270,12 +339,19 @@ class Checkpointer:
             capture = dataclasses.replace(
                 capture, data_plane=capture.data_plane.without(TRAIN_PARTITION, keys)
             )
-            path = await asyncio.to_thread(
-                publish_trainer_checkpoint,
-                self._checkpoint_dir,
-                version,
-                functools.partial(self._write_trainer_checkpoint, capture),
-            )
+            try:
+                path = await asyncio.to_thread(
+                    publish_trainer_checkpoint,
+                    self._checkpoint_dir,
+                    version,
+                    functools.partial(self._write_trainer_checkpoint, capture),
+                )
+            except SnapshotWriteError as error:
+                raise TrainerCheckpointWriteError(
+                    f"the trainer checkpoint of step {version} could not be written: {error}. "
+                    f"The newest good state is {self.newest_good_state()}: a restart resumes "
+                    "from it once the disk has room."
+                ) from error
             async with parts.cut.mutation():
                 await parts.data_plane.clear(TRAIN_PARTITION, keys)
                 for entry in retired:
@@ -291,6 +367,13 @@ class Checkpointer:
     async def _capture(self, *, base_step: int | None) -> RolloutStateCapture:
         parts = self._parts
         async with parts.cut.checkpoint():
+            # A log line that could not be written means the state is ahead of
+            # the evidence: such a state must never be committed.
+            failure = parts.logs.failure()
+            if failure is None and parts.journal is not None:
+                failure = parts.journal.failure
+            if failure is not None:
+                raise failure
             started = time.perf_counter()
             cut = take_cut_capture(parts, base_step=base_step)
             self.stats.cut_hold_seconds.append(time.perf_counter() - started)
@@ -323,7 +406,11 @@ class Checkpointer:
             self._parts.journal.prune(self._committed_journal_seq)
 
     def _prune(self, latest: Path) -> None:
-        prune_bootstrap_snapshots(self._checkpoint_dir, durable_trainer_checkpoint=latest)
-        prune_trainer_checkpoints(
-            self._checkpoint_dir, keep_latest=self._parts.config.checkpointing.keep_latest_k
-        )
+        try:
+            prune_bootstrap_snapshots(self._checkpoint_dir, durable_trainer_checkpoint=latest)
+            prune_trainer_checkpoints(
+                self._checkpoint_dir, keep_latest=self._parts.config.checkpointing.keep_latest_k
+            )
+        except OSError as exc:
+            # The checkpoint stands; what was not pruned is pruned by the next one.
+            _LOG.warning("published %s, but pruning older state failed: %s", latest, exc)

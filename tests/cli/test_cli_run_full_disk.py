@@ -1,0 +1,93 @@
+"""``rollvault run`` on a checkpoint directory that fills up: a real 4 MB tmpfs.
+
+With no trainer checkpoint before the end (``save_period=1000``), every
+snapshot keeps every trained group's rows and grows, until two committed
+snapshots and a new one no longer fit. Each failed snapshot must then be a
+warning and be retried; the third in a row stops the run with exit 3 and a
+message naming the cause and the newest good snapshot, with no traceback.
+That snapshot verifies, and a restart on a bigger disk (the directory
+copied) resumes from it and trains every prompt exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
+from rollvault.cli.run_command import IO_STOP_EXIT_STATUS
+
+NUM_PROMPTS = 256
+EPOCHS = 3
+
+
+def _rollvault(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rollvault.cli.main", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _run(tmp_path: Path, checkpoint_dir: Path) -> subprocess.CompletedProcess[str]:
+    return _rollvault(
+        tmp_path,
+        "run",
+        f"logging.log_dir={tmp_path / 'logs'}",
+        f"checkpointing.checkpoint_dir={checkpoint_dir}",
+        "logging.progress=false",
+        f"dataset.num_prompts={NUM_PROMPTS}",
+        f"grpo.max_num_epochs={EPOCHS}",
+        "checkpointing.save_period=1000",
+        "rollout_checkpointing.interval_s=0.05",
+        "rollout_checkpointing.max_consecutive_failures=3",
+        "gate.simulated.latency_per_token_s=0.0002",
+    )
+
+
+@pytest.mark.slow
+def test_a_full_checkpoint_disk_stops_the_run_cleanly_and_a_bigger_one_finishes_it(
+    tmp_path: Path, small_filesystem: Callable[[int], Path]
+) -> None:
+    small = small_filesystem(4 << 20) / "ckpt"
+    stopped = _run(tmp_path, small)
+    stderr = stopped.stderr.replace("\n", "")  # the console wraps long lines
+    assert stopped.returncode == IO_STOP_EXIT_STATUS, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    assert "rollvault run: cannot continue: 3 rollout snapshot(s) in a row failed" in stderr
+    assert "(rollout_checkpointing.max_consecutive_failures=3)" in stderr
+    assert "No space left on device" in stderr
+    # The two failures before the last were warnings, each retried after a longer wait.
+    assert "rollout snapshot failed (1 in a row; the run stops at 3)" in stderr
+    assert "trying again in 0.1 s" in stderr
+    assert "rollout snapshot failed (2 in a row; the run stops at 3)" in stderr
+    assert "trying again in 0.2 s" in stderr
+    named = re.search(r"The newest good snapshot is (\S+): a restart", stderr)
+    assert named is not None, stderr
+    newest = Path(named.group(1))
+    assert newest.parent == small / "bootstrap" / "rollout_snapshots"
+    assert newest.name.startswith("snapshot_") and newest.is_dir()
+    assert not [p for p in newest.parent.iterdir() if p.name.startswith(("tmp_", "trash_"))]
+    verified = _rollvault(tmp_path, "verify", str(small))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "all good" in verified.stdout
+
+    # Space freed: the same run on a bigger disk resumes from that snapshot and finishes.
+    big = tmp_path / "big_ckpt"
+    shutil.copytree(small, big)
+    finished = _run(tmp_path, big)
+    assert finished.returncode == 0, finished.stderr
+    history = read_run_history(tmp_path / "logs")
+    [restore] = history.restores
+    assert restore.snapshot == str(big / newest.relative_to(small))
+    expected = {(epoch, str(idx)) for epoch in range(EPOCHS) for idx in range(NUM_PROMPTS)}
+    assert check_exactly_once(history, expected) == []
