@@ -42,7 +42,7 @@ from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
 from rollvault.durable.run_lock import RunLockedError, acquire_run_lock
-from rollvault.gates.causal_lm import ModelDirError
+from rollvault.gates.errors import ModelDirError
 from rollvault.recipes.async_grpo import PreparedRun, prepare, train, version_zero_policy_path
 
 

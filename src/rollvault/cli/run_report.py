@@ -15,14 +15,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rollvault.cli.metrics_log import MetricsRecord, effective_metrics
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RestoreLogRecord
-from rollvault.recipes.async_grpo import PolicyStart
-from rollvault.training.warmup import WarmupReport
+from rollvault.recipes.run_parts import PolicyStart
+
+if TYPE_CHECKING:
+    from rollvault.training.warmup import WarmupReport
 
 __all__ = ["PLOT_FILENAME", "plot_run", "policy_line", "summary_lines"]
 

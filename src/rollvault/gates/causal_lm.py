@@ -18,6 +18,8 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from rollvault.gates.errors import ModelDirError
+
 __all__ = [
     "ModelDirError",
     "cache_argument_name",
@@ -25,10 +27,6 @@ __all__ = [
     "load_tokenizer",
     "quiet_transformers",
 ]
-
-
-class ModelDirError(ValueError):
-    """A model directory is missing, incomplete, or its tokenizer lacks a needed token."""
 
 
 def quiet_transformers() -> None:

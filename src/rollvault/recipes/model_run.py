@@ -1,0 +1,111 @@
+"""A run on a causal LM: generation in a worker process, text scoring, GRPO training.
+
+The one part of a run that needs torch and transformers; the composition
+(:func:`rollvault.recipes.async_grpo.prepare`) imports it only for
+``gate.kind=local_model``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from rollvault.config.schema import RunConfig
+from rollvault.dataplane.interface import DataPlane
+from rollvault.gates.local_model import LocalModelGate
+from rollvault.recipes.run_parts import (
+    CountingGate,
+    Policy,
+    PolicyStart,
+    PreparedRun,
+    policy_start,
+    prompt_dataset,
+    text_environment,
+    version_zero_policy_path,
+    warmup_source,
+)
+from rollvault.tasks.protocols import Task
+from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
+from rollvault.training.model_store import ensure_model_dir, load_model_dir
+from rollvault.training.policy_dirs import DamagedPolicyError, load_policy
+from rollvault.training.warmup import supervised_warmup
+
+__all__ = ["prepare_model_run"]
+
+
+def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
+    """A causal LM generating in a worker process, scored as text, trained by GRPO."""
+    environment = text_environment(config, task)
+    examples = warmup_source(config, task)
+    dataset = prompt_dataset(config, task)
+    # One torch thread here and one in the generation worker keep two cores busy.
+    torch.set_num_threads(1)
+    model_path = ensure_model_dir(
+        Path(config.model.path), build_default=config.model.build_default, seed=config.seed
+    )
+    start = policy_start(config)
+    model, tokenizer = _version_zero_model(config, model_path, start)
+    warmup = None
+    # examples is None exactly when the run has no warm-up steps (then start is not WARM_UP).
+    if start is PolicyStart.WARM_UP and examples is not None:
+        warmup = supervised_warmup(
+            model,
+            tokenizer,
+            examples(dataset),
+            steps=config.trainer.warmup.steps,
+            batch_size=config.trainer.warmup.batch_size,
+            learning_rate=config.trainer.warmup.learning_rate,
+            seed=config.seed,
+        )
+    trainer = GrpoTrainer(
+        model,
+        pad_token_id=int(tokenizer.pad_token_id),
+        settings=GrpoSettings.from_config(
+            config.trainer,
+            temperature=config.gate.local_model.temperature,
+            success_reward=environment.success_reward,
+        ),
+    )
+    gates: list[CountingGate] = []
+
+    def local_model_gate(data_plane: DataPlane) -> LocalModelGate:
+        gate = LocalModelGate(
+            config.gate.local_model,
+            data_plane,
+            environment,
+            model_path=model_path,
+            weights_provider=trainer.weights_for_gate,
+            seed=config.seed,
+        )
+        gates.append(gate)
+        return gate
+
+    return PreparedRun(
+        config=config,
+        task=task,
+        dataset=dataset,
+        trainer=trainer,
+        gate_factory=local_model_gate,
+        warmup=warmup,
+        gates=gates,
+        policy=Policy(trainer=trainer, tokenizer=tokenizer, start=start),
+    )
+
+
+def _version_zero_model(
+    config: RunConfig, model_path: Path, start: PolicyStart
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The saved version-0 policy for ``SAVED`` (its files checked first), else ``model.path``."""
+    if start is not PolicyStart.SAVED:
+        return load_model_dir(model_path)
+    path = version_zero_policy_path(config)
+    try:
+        return load_policy(path)
+    except DamagedPolicyError as error:
+        raise DamagedPolicyError(
+            f"{error} (this is the version-0 policy saved after the run's warm-up; "
+            f"delete {path} to warm up again)"
+        ) from error

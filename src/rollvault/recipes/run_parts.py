@@ -1,0 +1,184 @@
+"""The pieces every kind of run is prepared into, and the decisions shared by them.
+
+:mod:`rollvault.recipes.async_grpo` composes a run from these;
+:mod:`rollvault.recipes.model_run` and :mod:`rollvault.recipes.simulated_run`
+fill a :class:`PreparedRun` for each kind of gate. Nothing here imports torch
+or transformers (only their types, for the checker): the simulated run, which
+the chaos harness starts hundreds of times, then starts in a fraction of a
+second instead of the five CPU-seconds those imports cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from rollvault.config.errors import ConfigError
+from rollvault.config.schema import RestoreMode, RunConfig
+from rollvault.controller.loop.gate import Gate
+from rollvault.controller.loop.pipeline import GateFactory
+from rollvault.controller.loop.trainer import Trainer
+from rollvault.durable.layout import (
+    BOOTSTRAP_DIRNAME,
+    BOOTSTRAP_MANIFEST_FILENAME,
+    BOOTSTRAP_POLICY_DIRNAME,
+    FINAL_MODEL_DIRNAME,
+)
+from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
+from rollvault.tasks.protocols import (
+    Environment,
+    PromptDataset,
+    Task,
+    TextEnvironment,
+    WarmupSource,
+)
+
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    from rollvault.training.grpo_trainer import GrpoTrainer
+    from rollvault.training.warmup import WarmupReport
+
+__all__ = [
+    "CountingGate",
+    "Policy",
+    "PolicyStart",
+    "PreparedRun",
+    "final_model_path",
+    "policy_start",
+    "prompt_dataset",
+    "text_environment",
+    "token_environment",
+    "version_zero_policy_path",
+    "warmup_source",
+]
+
+
+class CountingGate(Gate, Protocol):
+    """A gate that counts the response tokens it generated (for progress and benchmarks)."""
+
+    tokens_generated: int
+
+
+class PolicyStart(StrEnum):
+    """Where one start of a GRPO run takes its version-0 policy from."""
+
+    MODEL = "model"
+    """``model.path`` as it is: the run has no warm-up."""
+    WARM_UP = "warm_up"
+    """``model.path``, warmed up by this start and then saved as the version-0 policy."""
+    SAVED = "saved"
+    """The version-0 policy an earlier start of the run saved after its warm-up."""
+    TRAINER_CHECKPOINT = "trainer_checkpoint"
+    """``model.path``: the pipeline loads the newest trainer checkpoint's weights over it."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A GRPO run's policy: the model ``trainer`` trains in place, and its tokenizer."""
+
+    trainer: GrpoTrainer
+    tokenizer: PreTrainedTokenizerBase
+    start: PolicyStart
+    """Where this start's version-0 weights came from."""
+
+
+@dataclass
+class PreparedRun:
+    """What one start of the run runs with: the pipeline's inputs, and what built them."""
+
+    config: RunConfig
+    task: Task
+    dataset: PromptDataset
+    trainer: Trainer
+    gate_factory: GateFactory
+    """Builds this start's gate on the pipeline's data plane."""
+    warmup: WarmupReport | None = None
+    """The supervised warm-up this start ran; None when it ran none."""
+    gates: list[CountingGate] = field(default_factory=list)
+    """Every gate the factory built, for progress and benchmarks."""
+    policy: Policy | None = None
+    """The policy a GRPO run trains; None for the simulated run."""
+    final_model: Path | None = None
+    """Where :func:`train` exported the final policy; None before that, or without a policy."""
+
+    def tokens_generated(self) -> int:
+        """Response tokens generated so far by this start's gates."""
+        return sum(gate.tokens_generated for gate in self.gates)
+
+
+def final_model_path(config: RunConfig) -> Path:
+    """Where a finished GRPO run leaves its policy as a Hugging Face model directory."""
+    return Path(config.checkpointing.checkpoint_dir) / FINAL_MODEL_DIRNAME
+
+
+def version_zero_policy_path(config: RunConfig) -> Path:
+    """Where a run saves the policy it generates its first rollouts with (after the warm-up)."""
+    return Path(config.checkpointing.checkpoint_dir) / BOOTSTRAP_DIRNAME / BOOTSTRAP_POLICY_DIRNAME
+
+
+def prompt_dataset(config: RunConfig, task: Task) -> PromptDataset:
+    """The run's dataset: what the sampler draws from and restore rehydrates prompts from.
+
+    Token ids of a token-level task are drawn below the simulated gate's
+    vocabulary: only the simulated gate scores token-level tasks (a model
+    gate needs a text environment), and text tasks ignore the vocabulary.
+    """
+    return task.build_dataset(
+        config.dataset, seed=config.seed, vocab_size=config.gate.simulated.vocab_size
+    )
+
+
+def text_environment(config: RunConfig, task: Task) -> TextEnvironment:
+    """The environment a model gate scores ``task`` with; refused if it has none."""
+    if task.text_environment is None:
+        raise ConfigError(
+            f"gate.kind={config.gate.kind.value} needs a task with a text environment; "
+            f"dataset.kind={task.name} has none"
+        )
+    return task.text_environment()
+
+
+def token_environment(config: RunConfig, task: Task) -> Environment:
+    """The environment the simulated gate scores ``task`` with; refused if it has none."""
+    if task.token_environment is None:
+        raise ConfigError(
+            f"gate.kind={config.gate.kind.value} needs a task with a token environment; "
+            f"dataset.kind={task.name} has none"
+        )
+    return task.token_environment()
+
+
+def warmup_source(config: RunConfig, task: Task) -> WarmupSource | None:
+    """Where the warm-up's examples come from; None without warm-up; refused if ``task`` has none."""
+    if config.trainer.warmup.steps == 0:
+        return None
+    if task.warmup_examples is None:
+        raise ConfigError(
+            f"trainer.warmup.steps={config.trainer.warmup.steps} needs warm-up examples; "
+            f"dataset.kind={task.name} has none (set trainer.warmup.steps=0)"
+        )
+    return task.warmup_examples
+
+
+def policy_start(config: RunConfig) -> PolicyStart:
+    """Where this start's version-0 policy comes from; decided before any model is loaded.
+
+    A start that resumes a trainer checkpoint loads its weights over any
+    warm-up, so it runs none. A start that resumes a run before its first
+    trainer checkpoint loads the version-0 policy the run saved, when there
+    is one: its bootstrap rollouts were generated with those very weights,
+    and the warm-up is not paid for twice. Any other start warms up when the
+    run has a warm-up; ``restore_mode=none`` always starts fresh (an old run
+    is refused or deleted, never loaded).
+    """
+    if config.rollout_checkpointing.restore_mode is not RestoreMode.NONE:
+        checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
+        if latest_trainer_checkpoint(checkpoint_dir) is not None:
+            return PolicyStart.TRAINER_CHECKPOINT
+        holds_run = (checkpoint_dir / BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME).is_file()
+        if holds_run and version_zero_policy_path(config).is_dir():
+            return PolicyStart.SAVED
+    return PolicyStart.WARM_UP if config.trainer.warmup.steps > 0 else PolicyStart.MODEL
