@@ -14,7 +14,11 @@ It reports kills delivered, harness runs, starts, violations (with the first
 few named) and wall time, and exits 1 when any violation was found.
 
 Usage: python benchmarks/bench_soak.py [--kills 500] [--kills-per-run 20] [--first-seed 0]
-       [--kill-window 1.0] [--max-minutes M] [--workdir DIR] [--keep] [--json]
+       [--kill-window 1.0] [--num-prompts 96] [--max-minutes M] [--workdir DIR] [--keep] [--json]
+``--num-prompts`` sets the harness run's dataset (two epochs of it): it must
+be long enough that every kill lands before the run ends, which the harness
+reports as a problem otherwise (a simulated start takes ~0.3 s to begin
+generating, so 48 prompts end too soon for 25 kills).
 The runs go to .bench_tmp/soak/ in the checkout and are removed as they pass,
 unless ``--keep``; a run with a violation is always kept for inspection.
 """
@@ -64,6 +68,7 @@ def soak(args: argparse.Namespace) -> SoakResult:
             kills=min(args.kills_per_run, args.kills - result.kills),
             seed=seed,
             kill_window_s=args.kill_window,
+            overrides=(f"dataset.num_prompts={args.num_prompts}",),
         )
         report = run_chaos(plan)
         result.harness_runs += 1
@@ -93,6 +98,7 @@ def main() -> int:
     parser.add_argument("--kills-per-run", type=int, default=20)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--kill-window", type=float, default=1.0)
+    parser.add_argument("--num-prompts", type=int, default=96)
     parser.add_argument("--workdir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument(
