@@ -10,8 +10,10 @@ refuses the resume with :class:`~rollvault.durable.errors.DatasetChangedError`
 edited under the same path; the restorer's per-group check only sees the
 groups a snapshot holds in flight.
 
-Computing the digests is one ``identity`` call a row: 10,000 addition rows
-take about 50 ms, a file dataset's digests are precomputed as it loads.
+Computing the digests is one ``identity`` call a row: the 10,000 rows of the
+addition task take about 30 ms (the whole check on resume, reading the
+record included, the same); a file dataset's 10,000 rows about 10 ms, its
+datums being encoded once as it loads.
 """
 
 from __future__ import annotations
