@@ -239,6 +239,12 @@ def test_a_file_config_loads(tmp_path: Path) -> None:
 # -- bad input: file, line/row and field named ------------------------------------------
 
 
+def test_a_builder_without_a_path_says_so() -> None:
+    # The config rules refuse this first; a builder called directly says it too.
+    with pytest.raises(ConfigError, match="dataset.kind=jsonl reads its rows from a file"):
+        jsonl.build_jsonl_dataset(DatasetConfig(kind="jsonl"), seed=0, vocab_size=2)
+
+
 def test_a_missing_file(tmp_path: Path) -> None:
     for kind in sorted(FILE_DATASET_KINDS):
         with pytest.raises(DatasetFileError) as info:
@@ -274,7 +280,7 @@ def test_an_empty_file(tmp_path: Path) -> None:
         ('{"prompt": NaN}', "invalid JSON: NaN is not JSON"),
         ('{"prompt": "a", "prompt": "b"}', "invalid JSON: the key 'prompt' appears twice"),
         ("[1, 2]", "a row must be an object (a mapping of fields), got array [1, 2]"),
-        ('"just text"', "a row must be an object (a mapping of fields), got string 'just text'"),
+        ('"just text"', 'a row must be an object (a mapping of fields), got string "just text"'),
     ],
 )
 def test_a_line_that_is_no_row(tmp_path: Path, line: str, problem: str) -> None:
@@ -302,8 +308,8 @@ def test_a_missing_prompt_key_lists_the_fields(tmp_path: Path) -> None:
     ("value", "problem"),
     [
         ("7", "the prompt must be a string, got number 7"),
-        ("null", "the prompt must be a string, got null None"),
-        ('["a"]', "the prompt must be a string, got array ['a']"),
+        ("null", "the prompt must be a string, got null"),
+        ('["a"]', 'the prompt must be a string, got array ["a"]'),
         ('""', "the prompt is empty"),
         ('"   "', "the prompt is empty"),
     ],
@@ -321,13 +327,13 @@ def test_a_prompt_that_is_not_a_nonempty_string(tmp_path: Path, value: str, prob
         (
             '"hi"',
             "messages",
-            "must be a non-empty list of {role, content} mappings, got string 'hi'",
+            'must be a non-empty list of {role, content} mappings, got string "hi"',
         ),
         ("[]", "messages", "must be a non-empty list of {role, content} mappings, got array []"),
         (
             '["hi"]',
             "messages[0]",
-            "a chat turn must be a mapping with exactly the keys 'role' and 'content', got string 'hi'",
+            "a chat turn must be a mapping with exactly the keys 'role' and 'content', got string \"hi\"",
         ),
         (
             '[{"role": "user"}]',
@@ -347,12 +353,12 @@ def test_a_prompt_that_is_not_a_nonempty_string(tmp_path: Path, value: str, prob
         (
             '[{"role": "", "content": "a"}]',
             "messages[0].role",
-            "must be a non-empty string, got string ''",
+            'must be a non-empty string, got string ""',
         ),
         (
             '[{"role": "user", "content": null}]',
             "messages[0].content",
-            "must be a string, got null None",
+            "must be a string, got null",
         ),
     ],
 )
@@ -374,7 +380,7 @@ def test_a_missing_messages_key(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("answer", "shown"),
-    [("true", "boolean True"), ("[1]", "array [1]"), ('{"a": 1}', "object {'a': 1}")],
+    [("true", "boolean true"), ("[1]", "array [1]"), ('{"a": 1}', 'object {"a": 1}')],
 )
 def test_an_answer_of_an_unsupported_type(tmp_path: Path, answer: str, shown: str) -> None:
     error = _jsonl_error(tmp_path, [f'{{"prompt": "a", "answer": {answer}}}'])

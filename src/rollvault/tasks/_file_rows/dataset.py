@@ -20,6 +20,7 @@ from typing import cast
 
 import msgspec
 
+from rollvault.config.errors import ConfigError
 from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
 from rollvault.tasks._file_rows.datum import row_datum
@@ -90,7 +91,9 @@ def build_file_dataset(
 def file_path(config: DatasetConfig) -> Path:
     """``dataset.path`` (config rules make a file dataset's path required)."""
     if config.path is None:
-        raise DatasetFileError(Path(), f"dataset.kind={config.kind} needs dataset.path")
+        raise ConfigError(
+            f"dataset.kind={config.kind} reads its rows from a file: set dataset.path to that file"
+        )
     return Path(config.path)
 
 

@@ -11,6 +11,7 @@ answer field, or with null there, has no answer.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rollvault.config.schema import DatasetConfig
@@ -95,12 +96,10 @@ def _answer(fields: dict[str, Any], key: str | None, place: RowPlace) -> str | N
 
 
 def _shown(value: object) -> str:
-    """A value for a message: its type in JSON's words, and the value itself when short."""
-    kinds = {bool: "boolean", str: "string", int: "number", float: "number"}
-    kind = "null" if value is None else kinds.get(type(value), type(value).__name__)
-    if isinstance(value, list):
-        kind = "array"
-    elif isinstance(value, dict):
-        kind = "object"
-    text = repr(value)
+    """A value for a message, as JSON says it: its kind, and the value when short."""
+    kinds = {bool: "boolean", str: "string", int: "number", float: "number", list: "array"}
+    kind = "null" if value is None else kinds.get(type(value), "object")
+    if value is None:
+        return kind
+    text = json.dumps(value, ensure_ascii=False)
     return f"{kind} {text}" if len(text) <= 40 else kind
