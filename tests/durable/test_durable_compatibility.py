@@ -289,6 +289,7 @@ def test_config_drift_over_every_leaf_of_the_default_config(tmp_path: Path) -> N
         "rollout.max_inflight_prompts",
         "gate.local_model.max_batch_size",
         "model.path",
+        "dataset.path",
     } <= operational
     assert "seed" not in operational and "reward.overlong_penalty" not in operational
 

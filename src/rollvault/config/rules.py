@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import (
+    FILE_DATASET_KINDS,
+    DatasetConfig,
     GateKind,
     RunConfig,
     SimulatedGateConfig,
@@ -19,6 +21,7 @@ def validate_run_config(config: RunConfig) -> None:
         *_capacity_problems(config),
         *_gate_problems(config.gate.simulated),
         *_kind_problems(config),
+        *_dataset_problems(config.dataset),
     ]
     if problems:
         raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
@@ -64,3 +67,21 @@ def _kind_problems(config: RunConfig) -> list[str]:
             "(use both, or simulated with recording)"
         )
     return problems
+
+
+def _dataset_problems(dataset: DatasetConfig) -> list[str]:
+    """A file dataset needs its file; a task that reads no file is given none."""
+    kinds = " or ".join(sorted(FILE_DATASET_KINDS))
+    if dataset.kind in FILE_DATASET_KINDS:
+        if dataset.path is None:
+            return [
+                f"dataset.kind={dataset.kind} reads its rows from a file: set dataset.path "
+                "to that file"
+            ]
+        return []
+    return [
+        f"dataset.{field}={value!r} is for file datasets (dataset.kind {kinds}); "
+        f"dataset.kind={dataset.kind} reads no file (remove dataset.{field})"
+        for field, value in (("path", dataset.path), ("messages_key", dataset.messages_key))
+        if value is not None
+    ]

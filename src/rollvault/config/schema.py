@@ -6,7 +6,7 @@ Every knob has a default, so an empty file (or none) is a complete config.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
@@ -15,6 +15,7 @@ from rollvault.ledger.statuses import RecoveryGranularity
 __all__ = [
     "CheckpointingConfig",
     "DatasetConfig",
+    "FILE_DATASET_KINDS",
     "GateConfig",
     "GateKind",
     "GrpoConfig",
@@ -239,10 +240,32 @@ class DatasetConfig(_Section, frozen=True):
     # The task: the name of a folder under rollvault/tasks/ (synthetic, addition, ...),
     # checked against those folders when the run is composed.
     kind: NonEmptyStr = "synthetic"
-    # Prompts per epoch.
+    # Prompts per epoch of the built-in tasks. File datasets (jsonl, parquet) ignore
+    # it: their epoch is every row of the file (a default of 256 must not cut a file
+    # short without a word; to train on part of a file, give a shorter file).
     num_prompts: PositiveInt = 256
     # Tokens per synthetic prompt.
     prompt_tokens: PositiveInt = 16
+    # kind jsonl or parquet: the file of rows (relative to the directory rollvault runs
+    # in); required by those kinds, refused by the others. Not part of the run's
+    # fingerprint: a resume compares the file's rows one by one with those the run
+    # started with, so a moved file is the same dataset and a changed row is refused,
+    # naming it.
+    path: NonEmptyStr | None = None
+    # File datasets: the field of each row holding the prompt text (a non-empty string).
+    # Unused when messages_key is set.
+    prompt_key: NonEmptyStr = "prompt"
+    # File datasets: the field holding the reference answer, handed to the reward as
+    # extra_env_info.answer. A row without it (or null there) has no answer; null here:
+    # no row has one. Numbers become strings (7 -> "7", 2.5 -> "2.5").
+    answer_key: NonEmptyStr | None = "answer"
+    # File datasets: the field holding a chat, a list of {role, content} string
+    # mappings; set it for chat-format rows (then prompt_key is not used).
+    messages_key: NonEmptyStr | None = None
+
+
+FILE_DATASET_KINDS: Final = frozenset({"jsonl", "parquet"})
+"""The ``dataset.kind`` values that read their rows from ``dataset.path``."""
 
 
 class LoggingConfig(_Section, frozen=True):

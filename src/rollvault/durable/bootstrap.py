@@ -1,7 +1,8 @@
 """The bootstrap anchor: the trainer-version-zero home of early rollout snapshots.
 
 ``<checkpoint_dir>/bootstrap/manifest.json`` stores the run's compatibility
-identity and its fingerprint. It is written once, atomically, and validated on
+identity and its fingerprint; ``bootstrap/dataset_identity.json`` beside it
+the identity digest of every dataset row (:mod:`rollvault.durable.dataset_identity`). It is written once, atomically, and validated on
 every later start: a run whose identity differs is refused with every changed
 dotpath. Snapshots under ``bootstrap/rollout_snapshots`` are pruned once a
 durable trainer checkpoint exists.
@@ -23,6 +24,11 @@ from rollvault.durable.compatibility import (
     _format_changed_value,
 )
 from rollvault.durable.config_paths import canonical_json
+from rollvault.durable.dataset_identity import (
+    DatasetIdentity,
+    remove_dataset_identity,
+    write_dataset_identity,
+)
 from rollvault.durable.errors import IncompatibleRunError, SnapshotManifestError
 from rollvault.durable.faults import fault_point
 from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
@@ -94,7 +100,10 @@ def holds_run(checkpoint_dir: Path) -> bool:
 
 
 def ensure_bootstrap_anchor(
-    checkpoint_dir: Path, *, identity: BootstrapCompatibilityIdentity
+    checkpoint_dir: Path,
+    *,
+    identity: BootstrapCompatibilityIdentity,
+    dataset_identity: DatasetIdentity | None = None,
 ) -> Path:
     """Create or validate the lightweight trainer-version-zero anchor.
 
@@ -102,6 +111,12 @@ def ensure_bootstrap_anchor(
     not exist, otherwise validates it against ``identity`` (raising
     ``IncompatibleRunError`` listing every changed dotpath). Returns the anchor
     directory ``<checkpoint_dir>/bootstrap``.
+
+    A new anchor records ``dataset_identity`` (the dataset's row digests) in
+    ``dataset_identity.json``, written before the manifest: an anchor never
+    exists without the identity of the dataset it was made for. An existing
+    anchor's record is left alone (comparing a dataset against it is the
+    caller's, which can say where a row comes from).
     """
     anchor = checkpoint_dir / BOOTSTRAP_DIRNAME
     manifest_path = anchor / BOOTSTRAP_MANIFEST_FILENAME
@@ -109,6 +124,10 @@ def ensure_bootstrap_anchor(
         validate_bootstrap_anchor(anchor, identity=identity)
         return anchor
     _ensure_directory(anchor)
+    if dataset_identity is not None:
+        write_dataset_identity(anchor, dataset_identity)
+    else:
+        remove_dataset_identity(anchor)  # one a start killed before its manifest left
     atomic_write_bytes(manifest_path, canonical_json(_bootstrap_anchor_manifest(identity)))
     return anchor
 

@@ -82,6 +82,11 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
             "where the model's files are; the model's identity is the digest of those files "
             "(model.files), so a moved model is the same model and new weights are not"
         ),
+        "dataset.path": (
+            "where the dataset file is; its rows are compared one by one with those the "
+            "bootstrap anchor recorded (dataset_identity.json), so a moved file is the same "
+            "dataset and a changed row is refused, by row"
+        ),
         "**.port": "network ports of servers and workers",
         "**.host": "network addresses of servers and workers",
         "cluster": "the machine layout the run happens to be placed on",
@@ -120,6 +125,10 @@ _SECRET_WORDS: Final = frozenset(
     {"password", "passwords", "passwd", "secret", "secrets", "apikey", "credential", "credentials"}
 )
 _SECRET_LAST_WORDS: Final = frozenset({"token", "key"})
+# Keys that end in "key" and hold no secret: the names of fields of a dataset's rows.
+_NOT_SECRET_PATHS: Final = frozenset(
+    {("dataset", "prompt_key"), ("dataset", "answer_key"), ("dataset", "messages_key")}
+)
 _WORD_SPLIT_RE: Final = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
@@ -193,6 +202,8 @@ def bootstrap_compatibility_identity(config: Mapping[str, Any]) -> BootstrapComp
 
 
 def _looks_secret(path: ConfigPath) -> bool:
+    if path in _NOT_SECRET_PATHS:
+        return False
     for segment in path:
         if segment.startswith("["):
             continue

@@ -51,6 +51,26 @@ class IncompatibleRunError(SnapshotError):
         )
 
 
+class DatasetChangedError(IncompatibleRunError):
+    """The run's dataset differs, row by row, from the one its bootstrap anchor recorded.
+
+    ``differences`` holds one line per finding: the row count, or a changed
+    row with where it is (a file and a line, when the dataset can say).
+    """
+
+    def __init__(self, anchor: Path, differences: list[str]) -> None:
+        self.anchor = anchor
+        self.differences = list(differences)
+        listing = "\n".join(f"  - {line}" for line in self.differences)
+        # Not IncompatibleRunError's wording: the config is unchanged, the data is not.
+        SnapshotError.__init__(
+            self,
+            f"refusing to resume from {anchor}: the dataset differs from the one the run "
+            f"started with (the rows a snapshot refers to by index would be other prompts):"
+            f"\n{listing}",
+        )
+
+
 class NoUsableSnapshotError(SnapshotError):
     """Committed snapshots exist under an anchor but none of them can be used.
 

@@ -4,6 +4,7 @@
 
     <checkpoint_dir>/
       bootstrap/manifest.json            BOOTSTRAP_DIRNAME / BOOTSTRAP_MANIFEST_FILENAME
+      bootstrap/dataset_identity.json    DATASET_IDENTITY_FILENAME: the dataset's row digests
       bootstrap/rollout_snapshots/       snapshots before the first trainer checkpoint
       bootstrap/policy/                  BOOTSTRAP_POLICY_DIRNAME: the version-0 policy
       final_model/                       FINAL_MODEL_DIRNAME: the policy when the run finished
@@ -22,6 +23,10 @@ BOOTSTRAP_DIRNAME: Final = "bootstrap"
 BOOTSTRAP_MANIFEST_FILENAME: Final = "manifest.json"
 ROLLOUT_SNAPSHOTS_DIRNAME: Final = "rollout_snapshots"
 ROLLOUT_SNAPSHOT_MANIFEST_FILENAME: Final = "manifest.json"
+
+# The identity digest of every dataset row when the run started, written with
+# the anchor (before its manifest); every resume compares the dataset against it.
+DATASET_IDENTITY_FILENAME: Final = "dataset_identity.json"
 
 # Where prune_bootstrap_snapshots parks the bootstrap snapshots between its
 # rename and its delete (rollvault.durable.retention.trash_name of

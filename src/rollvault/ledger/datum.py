@@ -23,6 +23,10 @@ class DatumSpec(TypedDict):
     """Tokenized prompt."""
     prompt_text: NotRequired[str]
     """Prompt as text."""
+    messages: NotRequired[list[dict[str, str]]]
+    """Prompt as a chat: ``{"role": ..., "content": ...}`` turns in order (a file dataset's
+    chat-format rows, ``dataset.messages_key``). A model gate renders it with the
+    tokenizer's chat template; a datum holds it instead of ``prompt_text``."""
     extra_env_info: NotRequired[dict[str, Any]]
     """Whatever the environment needs to score a response (answers, seeds, ...)."""
 

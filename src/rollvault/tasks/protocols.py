@@ -14,7 +14,8 @@ gate needs nothing else.
 
 A :class:`Task` puts one task's pieces together: its name (what
 ``dataset.kind`` says), how to build its dataset, the environment it scores
-with and, optionally, its supervised warm-up examples. Each folder under
+with (or none, when the user's ``reward.function`` scores it) and,
+optionally, its supervised warm-up examples. Each folder under
 ``rollvault/tasks/`` exports one as ``TASK`` (see :mod:`rollvault.tasks.registry`).
 """
 
@@ -34,12 +35,14 @@ __all__ = [
     "Environment",
     "PromptDataset",
     "PromptEnvironmentError",
+    "RowDescriber",
     "Score",
     "Task",
     "TextEnvironment",
     "TextScore",
     "WarmupExample",
     "WarmupSource",
+    "describe_row",
     "prompt_identity",
 ]
 
@@ -59,6 +62,26 @@ class PromptDataset(Protocol):
     def identity(self, idx: int) -> str:
         """A stable digest of the prompt at ``idx``, compared on restore."""
         ...
+
+
+@runtime_checkable
+class RowDescriber(Protocol):
+    """A dataset that can say where a row comes from (a file and a line, say)."""
+
+    def describe(self, idx: int) -> str:
+        """Where the prompt at ``idx`` comes from, for messages: ``"data.jsonl line 4"``."""
+        ...
+
+
+def describe_row(dataset: PromptDataset, idx: int) -> str:
+    """``"dataset index 3"``, plus where the row comes from when the dataset can say it.
+
+    ``"dataset index 3 (data.jsonl line 4)"`` for a dataset with a ``describe``
+    method (:class:`RowDescriber`), for the messages that name a row: a
+    changed dataset refused on resume, a prompt that cannot be scored.
+    """
+    where = dataset.describe(idx) if isinstance(dataset, RowDescriber) else None
+    return f"dataset index {idx}" + (f" ({where})" if where else "")
 
 
 def prompt_identity(datum: DatumSpec) -> str:
@@ -151,10 +174,14 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     text_environment: Callable[[], TextEnvironment] | None = None
     warmup_examples: WarmupSource | None = None
     """None when the task has no supervised warm-up (``trainer.warmup.steps`` must be 0)."""
+    needs_reward_function: bool = False
+    """True when the task has no built-in scoring, so ``reward.function`` must name one
+    (the file datasets: their rows come with no verifier)."""
 
     def __post_init__(self) -> None:
-        if self.token_environment is None and self.text_environment is None:
+        no_environment = self.token_environment is None and self.text_environment is None
+        if no_environment and not self.needs_reward_function:
             raise ValueError(
                 f"task {self.name!r}: give a token_environment or a text_environment, "
-                "or no gate can score it"
+                "or set needs_reward_function=True, or no gate can score it"
             )

@@ -156,13 +156,13 @@ async def run(
     and anything is restored or generated.
     A request on ``shutdown`` ends the run early (see the module docstring).
 
-    Raises ``IncompatibleRunError`` (config changed), ``RunExistsError``
+    Raises ``IncompatibleRunError`` (config or dataset rows changed), ``RunExistsError``
     (``restore_mode=none`` on an existing run) or ``NoUsableSnapshotError``
     before anything runs, and a ``RunStoppedByIOError`` when the run stops
     on a write it could not make (snapshots failing, a trainer checkpoint, a
     log line), with everything durable before it intact.
     """
-    resume = prepare_checkpoint_dir(config)
+    resume = prepare_checkpoint_dir(config, dataset=dataset)
     if before_start is not None:
         before_start(resume)
     parts = build_parts(config, dataset=dataset)

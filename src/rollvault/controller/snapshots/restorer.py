@@ -58,6 +58,7 @@ from rollvault.ledger.statuses import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
+from rollvault.tasks.protocols import describe_row
 
 _LOG = logging.getLogger("rollvault.restore")
 
@@ -417,8 +418,9 @@ class RolloutRestorer:
         recorded = self._identities.get(group_id)
         if recorded is not None and parts.dataset.identity(origin.dataset_idx) != recorded:
             raise RestoreError(
-                f"group {group_id!r}: dataset index {origin.dataset_idx} no longer holds the "
-                "prompt it was reserved with (the dataset changed order or content)"
+                f"group {group_id!r}: {describe_row(parts.dataset, origin.dataset_idx)} no "
+                "longer holds the prompt it was reserved with (the dataset changed order or "
+                "content)"
             )
         return parts.dataset[origin.dataset_idx]
 

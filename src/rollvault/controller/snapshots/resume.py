@@ -16,7 +16,8 @@ checkpoint exists (``rollvault.durable.bootstrap.holds_run``). A start under
 
 Every mode but a forced fresh start first checks the run's compatibility
 identity against the anchor and refuses a changed config, naming every
-changed dotpath.
+changed dotpath, then the dataset's rows against those the anchor recorded,
+naming the changed rows.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from rollvault.controller.snapshots.checkpointer import (
     TRAINER_ROLLOUT_STATE_DIRNAME,
     TRAINER_STATE_DIRNAME,
 )
+from rollvault.controller.snapshots.dataset_check import check_dataset_unchanged, dataset_identity
 from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
 from rollvault.controller.snapshots.verification import read_snapshot
 from rollvault.durable.bootstrap import ensure_bootstrap_anchor, holds_run
@@ -56,6 +58,7 @@ from rollvault.durable.trainer_checkpoints import (
     verify_trainer_checkpoint,
 )
 from rollvault.durable.trash import remove_tree
+from rollvault.tasks.protocols import PromptDataset
 
 _LOG = logging.getLogger("rollvault.resume")
 
@@ -101,17 +104,27 @@ def run_fingerprint(config: RunConfig) -> str:
     return run_identity(config).fingerprint()
 
 
-def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
+def prepare_checkpoint_dir(
+    config: RunConfig, *, dataset: PromptDataset | None = None
+) -> ResumeSource | None:
     """Check the directory against ``config`` and pick what to resume from.
 
+    With ``dataset`` (the run's), a new anchor records its rows' identity
+    digests and a resume refuses a dataset whose rows differ from those
+    (:mod:`rollvault.controller.snapshots.dataset_check`); without it (tools
+    that only read a finished run's state) the rows are neither recorded nor
+    checked.
+
     Returns None for a fresh start. Raises ``IncompatibleRunError`` on a
-    changed config, :class:`RunExistsError` for ``none`` without
+    changed config, ``DatasetChangedError`` (an ``IncompatibleRunError``) on
+    changed dataset rows, :class:`RunExistsError` for ``none`` without
     ``force_fresh``, and ``NoUsableSnapshotError`` when snapshots exist but
     none can be used.
     """
     settings = config.rollout_checkpointing
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
     identity = run_identity(config)
+    rows = dataset_identity(dataset) if dataset is not None else None
     existing = holds_run(checkpoint_dir)
     if settings.restore_mode is RestoreMode.NONE and existing:
         if not settings.force_fresh:
@@ -122,9 +135,13 @@ def prepare_checkpoint_dir(config: RunConfig) -> ResumeSource | None:
         _remove_run(checkpoint_dir, Path(config.logging.log_dir))
         existing = False
     # Creates the anchor for a new run; for an existing one, refuses a changed config.
-    ensure_bootstrap_anchor(checkpoint_dir, identity=identity)
+    anchor = ensure_bootstrap_anchor(checkpoint_dir, identity=identity, dataset_identity=rows)
     if not existing:
         return None
+    if dataset is not None:
+        # After the config check: a changed seed or num_prompts changes rows too, and
+        # the changed setting is the better message.
+        check_dataset_unchanged(anchor, dataset, rows)
     return _resume_source(config, checkpoint_dir, identity.fingerprint())
 
 
