@@ -119,3 +119,17 @@ def test_the_model_is_its_files_not_its_path(tmp_path: Path) -> None:
     )
     assert refused.returncode == 2
     assert "model.files.model.safetensors:" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_damaged_dataset_identity_file_refuses_the_start_and_is_kept(tmp_path: Path) -> None:
+    first = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=2"))
+    assert first.returncode == 0, first.stderr
+    record = tmp_path / "ckpt" / "bootstrap" / "dataset_identity.json"
+    damaged = record.read_bytes()[:-20]
+    record.write_bytes(damaged)
+    second = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=4"))
+    assert second.returncode == 2, second.stderr
+    assert "cannot start" in second.stderr and "dataset_identity.json" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert record.read_bytes() == damaged

@@ -40,7 +40,11 @@ from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLog
 from rollvault.controller.loop.shutdown import Shutdown
 from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
-from rollvault.durable.errors import IncompatibleRunError, NoUsableSnapshotError
+from rollvault.durable.errors import (
+    IncompatibleRunError,
+    NoUsableSnapshotError,
+    SnapshotManifestError,
+)
 from rollvault.durable.run_lock import RunLockedError, acquire_run_lock
 from rollvault.gates.errors import ModelDirError
 from rollvault.recipes.async_grpo import PreparedRun, prepare, train, version_zero_policy_path
@@ -78,6 +82,7 @@ def run_command(config: RunConfig) -> int:
                 NoUsableSnapshotError,
                 RestoreError,
                 ModelDirError,
+                SnapshotManifestError,  # a damaged anchor file: named, never overwritten
             ) as error:
                 _say(console, f"rollvault run: cannot start: {error}")
                 return 2
