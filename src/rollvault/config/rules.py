@@ -5,6 +5,7 @@ from __future__ import annotations
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import (
     GateKind,
+    ModelConfig,
     RunConfig,
     SimulatedGateConfig,
     TrainerKind,
@@ -19,6 +20,7 @@ def validate_run_config(config: RunConfig) -> None:
         *_capacity_problems(config),
         *_gate_problems(config.gate.simulated),
         *_kind_problems(config),
+        *_model_problems(config.model),
     ]
     if problems:
         raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
@@ -62,5 +64,28 @@ def _kind_problems(config: RunConfig) -> list[str]:
             f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
             "do not fit: the grpo trainer trains the model the local_model gate generates with "
             "(use both, or simulated with recording)"
+        )
+    return problems
+
+
+def _model_problems(model: ModelConfig) -> list[str]:
+    problems = []
+    alphabet = model.default_alphabet
+    repeated = sorted({c for c in alphabet if alphabet.count(c) > 1})
+    if repeated:
+        problems.append(
+            f"model.default_alphabet repeats {repeated}: each character is one token, "
+            "so each may appear once"
+        )
+    foreign = sorted({c for c in alphabet if not c.isascii()})
+    if foreign:
+        problems.append(
+            f"model.default_alphabet holds characters that are not ASCII {foreign}: the "
+            "default model's byte-level tokenizer has one token per ASCII character"
+        )
+    if model.system_prompt is not None and not model.chat_template:
+        problems.append(
+            "model.system_prompt is set but model.chat_template is false: only the chat "
+            "template puts a system message in the prompt (set model.chat_template=true)"
         )
     return problems
