@@ -50,7 +50,7 @@ def _well_formed(model: PreTrainedModel, directory: Path) -> int:
         seeds=range(32),
         max_new_tokens=6,
         temperature=1.0,
-        eos_token_id=int(tokenizer.eos_token_id),
+        stop_token_ids=[int(tokenizer.eos_token_id)],
         pad_token_id=int(tokenizer.pad_token_id),
     )
     return sum(s.finished and _decode(tokenizer, s.token_ids[:-1]).isdigit() for s in sampled)
