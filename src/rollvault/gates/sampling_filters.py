@@ -18,11 +18,11 @@ are renormalized to sum to 1.
 The trainer passes its target tokens as ``keep``: they stay in the kept set
 even when they fall outside it. With the weights that sampled them that
 changes nothing (a drawn token was in the set). After an update a sampled
-token can fall outside the new policy's nucleus; its logprob would be -inf,
-its importance ratio 0 and its gradient NaN. Keeping it gives it its
-(renormalized) probability instead: a finite, small logprob whose ratio the
-GRPO clip bounds, the same safe choice as computing the ratio against the
-untruncated distribution for that one token.
+token can fall outside the new policy's nucleus; its logprob would be -inf
+and its importance ratio 0, and a prompt token (never sampled, often outside
+any nucleus) would turn the masked loss into NaN (``-inf * 0``). Keeping the
+target gives it its renormalized probability instead: a finite, small
+logprob whose ratio the GRPO clip bounds, the usual safe choice.
 """
 
 from __future__ import annotations
