@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from chat_model_helpers import IM_END, chatml_model_dir, token_id
 from safetensors.torch import load
 
 from rollvault.config.schema import LocalModelGateConfig
@@ -23,8 +27,11 @@ from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.gates.local_model import LocalModelGate
+from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
+from rollvault.gates.sampling import sample_batch
 from rollvault.tasks.addition.dataset import AdditionPromptDataset
 from rollvault.tasks.addition.environment import AdditionEnvironment
+from rollvault.tasks.protocols import TextScore
 from rollvault.training.logprobs import sequence_logprobs
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 
@@ -170,3 +177,131 @@ def test_the_worker_ignores_sigterm_and_sigint_and_stops_when_the_gate_closes(
     pid = asyncio.run(main())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # stopped and reaped by close()
+
+
+class _RecordingEnvironment:
+    """Scores every response 0 and keeps the text it was given, by prompt index."""
+
+    success_reward = 1.0
+
+    def __init__(self) -> None:
+        self.texts: dict[int, tuple[str, bool]] = {}
+
+    def score_text(
+        self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
+    ) -> TextScore:
+        self.texts[int(prompt["idx"])] = (response_text, finished)
+        return TextScore(reward=0.0, format_ok=True, correct=False)
+
+
+def _chat_request(index: int, prompt: dict[str, Any]) -> AttemptRequest:
+    return AttemptRequest(
+        group_id=f"c{index}",
+        generation_index=0,
+        gate_rollout_id=f"c{index}_g0_a{index}",
+        prompt={"idx": index, **prompt},
+        weight_version=0,
+    )
+
+
+def test_chat_prompts_stop_on_any_stop_token_and_match_the_trainer(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    model_dir = chatml_model_dir(tmp_path / "chat")
+    model, tokenizer = load_model_dir(model_dir)
+    eos, end = int(tokenizer.eos_token_id), token_id(tokenizer, IM_END)
+    environment = _RecordingEnvironment()
+    prompt_format = PromptFormat(chat_template=True, system_prompt="add")
+    renderer = PromptRenderer(tokenizer, prompt_format, model_path=model_dir)
+    config = LocalModelGateConfig(temperature=0.9, top_p=0.9, top_k=5, max_new_tokens=6)
+    prompts = [
+        {"prompt_text": f"{i}+{i}="}
+        if i % 2
+        else {"messages": [{"role": "user", "content": f"{i}"}]}
+        for i in range(24)
+    ]
+    # A third stop token, in generation_config.json: the token this model draws most here.
+    drawn = sample_batch(
+        model,
+        [renderer.prompt_ids(p) for p in prompts],
+        seeds=range(len(prompts)),
+        max_new_tokens=6,
+        temperature=0.9,
+        top_p=0.9,
+        top_k=5,
+        stop_token_ids=[eos, end],
+        pad_token_id=int(tokenizer.pad_token_id),
+    )
+    counts = Counter(t for s in drawn for t in s.token_ids if t not in (eos, end))
+    common = counts.most_common(1)[0][0]
+    chatml_model_dir(model_dir, generation_eos=[eos, common])
+
+    async def main() -> None:
+        data_plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        gate = LocalModelGate(
+            config,
+            data_plane,
+            environment,
+            model_path=model_dir,
+            weights_provider=_Weights(model),
+            prompt_format=prompt_format,
+        )
+        try:
+            assert gate.stop_token_ids == [eos, common, end]
+            outcomes = await asyncio.gather(
+                *(gate.run_attempt(_chat_request(i, p)) for i, p in enumerate(prompts))
+            )
+            keys = [o.receipt["staging_keys"][0] for o in outcomes]
+            rows = await data_plane.get(STAGING_PARTITION, keys)
+        finally:
+            await gate.close()
+        stops = {eos, common, end}
+        last_tokens = set()
+        sequences, lengths = [], []
+        for index, key in enumerate(keys):
+            row = rows[key]
+            ids = np.asarray(row["input_ids"]).tolist()
+            length = int(row["prompt_length"])
+            assert ids[:length] == renderer.prompt_ids({"idx": index, **prompts[index]})
+            response = ids[length:]
+            text, finished = environment.texts[index]
+            assert finished == (response[-1] in stops)
+            assert not stops & set(response[:-1])
+            # The environment never sees the stop token.
+            kept = response[:-1] if finished else response
+            assert text == tokenizer.decode(kept, skip_special_tokens=False)
+            last_tokens.add(response[-1])
+            sequences.append(ids)
+            lengths.append(length)
+        assert common in last_tokens  # rows stopped on the generation config's stop token
+        recomputed = sequence_logprobs(
+            model,
+            sequences,
+            temperature=0.9,
+            top_p=0.9,
+            top_k=5,
+            pad_token_id=int(tokenizer.pad_token_id),
+        )
+        for key, length, again in zip(keys, lengths, recomputed, strict=True):
+            generated = np.asarray(rows[key]["generation_logprobs"])
+            np.testing.assert_allclose(again[length:], generated[length:], atol=1e-5)
+
+    asyncio.run(main())
+
+
+def test_chat_messages_without_chat_template_fail_the_attempt_as_data(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
+    model, _ = load_model_dir(model_dir)
+
+    async def main() -> None:
+        gate = _gate(model_dir, _Weights(model), EmbeddedDataPlane(DataPlaneMutationCut()))
+        try:
+            request = _chat_request(0, {"messages": [{"role": "user", "content": "1+1="}]})
+            with pytest.raises(GateAttemptError) as info:
+                await gate.run_attempt(request)
+            assert info.value.kind is FailureKind.DATA
+            assert "model.chat_template" in str(info.value)
+        finally:
+            await gate.close()
+
+    asyncio.run(main())

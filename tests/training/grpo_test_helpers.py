@@ -39,6 +39,9 @@ def sampled_batch(
     prompts: list[str],
     generations: int,
     advantages_seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> TrainBatch:
     """A batch of canonical-looking rows: sampled responses, random group advantages."""
     rng = np.random.default_rng(advantages_seed)
@@ -51,8 +54,10 @@ def sampled_batch(
             [ids] * generations,
             seeds=[1000 * step + 10 * p + g for g in range(generations)],
             max_new_tokens=4,
-            temperature=1.0,
-            eos_token_id=int(tokenizer.eos_token_id),
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_token_ids=[int(tokenizer.eos_token_id)],
             pad_token_id=int(tokenizer.pad_token_id),
         )
         advantages = rng.normal(size=generations)

@@ -27,12 +27,10 @@ from rollvault.training.trainer_files import (
 PROMPTS = ["07+35=", "61+9=", "99+99="]
 
 
-def _trainer(directory: Path, **settings: float) -> GrpoTrainer:
+def _trainer(directory: Path, *, kl_coef: float = 0.0) -> GrpoTrainer:
     model, tokenizer = build_model(directory)
-    values = {"learning_rate": 1e-3, "success_reward": 1.0, **settings}
-    return GrpoTrainer(
-        model, pad_token_id=int(tokenizer.pad_token_id), settings=GrpoSettings(**values)
-    )
+    settings = GrpoSettings(learning_rate=1e-3, success_reward=1.0, kl_coef=kl_coef)
+    return GrpoTrainer(model, pad_token_id=int(tokenizer.pad_token_id), settings=settings)
 
 
 def _batches(trainer: GrpoTrainer, directory: Path, steps: int) -> list:

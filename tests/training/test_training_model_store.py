@@ -8,6 +8,7 @@ import pytest
 import torch
 from grpo_test_helpers import build_model
 
+from rollvault.config.schema import RunConfig
 from rollvault.gates.causal_lm import ModelDirError, load_causal_lm, load_tokenizer
 from rollvault.training.model_store import build_default_model, ensure_model_dir
 from rollvault.training.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
@@ -80,3 +81,46 @@ def test_tokenizer_alphabet_is_checked() -> None:
         build_char_tokenizer("0120")
     with pytest.raises(ValueError, match="empty"):
         build_char_tokenizer("")
+    with pytest.raises(ValueError, match=r"not ASCII: \['é'\]"):
+        build_char_tokenizer("0é")
+
+
+def test_the_default_alphabet_tokenizes_as_it_always_did(tmp_path: Path) -> None:
+    assert RunConfig().model.default_alphabet == DEFAULT_ALPHABET == "0123456789+-*="
+    path = ensure_model_dir(
+        tmp_path / "model", build_default=True, seed=0, alphabet=RunConfig().model.default_alphabet
+    )
+    tokenizer = load_tokenizer(path)
+    # pad, eos, unk, then one id per character in alphabet order: the ids every run had.
+    assert tokenizer.convert_ids_to_tokens([0, 1, 2]) == ["<pad>", "<eos>", "<unk>"]
+    assert tokenizer(DEFAULT_ALPHABET, add_special_tokens=False).input_ids == list(range(3, 17))
+    assert len(tokenizer) == 17 and load_causal_lm(path).config.vocab_size == 17
+    # Outside the alphabet: dropped, as transformers' Qwen2 tokenizer always did here.
+    assert tokenizer("1 a2", add_special_tokens=False).input_ids == [4, 5]
+    assert type(tokenizer) is type(build_char_tokenizer())  # built as it loads
+
+
+def test_loaded_and_built_tokenizers_agree_on_any_text(tmp_path: Path) -> None:
+    alphabet = DEFAULT_ALPHABET + " ab\n"
+    path = ensure_model_dir(tmp_path / "model", build_default=True, seed=0, alphabet=alphabet)
+    loaded, built = load_tokenizer(path), build_char_tokenizer(alphabet)
+    for text in ["1 a+b\n", "  ", "xyz 2", "é1", "a<eos>b", "<pad>", "\t\n\n"]:
+        ids = built(text, add_special_tokens=False).input_ids
+        assert loaded(text, add_special_tokens=False).input_ids == ids, text
+        assert loaded.decode(ids, skip_special_tokens=False) == built.decode(
+            ids, skip_special_tokens=False
+        )
+
+
+def test_an_alphabet_with_whitespace_round_trips(tmp_path: Path) -> None:
+    alphabet = DEFAULT_ALPHABET + " abcdefghijklmnopqrstuvwxyzT.?\n"
+    path = ensure_model_dir(tmp_path / "model", build_default=True, seed=0, alphabet=alphabet)
+    tokenizer = load_tokenizer(path)
+    assert load_causal_lm(path).config.vocab_size == len(tokenizer) == 3 + len(alphabet)
+    # The default characters keep their ids; the new ones follow.
+    assert tokenizer(DEFAULT_ALPHABET, add_special_tokens=False).input_ids == list(range(3, 17))
+    for text in ["Tom has 3 apples. 2+2=4?", "  two  spaces ", "a\nb", " "]:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        assert len(ids) == len(text) and tokenizer.unk_token_id not in ids
+        assert tokenizer.decode(ids) == text
+    assert tokenizer.decode([*tokenizer("1 2").input_ids, 1], skip_special_tokens=True) == "1 2"

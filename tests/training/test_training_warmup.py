@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from grpo_test_helpers import build_model, prompt_ids
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
 from rollvault.gates.sampling import sample_batch
 from rollvault.tasks.addition.dataset import AdditionPromptDataset
 from rollvault.tasks.warmup import warmup_examples
-from rollvault.training.warmup import supervised_warmup
+from rollvault.training.tokenizer import build_char_tokenizer
+from rollvault.training.warmup import _encode, supervised_warmup
 
 
 def _warm(directory: Path, *, seed: int, steps: int) -> tuple[PreTrainedModel, float, float]:
@@ -50,7 +53,7 @@ def _well_formed(model: PreTrainedModel, directory: Path) -> int:
         seeds=range(32),
         max_new_tokens=6,
         temperature=1.0,
-        eos_token_id=int(tokenizer.eos_token_id),
+        stop_token_ids=[int(tokenizer.eos_token_id)],
         pad_token_id=int(tokenizer.pad_token_id),
     )
     return sum(s.finished and _decode(tokenizer, s.token_ids[:-1]).isdigit() for s in sampled)
@@ -73,3 +76,29 @@ def test_warmup_teaches_digits_then_eos(tmp_path: Path) -> None:
         _well_formed(model, tmp_path / "model"),
     )
     assert before <= 4 and after >= 16, (before, after)
+
+
+def test_warmup_examples_are_rendered_as_the_gate_renders_prompts() -> None:
+    tokenizer = build_char_tokenizer("0123456789+= \nabcdefghijklmnopqrstuvwxyz")
+    tokenizer.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] "
+        "+ '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    chat = PromptRenderer(
+        tokenizer, PromptFormat(chat_template=True, system_prompt="add"), model_path=Path("m")
+    )
+    ids, mask = _encode(tokenizer, chat, 0, "1+2=", "3")
+    prompt = chat.prompt_ids({"prompt_text": "1+2="})
+    assert ids == [*prompt, *prompt_ids(tokenizer, "3"), end]
+    assert mask == [0.0] * len(prompt) + [1.0, 1.0]
+    # Without the chat template: the text as it is, then eos, exactly as before.
+    plain = PromptRenderer(tokenizer, PromptFormat(), model_path=Path("m"))
+    eos = int(tokenizer.eos_token_id)
+    expected = [*prompt_ids(tokenizer, "1+2=3"), eos]
+    assert _encode(tokenizer, plain, 0, "1+2=", "3")[0] == expected
+    assert _encode(tokenizer, None, 0, "1+2=", "3")[0] == expected
+    with pytest.raises(ValueError, match="example 7"):
+        _encode(tokenizer, chat, 7, "", "3")

@@ -7,6 +7,7 @@ from rollvault.config.schema import (
     FILE_DATASET_KINDS,
     DatasetConfig,
     GateKind,
+    ModelConfig,
     RunConfig,
     SimulatedGateConfig,
     TrainerKind,
@@ -22,6 +23,8 @@ def validate_run_config(config: RunConfig) -> None:
         *_gate_problems(config.gate.simulated),
         *_kind_problems(config),
         *_dataset_problems(config.dataset),
+        *_model_problems(config.model),
+        *_chat_problems(config),
     ]
     if problems:
         raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
@@ -85,3 +88,36 @@ def _dataset_problems(dataset: DatasetConfig) -> list[str]:
         for field, value in (("path", dataset.path), ("messages_key", dataset.messages_key))
         if value is not None
     ]
+
+
+def _model_problems(model: ModelConfig) -> list[str]:
+    problems = []
+    alphabet = model.default_alphabet
+    repeated = sorted({c for c in alphabet if alphabet.count(c) > 1})
+    if repeated:
+        problems.append(
+            f"model.default_alphabet repeats {repeated}: each character is one token, "
+            "so each may appear once"
+        )
+    foreign = sorted({c for c in alphabet if not c.isascii()})
+    if foreign:
+        problems.append(
+            f"model.default_alphabet holds characters that are not ASCII {foreign}: the "
+            "default model's byte-level tokenizer has one token per ASCII character"
+        )
+    if model.system_prompt is not None and not model.chat_template:
+        problems.append(
+            "model.system_prompt is set but model.chat_template is false: only the chat "
+            "template puts a system message in the prompt (set model.chat_template=true)"
+        )
+    return problems
+
+
+def _chat_problems(config: RunConfig) -> list[str]:
+    """Chat-format rows can only be rendered by a chat template."""
+    if config.dataset.messages_key is not None and not config.model.chat_template:
+        return [
+            f"dataset.messages_key={config.dataset.messages_key!r} reads chat-format rows, "
+            "which only a chat template can render: set model.chat_template=true"
+        ]
+    return []

@@ -13,6 +13,7 @@ import msgspec
 from rollvault.ledger.statuses import RecoveryGranularity
 
 __all__ = [
+    "DEFAULT_ALPHABET",
     "CheckpointingConfig",
     "DatasetConfig",
     "FILE_DATASET_KINDS",
@@ -22,6 +23,7 @@ __all__ = [
     "LocalModelGateConfig",
     "LoggingConfig",
     "ModelConfig",
+    "ModelDType",
     "OnDroppedPrompt",
     "RecoveryGranularity",
     "RestoreMode",
@@ -45,6 +47,11 @@ NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0.0)]
 Probability = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 UnitFraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+
+DEFAULT_ALPHABET = "0123456789+-*="
+"""The default model's characters: digits and the operators of small arithmetic prompts.
+Defined here (the training layer's tokenizer imports it) so ``model.default_alphabet``
+can default to it."""
 
 
 class SamplerKind(enum.StrEnum):
@@ -75,6 +82,13 @@ class TrainerKind(enum.StrEnum):
     """Checks and records batches, trains nothing (tests, the simulated run)."""
     GRPO = "grpo"
     """Trains the model of ``model.path`` with the clipped GRPO surrogate."""
+
+
+class ModelDType(enum.StrEnum):
+    """The dtype the policy's weights are loaded and computed in (generation and training)."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
 
 
 class RestoreMode(enum.StrEnum):
@@ -179,11 +193,19 @@ class SimulatedGateConfig(_Section, frozen=True):
 
 
 class LocalModelGateConfig(_Section, frozen=True):
-    """The local model gate: generation in a worker process, plain temperature sampling."""
+    """The local model gate: generation in a worker process, temperature/top-k/top-p sampling."""
 
-    # Logits are divided by this before sampling (no top-k, no top-p); the GRPO
-    # trainer divides by it too when it recomputes logprobs.
+    # Logits are divided by this before sampling; the GRPO trainer divides by it
+    # too when it recomputes logprobs.
     temperature: PositiveFloat = 1.0
+    # Nucleus sampling: draw from the smallest set of most likely tokens whose
+    # probability reaches top_p, renormalized (after top_k); 1.0 turns it off.
+    # The logprob of a token is that of the renormalized distribution, and the
+    # trainer recomputes it with the same filter.
+    top_p: UnitFraction = 1.0
+    # Draw only from the top_k most likely tokens (ties at the k-th are kept),
+    # renormalized; 0 turns it off.
+    top_k: NonNegativeInt = 0
     # A response that has not ended with eos after this many tokens is cut (overlong).
     max_new_tokens: PositiveInt = 8
     # At most this many waiting requests are generated together in one batch.
@@ -206,6 +228,22 @@ class ModelConfig(_Section, frozen=True):
     # When the directory does not exist, build the default tiny Qwen2-style model
     # with its character tokenizer there (seeded by ``seed``).
     build_default: bool = True
+    # The ASCII characters the default model's tokenizer knows, one token each; any
+    # other character of a prompt is dropped, so cover the task's text. Whitespace is
+    # a character like any other (e.g. a space for word problems). Used only when the
+    # default model is built: an existing directory is loaded as it is.
+    default_alphabet: NonEmptyStr = DEFAULT_ALPHABET
+    # Render each prompt with the tokenizer's chat template (add_generation_prompt):
+    # a datum's ``messages`` (a list of {role, content}) or its prompt_text as one
+    # user message. The tokenizer must have a chat template. Generation then also
+    # stops on the template's end-of-turn token.
+    chat_template: bool = False
+    # With chat_template: a system message put first, unless the datum has its own.
+    system_prompt: NonEmptyStr | None = None
+    # float32 or bfloat16: the dtype of the weights in the generation worker and the
+    # trainer alike (logprobs are computed from float32 logits either way). With
+    # bfloat16 the optimizer updates bfloat16 weights (no float32 master copy).
+    dtype: ModelDType = ModelDType.FLOAT32
 
 
 class WarmupConfig(_Section, frozen=True):
@@ -231,6 +269,10 @@ class TrainerConfig(_Section, frozen=True):
     kl_coef: NonNegativeFloat = 0.0
     # Gradients are clipped to this global norm.
     grad_clip: PositiveFloat = 1.0
+    # Sequences per forward/backward pass; a step accumulates the gradients of its
+    # micro-batches (weighted so the loss is the whole batch's) and takes one optimizer
+    # step. null: the whole step's batch in one pass. Lower it when a step runs out of memory.
+    micro_batch_size: PositiveInt | None = None
     warmup: WarmupConfig = msgspec.field(default_factory=WarmupConfig)
 
 

@@ -75,6 +75,10 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
             "identity, not by what runs beside it"
         ),
         "**.max_batch_size": "how many attempts a generation engine batches: throughput",
+        "trainer.micro_batch_size": (
+            "how many sequences a trainer forward pass holds (memory): the accumulated "
+            "gradient is the whole batch's, up to float rounding"
+        ),
         "model.build_default": (
             "whether a missing model directory is built; what was built is in model.files"
         ),

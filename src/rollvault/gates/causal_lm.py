@@ -18,12 +18,14 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from rollvault.config.schema import ModelDType
 from rollvault.gates.errors import ModelDirError
 
 __all__ = [
     "ModelDirError",
     "cache_argument_name",
     "load_causal_lm",
+    "torch_dtype",
     "load_tokenizer",
     "quiet_transformers",
 ]
@@ -35,13 +37,22 @@ def quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def load_causal_lm(path: Path) -> PreTrainedModel:
-    """The causal LM saved in ``path``, in float32, in eval mode (no dropout)."""
+_TORCH_DTYPES = {ModelDType.FLOAT32: torch.float32, ModelDType.BFLOAT16: torch.bfloat16}
+
+
+def torch_dtype(dtype: ModelDType) -> torch.dtype:
+    """The torch dtype of a ``model.dtype`` setting."""
+    return _TORCH_DTYPES[dtype]
+
+
+def load_causal_lm(path: Path, *, dtype: ModelDType = ModelDType.FLOAT32) -> PreTrainedModel:
+    """The causal LM saved in ``path``, in ``dtype`` (whatever it was saved in), in eval
+    mode (no dropout)."""
     if not (path / "config.json").is_file():
         raise ModelDirError(f"{path} is not a model directory (no config.json)")
     quiet_transformers()
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-        path, local_files_only=True, dtype=torch.float32
+        path, local_files_only=True, dtype=torch_dtype(dtype)
     )
     model.eval()
     return model

@@ -55,11 +55,11 @@ def worker_main(connection: Connection, settings_bytes: bytes) -> None:
     settings = decode_settings(settings_bytes)
     torch.set_num_threads(settings.torch_threads)
     try:
-        model = load_causal_lm(Path(settings.model_path))
+        model = load_causal_lm(Path(settings.model_path), dtype=settings.dtype)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
         connection.send_bytes(encode(WorkerFailed(message=f"cannot load model: {exc!r}")))
         return
-    connection.send_bytes(encode(Ready(pid=os.getpid())))
+    connection.send_bytes(encode(Ready(pid=os.getpid(), dtype=str(model.dtype))))
     _serve(connection, model, settings)
 
 
@@ -100,7 +100,9 @@ def _generate(
         seeds=[r.seed for r in requests],
         max_new_tokens=command.max_new_tokens,
         temperature=settings.temperature,
-        eos_token_id=settings.eos_token_id,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        stop_token_ids=settings.stop_token_ids,
         pad_token_id=settings.pad_token_id,
     )
     return Generated(

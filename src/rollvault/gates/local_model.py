@@ -1,7 +1,10 @@
 """The local model gate: a causal LM in a worker process, a text environment, staged rows.
 
-An attempt tokenizes the prompt's ``prompt_text``, waits for its turn in the
-next generation batch, decodes the response, scores it with the text
+An attempt renders the prompt into token ids (its ``prompt_text`` as it is,
+or its ``messages`` or text through the tokenizer's chat template: see
+:mod:`rollvault.gates.prompt_rendering`), waits for its turn in the next
+generation batch, decodes the response (without its stop token: see
+:mod:`rollvault.gates.stop_tokens`), scores it with the text
 environment, stages one row per model call (here: one) in the data plane
 exactly as :class:`~rollvault.gates.simulated.SimulatedGate` does, and
 returns a receipt with the row's digest.
@@ -38,7 +41,7 @@ import msgspec
 import numpy as np
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.config.schema import LocalModelGateConfig
+from rollvault.config.schema import LocalModelGateConfig, ModelDType
 from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
@@ -49,6 +52,8 @@ from rollvault.controller.loop.gate import (
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key
 from rollvault.dataplane.rows import Row
 from rollvault.gates.causal_lm import load_tokenizer
+from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer, PromptRenderError
+from rollvault.gates.stop_tokens import stop_token_ids
 from rollvault.gates.worker_process import (
     WorkerCommandError,
     WorkerLostError,
@@ -95,6 +100,8 @@ class LocalModelGate:
         weights_provider: WeightsProvider,
         weight_version: int = 0,
         seed: int = 0,
+        prompt_format: PromptFormat | None = None,
+        dtype: ModelDType = ModelDType.FLOAT32,
     ) -> None:
         self._config = config
         self._data_plane = data_plane
@@ -102,7 +109,18 @@ class LocalModelGate:
         self._model_path = model_path
         self._provider = weights_provider
         self._seed = seed
+        self._dtype = dtype
         self._tokenizer: PreTrainedTokenizerBase = load_tokenizer(model_path)
+        # Both refuse a bad model directory here, before a worker starts.
+        self._renderer = PromptRenderer(
+            self._tokenizer, prompt_format or PromptFormat(), model_path=model_path
+        )
+        self.stop_token_ids = stop_token_ids(
+            self._tokenizer, model_path, end_of_turn_id=self._renderer.end_of_turn_id
+        )
+        """Generation stops a response at the first of these."""
+        self.worker_dtype: str | None = None
+        """The parameter dtype the current worker reported when it loaded the model."""
         self._weights = (weight_version, weights_provider())
         self._pending: list[_Pending] = []
         self._wakeup = asyncio.Event()
@@ -195,19 +213,10 @@ class LocalModelGate:
         )
 
     def _prompt_ids(self, request: AttemptRequest) -> list[int]:
-        text = request.prompt.get("prompt_text")
-        if not isinstance(text, str) or not text:
-            raise GateAttemptError(
-                request.gate_rollout_id,
-                FailureKind.DATA,
-                "prompt has no prompt_text to generate from",
-            )
-        ids = list(self._tokenizer(text, add_special_tokens=False).input_ids)
-        if not ids:
-            raise GateAttemptError(
-                request.gate_rollout_id, FailureKind.DATA, "prompt_text has no tokens"
-            )
-        return ids
+        try:
+            return self._renderer.prompt_ids(request.prompt)
+        except PromptRenderError as error:
+            raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
 
     def _score(self, request: AttemptRequest, result: GenerationResult) -> TextScore:
         tokens = result.token_ids[:-1] if result.finished else result.token_ids
@@ -305,7 +314,8 @@ class LocalModelGate:
         worker = self._worker
         assert worker is not None
         if not self._worker_ready:
-            await asyncio.to_thread(worker.wait_ready)
+            ready = await asyncio.to_thread(worker.wait_ready)
+            self.worker_dtype = ready.dtype
             self._worker_ready = True
         version, weights = self._weights
         if worker.weight_version != version:
@@ -334,8 +344,11 @@ class LocalModelGate:
         return WorkerSettings(
             model_path=str(self._model_path),
             temperature=self._config.temperature,
-            eos_token_id=int(self._tokenizer.eos_token_id),
+            top_p=self._config.top_p,
+            top_k=self._config.top_k,
+            stop_token_ids=self.stop_token_ids,
             pad_token_id=int(self._tokenizer.pad_token_id),
+            dtype=self._dtype,
         )
 
 

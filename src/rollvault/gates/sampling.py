@@ -1,4 +1,4 @@
-"""Plain temperature sampling of a batch of prompts, with per-token logprobs.
+"""Sampling a batch of prompts (temperature, top-k, top-p), with per-token logprobs.
 
 Prompts of different lengths are left-padded into one batch. Position ids
 then count real tokens only (``cumsum(attention_mask) - 1``), so a padded
@@ -7,10 +7,14 @@ recomputation. (A rotary model such as the default would tolerate the
 uniform shift that padding causes, up to rounding; a model with absolute
 position embeddings would not.)
 
-Sampling is plain: softmax of ``logits / temperature``, no top-k, no top-p,
-no repetition penalty, so the logprob reported for a token is exactly the
-log of the probability it was drawn with. Each prompt draws from its own
-seeded generator, so its tokens do not depend on what it was batched with.
+Tokens are drawn from :func:`rollvault.gates.sampling_filters.sampling_logprobs`
+(softmax of ``logits / temperature``, truncated by top-k and top-p and
+renormalized; no repetition penalty), and the logprob reported for a token is
+exactly the log of the probability it was drawn with; the trainer recomputes
+it with the same function. Each prompt draws from its own seeded generator,
+so its tokens do not depend on what it was batched with. A row stops at the
+first of its ``stop_token_ids`` (eos, a chat template's end-of-turn token),
+which is kept as its last token.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from rollvault.gates.causal_lm import cache_argument_name, output_cache
+from rollvault.gates.sampling_filters import SamplingParams, sampling_logprobs
 
 __all__ = ["LeftPadded", "SampledSequence", "left_pad", "sample_batch"]
 
@@ -35,7 +40,7 @@ class LeftPadded(msgspec.Struct, frozen=True):
 
 
 class SampledSequence(msgspec.Struct, frozen=True):
-    """One prompt's response: its tokens, their logprobs, and whether it ended with eos."""
+    """One prompt's response: its tokens, their logprobs, and whether it ended with a stop token."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -64,17 +69,21 @@ def sample_batch(
     seeds: Sequence[int],
     max_new_tokens: int,
     temperature: float,
-    eos_token_id: int,
+    stop_token_ids: Sequence[int],
     pad_token_id: int,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> list[SampledSequence]:
-    """Sample up to ``max_new_tokens`` tokens after each prompt; stop a row at eos."""
+    """Sample up to ``max_new_tokens`` tokens after each prompt; stop a row at a stop token."""
     if len(seeds) != len(prompts):
         raise ValueError(f"sample_batch: {len(prompts)} prompts but {len(seeds)} seeds")
-    if temperature <= 0.0 or max_new_tokens < 1:
+    if max_new_tokens < 1 or not stop_token_ids:
         raise ValueError(
-            f"sample_batch: temperature must be > 0 and max_new_tokens >= 1, "
-            f"got {temperature} and {max_new_tokens}"
+            f"sample_batch: needs max_new_tokens >= 1 and at least one stop token, "
+            f"got {max_new_tokens} and {list(stop_token_ids)}"
         )
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    stops = frozenset(stop_token_ids)
     batch = left_pad(prompts, pad_token_id)
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
     cache_name = cache_argument_name(model)
@@ -90,14 +99,14 @@ def sample_batch(
     logprobs: list[list[float]] = [[] for _ in prompts]
     finished = [False] * len(prompts)
     for step in range(max_new_tokens):
-        step_logprobs = torch.log_softmax(output.logits[:, -1, :].float() / temperature, dim=-1)
+        step_logprobs = sampling_logprobs(output.logits[:, -1, :], params)
         chosen = _draw(step_logprobs.exp(), generators, finished)
         for row, token in enumerate(chosen.tolist()):
             if finished[row]:
                 continue
             tokens[row].append(token)
             logprobs[row].append(float(step_logprobs[row, token]))
-            finished[row] = token == eos_token_id
+            finished[row] = token in stops
         if all(finished) or step == max_new_tokens - 1:
             break
         # Finished rows keep decoding (their tokens are ignored): the batch stays rectangular.

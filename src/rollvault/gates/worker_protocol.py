@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import msgspec
 
+from rollvault.config.schema import ModelDType
+
 __all__ = [
     "Generate",
     "Generated",
@@ -37,12 +39,16 @@ class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
 
 class WorkerSettings(_Message, frozen=True):
-    """What a worker needs to start: the model directory and how to sample."""
+    """What a worker needs to start: the model directory, its dtype, and how to sample."""
 
     model_path: str
     temperature: float
-    eos_token_id: int
+    stop_token_ids: list[int]
+    """A row stops at the first of these (eos, generation config eos ids, end of turn)."""
     pad_token_id: int
+    top_p: float = 1.0
+    top_k: int = 0
+    dtype: ModelDType = ModelDType.FLOAT32
     torch_threads: int = 1
 
 
@@ -79,6 +85,8 @@ class Ready(_Message, frozen=True, tag="ready"):
     """The model is loaded; the worker takes commands."""
 
     pid: int
+    dtype: str
+    """The loaded model's parameter dtype (``torch.float32`` ...), as the worker sees it."""
 
 
 class GenerationResult(_Message, frozen=True):
@@ -88,7 +96,7 @@ class GenerationResult(_Message, frozen=True):
     token_ids: list[int]
     logprobs: list[float]
     finished: bool
-    """The response ended with eos (False: cut at ``max_new_tokens``)."""
+    """The response ended with a stop token, its last (False: cut at ``max_new_tokens``)."""
 
 
 class Generated(_Message, frozen=True, tag="generated"):

@@ -16,6 +16,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 from rollvault.config.schema import RunConfig
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.local_model import LocalModelGate
+from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
 from rollvault.recipes.run_parts import (
     CountingGate,
     Policy,
@@ -44,10 +45,17 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
     # One torch thread here and one in the generation worker keep two cores busy.
     torch.set_num_threads(1)
     model_path = ensure_model_dir(
-        Path(config.model.path), build_default=config.model.build_default, seed=config.seed
+        Path(config.model.path),
+        build_default=config.model.build_default,
+        seed=config.seed,
+        alphabet=config.model.default_alphabet,
     )
     start = policy_start(config)
     model, tokenizer = _version_zero_model(config, model_path, start)
+    prompt_format = PromptFormat.from_config(config.model)
+    # Refuses a tokenizer without a chat template under model.chat_template now,
+    # before any warm-up; the gate renders prompts with the same settings.
+    renderer = PromptRenderer(tokenizer, prompt_format, model_path=model_path)
     warmup = None
     # examples is None exactly when the run has no warm-up steps (then start is not WARM_UP).
     if start is PolicyStart.WARM_UP and examples is not None:
@@ -59,6 +67,7 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
             batch_size=config.trainer.warmup.batch_size,
             learning_rate=config.trainer.warmup.learning_rate,
             seed=config.seed,
+            renderer=renderer,
         )
     trainer = GrpoTrainer(
         model,
@@ -66,6 +75,8 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
         settings=GrpoSettings.from_config(
             config.trainer,
             temperature=config.gate.local_model.temperature,
+            top_p=config.gate.local_model.top_p,
+            top_k=config.gate.local_model.top_k,
             success_reward=environment.success_reward,
         ),
     )
@@ -79,6 +90,8 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
             model_path=model_path,
             weights_provider=trainer.weights_for_gate,
             seed=config.seed,
+            prompt_format=prompt_format,
+            dtype=config.model.dtype,
         )
         gates.append(gate)
         return gate
@@ -100,10 +113,10 @@ def _version_zero_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The saved version-0 policy for ``SAVED`` (its files checked first), else ``model.path``."""
     if start is not PolicyStart.SAVED:
-        return load_model_dir(model_path)
+        return load_model_dir(model_path, dtype=config.model.dtype)
     path = version_zero_policy_path(config)
     try:
-        return load_policy(path)
+        return load_policy(path, dtype=config.model.dtype)
     except DamagedPolicyError as error:
         raise DamagedPolicyError(
             f"{error} (this is the version-0 policy saved after the run's warm-up; "

@@ -11,6 +11,11 @@ responses weigh by their length). With ``kl_coef > 0`` the k3 estimator of
 KL(policy || reference), ``exp(ref - logp) - (ref - logp) - 1``, is added with
 that weight. Tokens outside ``token_mask`` (prompts, padding, masked samples)
 contribute nothing.
+
+Micro-batches: given ``token_count``, the sums are divided by it instead of
+by the mask's own token count. Each micro-batch of a batch passes the whole
+batch's count, so their losses (hence their gradients) and their stats add
+up to the whole batch's.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import msgspec
 import torch
 
-__all__ = ["GrpoLossStats", "grpo_loss"]
+__all__ = ["GrpoLossStats", "grpo_loss", "summed_stats"]
 
 
 class GrpoLossStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,8 +46,12 @@ def grpo_loss(
     clip_epsilon: float,
     reference_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    token_count: int | None = None,
 ) -> tuple[torch.Tensor, GrpoLossStats]:
-    """The loss (a scalar tensor) and its diagnostics; all inputs are ``[batch, length]``."""
+    """The loss (a scalar tensor) and its diagnostics; all inputs are ``[batch, length]``.
+
+    ``token_count``: the denominator of every mean (None: the mask's token count).
+    """
     shapes = {t.shape for t in (logprobs, generation_logprobs, advantages, token_mask)}
     if len(shapes) != 1:
         raise ValueError(
@@ -52,7 +61,10 @@ def grpo_loss(
         raise ValueError("grpo_loss: kl_coef > 0 needs reference_logprobs")
     mask = token_mask.to(logprobs.dtype)
     tokens = mask.sum()
-    denominator = tokens.clamp(min=1.0)
+    if token_count is None:
+        denominator = tokens.clamp(min=1.0)
+    else:
+        denominator = torch.tensor(float(max(token_count, 1)), dtype=mask.dtype)
     # Outside the mask the two logprobs need not agree (a masked sample keeps
     # its generation logprobs); zero the log ratio there so exp() cannot overflow.
     log_ratio = (logprobs - generation_logprobs) * mask
@@ -76,3 +88,17 @@ def grpo_loss(
             tokens=int(tokens),
         )
     return loss, stats
+
+
+def summed_stats(parts: list[GrpoLossStats]) -> GrpoLossStats:
+    """The stats of a batch from those of its micro-batches (each with the batch's
+    ``token_count``): every field is a sum over them."""
+    if not parts:
+        raise ValueError("summed_stats: no micro-batch stats")
+    return GrpoLossStats(
+        policy_loss=sum(p.policy_loss for p in parts),
+        kl=sum(p.kl for p in parts),
+        clip_fraction=sum(p.clip_fraction for p in parts),
+        mean_ratio=sum(p.mean_ratio for p in parts),
+        tokens=sum(p.tokens for p in parts),
+    )

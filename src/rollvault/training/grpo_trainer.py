@@ -2,11 +2,18 @@
 
 It implements :class:`rollvault.controller.loop.trainer.Trainer`. Each step
 recomputes the logprobs of every trainable sequence under the current policy
-(left-padded, temperature-scaled as the gate sampled), evaluates
-:func:`rollvault.training.grpo_loss.grpo_loss` against the generation
-logprobs and the per-token advantages the finalizer published, clips the
-gradient norm and applies AdamW. The step runs in a worker thread, so the
-controller's event loop keeps dispatching and sealing rollouts meanwhile.
+(left-padded, with the temperature, top-p and top-k the gate sampled with),
+evaluates :func:`rollvault.training.grpo_loss.grpo_loss` against the
+generation logprobs and the per-token advantages the finalizer published,
+clips the gradient norm and applies AdamW. The step runs in a worker thread,
+so the controller's event loop keeps dispatching and sealing rollouts
+meanwhile.
+
+With ``micro_batch_size`` the step's sequences go through the model (and the
+KL reference) that many at a time, each micro-batch's gradient accumulating
+into the parameters' ``.grad``; every micro-batch loss is normalized by the
+whole step's token count, so the accumulated gradient is the whole batch's
+(up to float rounding) and one optimizer step follows.
 
 A masked sample (``sample_mask`` false) has an all-zero token mask and adds
 nothing; an invalid sibling's row is empty and is skipped.
@@ -31,8 +38,8 @@ from rollvault.config.schema import TrainerConfig
 from rollvault.controller.loop.trainer import TrainBatch, TrainBatchError, TrainerCheckpointError
 from rollvault.dataplane.interface import train_key
 from rollvault.dataplane.rows import RowView
-from rollvault.gates.sampling import left_pad
-from rollvault.training.grpo_loss import GrpoLossStats, grpo_loss
+from rollvault.gates.sampling import LeftPadded, left_pad
+from rollvault.training.grpo_loss import GrpoLossStats, grpo_loss, summed_stats
 from rollvault.training.logprobs import left_pad_values, token_logprobs
 from rollvault.training.policy_dirs import publish_policy
 from rollvault.training.trainer_files import (
@@ -63,12 +70,24 @@ class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
     grad_clip: float = 1.0
     temperature: float = 1.0
     """The gate's sampling temperature: logprobs are recomputed at the same one."""
+    top_p: float = 1.0
+    """The gate's nucleus mass: logprobs are recomputed under the same filter."""
+    top_k: int = 0
+    """The gate's top-k (0: off): logprobs are recomputed under the same filter."""
+    micro_batch_size: int | None = None
+    """Sequences per forward/backward pass (None: the whole step's batch at once)."""
     success_reward: float | None = None
     """Rewards at least this count as correct in the ``accuracy`` metric (None: no metric)."""
 
     @classmethod
     def from_config(
-        cls, config: TrainerConfig, *, temperature: float, success_reward: float | None
+        cls,
+        config: TrainerConfig,
+        *,
+        temperature: float,
+        success_reward: float | None,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> GrpoSettings:
         return cls(
             learning_rate=config.learning_rate,
@@ -77,6 +96,9 @@ class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
             kl_coef=config.kl_coef,
             grad_clip=config.grad_clip,
             temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            micro_batch_size=config.micro_batch_size,
             success_reward=success_reward,
         )
 
@@ -196,6 +218,23 @@ class GrpoTrainer:
         return metrics
 
     def _optimize(self, samples: Sequence[_Sample]) -> tuple[GrpoLossStats, float]:
+        token_count = int(sum(int(s.token_mask.sum()) for s in samples))
+        self._optimizer.zero_grad(set_to_none=True)
+        parts = []
+        for chunk in _micro_batches(samples, self._settings.micro_batch_size):
+            loss, stats = self._micro_batch_loss(chunk, token_count)
+            loss.backward()  # accumulates into .grad across micro-batches
+            parts.append(stats)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self._model.parameters(), self._settings.grad_clip
+        )
+        self._optimizer.step()
+        return summed_stats(parts), float(grad_norm)
+
+    def _micro_batch_loss(
+        self, samples: Sequence[_Sample], token_count: int
+    ) -> tuple[torch.Tensor, GrpoLossStats]:
+        """The loss of ``samples``, normalized by the whole step's ``token_count``."""
         settings = self._settings
         padded = left_pad([s.input_ids.tolist() for s in samples], self._pad_token_id)
         length = padded.input_ids.shape[1]
@@ -205,11 +244,9 @@ class GrpoTrainer:
         reference = None
         if self._reference is not None:
             with torch.no_grad():
-                reference = token_logprobs(
-                    self._reference, padded, temperature=settings.temperature
-                )
-        logprobs = token_logprobs(self._model, padded, temperature=settings.temperature)
-        loss, stats = grpo_loss(
+                reference = self._logprobs(self._reference, padded)
+        logprobs = self._logprobs(self._model, padded)
+        return grpo_loss(
             logprobs,
             generation,
             advantages,
@@ -217,12 +254,19 @@ class GrpoTrainer:
             clip_epsilon=settings.clip_epsilon,
             reference_logprobs=reference,
             kl_coef=settings.kl_coef,
+            token_count=token_count,
         )
-        self._optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), settings.grad_clip)
-        self._optimizer.step()
-        return stats, float(grad_norm)
+
+    def _logprobs(self, model: PreTrainedModel, padded: LeftPadded) -> torch.Tensor:
+        """Per-token logprobs under the gate's sampling distribution."""
+        settings = self._settings
+        return token_logprobs(
+            model,
+            padded,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+        )
 
     def _reward_metrics(self, rows: Sequence[RowView]) -> dict[str, float]:
         rewards = [float(row["reward"]) for row in rows if bool(row["sample_mask"])]
@@ -259,6 +303,13 @@ def _sample(row: RowView) -> _Sample | None:
     if len(sample.input_ids) < 2 or not sample.token_mask.any():
         return None
     return sample
+
+
+def _micro_batches(samples: Sequence[_Sample], size: int | None) -> list[Sequence[_Sample]]:
+    """``samples`` in order, ``size`` at a time (None: all at once)."""
+    if size is None or size >= len(samples):
+        return [samples]
+    return [samples[start : start + size] for start in range(0, len(samples), size)]
 
 
 def _mean(values: Sequence[float]) -> float:

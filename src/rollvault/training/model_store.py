@@ -2,7 +2,7 @@
 
 The default model is a tiny Qwen2-style causal LM (2 layers, hidden size 128,
 about 0.5 M parameters) over the character-level tokenizer of
-:mod:`rollvault.training.tokenizer`. It is built offline, seeded, and saved
+:mod:`rollvault.training.tokenizer` (its alphabet is ``model.default_alphabet``). It is built offline, seeded, and saved
 with ``save_pretrained`` on the first start; every start then loads the
 directory with :func:`rollvault.gates.causal_lm.load_causal_lm`, the code path
 a user's own Hugging Face model directory takes too. The directory is written
@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from rollvault.config.schema import DEFAULT_ALPHABET, ModelDType
 from rollvault.gates.causal_lm import (
     ModelDirError,
     load_causal_lm,
@@ -62,8 +63,13 @@ def build_default_model(tokenizer: PreTrainedTokenizerBase, *, seed: int) -> Qwe
     return model
 
 
-def ensure_model_dir(path: Path, *, build_default: bool, seed: int) -> Path:
+def ensure_model_dir(
+    path: Path, *, build_default: bool, seed: int, alphabet: str = DEFAULT_ALPHABET
+) -> Path:
     """Return ``path`` once it holds a model; build the default there if it holds nothing.
+
+    The default model's tokenizer knows the characters of ``alphabet``; a
+    directory that already holds a model is returned as it is.
 
     Raises :class:`ModelDirError` when ``path`` is missing and ``build_default``
     is false, or when it holds files that are not a model.
@@ -77,23 +83,26 @@ def ensure_model_dir(path: Path, *, build_default: bool, seed: int) -> Path:
             f"model directory {path} does not exist (set model.build_default=true to build "
             "the default tiny model there)"
         )
-    _publish_default_model(path, seed=seed)
+    _publish_default_model(path, seed=seed, alphabet=alphabet)
     return path
 
 
-def load_model_dir(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer saved in ``path`` (any local Hugging Face causal LM)."""
-    return load_causal_lm(path), load_tokenizer(path)
+def load_model_dir(
+    path: Path, *, dtype: ModelDType = ModelDType.FLOAT32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model (in ``dtype``) and tokenizer saved in ``path`` (any local Hugging Face
+    causal LM)."""
+    return load_causal_lm(path, dtype=dtype), load_tokenizer(path)
 
 
-def _publish_default_model(path: Path, *, seed: int) -> None:
+def _publish_default_model(path: Path, *, seed: int, alphabet: str) -> None:
     quiet_transformers()
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = parent / f"{_TMP_PREFIX}{path.name}"
     if tmp.exists():
         shutil.rmtree(tmp)  # left by a start that died while building; never read
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(alphabet)
     build_default_model(tokenizer, seed=seed).save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _fsync_tree(tmp)

@@ -21,6 +21,7 @@ from pathlib import Path
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from rollvault.config.schema import ModelDType
 from rollvault.durable.published_dirs import publish_directory
 from rollvault.durable.trainer_checkpoints import verify_trainer_checkpoint
 from rollvault.gates.causal_lm import ModelDirError, quiet_transformers
@@ -55,8 +56,11 @@ def publish_policy(
     return publish_directory(path, write, with_digests=with_digests)
 
 
-def load_policy(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer saved at ``path`` with digests, once every file checks out.
+def load_policy(
+    path: Path, *, dtype: ModelDType = ModelDType.FLOAT32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model (in ``dtype``) and tokenizer saved at ``path`` with digests, once every
+    file checks out.
 
     Raises :class:`DamagedPolicyError` naming each missing, changed or
     unlisted file (or a missing ``file_digests.json``).
@@ -65,4 +69,4 @@ def load_policy(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if problems:
         listing = "; ".join(f"{file}: {problem}" for file, problem in problems)
         raise DamagedPolicyError(f"refusing to load the policy in {path}: {listing}")
-    return load_model_dir(path)
+    return load_model_dir(path, dtype=dtype)

@@ -5,7 +5,11 @@ correct answer, so every sibling of a group scores the same, every advantage
 is zero and GRPO has nothing to learn from. A short warm-up on
 ``prompt -> answer<eos>`` pairs teaches the format and a little arithmetic;
 RL then improves accuracy from there. The loss covers the answer and eos
-tokens only. It is deterministic given the seed: batches are drawn with a
+tokens only. Given the run's :class:`~rollvault.gates.prompt_rendering.PromptRenderer`,
+the prompt is rendered exactly as the gate renders it (with
+``model.chat_template``: through the chat template, system prompt included)
+and the answer ends with the token generation stops at (the template's
+end-of-turn token, else eos). It is deterministic given the seed: batches are drawn with a
 private generator, and with one torch thread the arithmetic is too. A
 restart before the first trainer checkpoint does not run it again: the recipe
 saves the warmed-up policy as version 0 and the restart loads that.
@@ -22,6 +26,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from rollvault.gates.prompt_rendering import PROMPT_TEXT_KEY, PromptRenderer, PromptRenderError
 from rollvault.gates.sampling import left_pad
 from rollvault.training.logprobs import left_pad_values, token_logprobs
 
@@ -46,11 +51,18 @@ def supervised_warmup(
     batch_size: int,
     learning_rate: float,
     seed: int,
+    renderer: PromptRenderer | None = None,
 ) -> WarmupReport:
-    """Train ``model`` in place on ``(prompt_text, answer_text)`` pairs for ``steps`` steps."""
+    """Train ``model`` in place on ``(prompt_text, answer_text)`` pairs for ``steps`` steps.
+
+    ``renderer``: how the gate renders prompts (None: ``prompt_text`` as it is, then eos).
+    """
     if not examples:
         raise ValueError("supervised_warmup: no examples")
-    encoded = [_encode(tokenizer, prompt, answer) for prompt, answer in examples]
+    encoded = [
+        _encode(tokenizer, renderer, index, prompt, answer)
+        for index, (prompt, answer) in enumerate(examples)
+    ]
     pad_id = int(tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     # Linear decay to zero: the last steps take small, low-noise updates.
@@ -77,11 +89,23 @@ def supervised_warmup(
 
 
 def _encode(
-    tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str
+    tokenizer: PreTrainedTokenizerBase,
+    renderer: PromptRenderer | None,
+    index: int,
+    prompt: str,
+    answer: str,
 ) -> tuple[list[int], list[float]]:
-    """Token ids of ``prompt answer <eos>`` and a 0/1 mask over the answer and eos."""
-    prompt_ids = list(tokenizer(prompt, add_special_tokens=False).input_ids)
-    answer_ids = [*tokenizer(answer, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+    """Token ids of ``prompt answer <end>`` and a 0/1 mask over the answer and its end."""
+    if renderer is None:
+        prompt_ids = list(tokenizer(prompt, add_special_tokens=False).input_ids)
+        end = int(tokenizer.eos_token_id)
+    else:
+        try:
+            prompt_ids = renderer.prompt_ids({PROMPT_TEXT_KEY: prompt})
+        except PromptRenderError as error:
+            raise ValueError(f"supervised_warmup: example {index}: {error}") from error
+        end = renderer.answer_end_id
+    answer_ids = [*tokenizer(answer, add_special_tokens=False).input_ids, end]
     return prompt_ids + answer_ids, [0.0] * len(prompt_ids) + [1.0] * len(answer_ids)
 
 
