@@ -41,7 +41,9 @@ def test_a_system_prompt_needs_the_chat_template() -> None:
 
 def test_chat_format_rows_need_the_chat_template() -> None:
     rows = ["dataset.kind=jsonl", "dataset.path=rows.jsonl", "dataset.messages_key=messages"]
-    with pytest.raises(ConfigError, match=r"dataset\.messages_key='messages' .* chat_template=true"):
+    with pytest.raises(
+        ConfigError, match=r"dataset\.messages_key='messages' .* model\.chat_template=true"
+    ):
         load_run_config(None, rows)
     config = load_run_config(None, [*rows, "model.chat_template=true"])
     assert config.dataset.messages_key == "messages"
