@@ -64,9 +64,7 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
         model,
         pad_token_id=int(tokenizer.pad_token_id),
         settings=GrpoSettings.from_config(
-            config.trainer,
-            temperature=config.gate.local_model.temperature,
-            success_reward=environment.success_reward,
+            config.trainer, temperature=config.gate.local_model.temperature
         ),
     )
     gates: list[CountingGate] = []

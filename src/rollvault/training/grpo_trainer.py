@@ -63,13 +63,9 @@ class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
     grad_clip: float = 1.0
     temperature: float = 1.0
     """The gate's sampling temperature: logprobs are recomputed at the same one."""
-    success_reward: float | None = None
-    """Rewards at least this count as correct in the ``accuracy`` metric (None: no metric)."""
 
     @classmethod
-    def from_config(
-        cls, config: TrainerConfig, *, temperature: float, success_reward: float | None
-    ) -> GrpoSettings:
+    def from_config(cls, config: TrainerConfig, *, temperature: float) -> GrpoSettings:
         return cls(
             learning_rate=config.learning_rate,
             weight_decay=config.weight_decay,
@@ -77,7 +73,6 @@ class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
             kl_coef=config.kl_coef,
             grad_clip=config.grad_clip,
             temperature=temperature,
-            success_reward=success_reward,
         )
 
 
@@ -178,7 +173,7 @@ class GrpoTrainer:
     def _step(self, batch: TrainBatch) -> dict[str, float]:
         rows = _batch_rows(batch)
         samples = [s for s in (_sample(row) for row in rows) if s is not None]
-        metrics = self._reward_metrics(rows)
+        metrics = _reward_metrics(rows)
         metrics["groups"] = float(len(batch.groups))
         metrics["staleness"] = _mean([batch.step - e.start_weight_version for e in batch.groups])
         if samples:
@@ -224,13 +219,24 @@ class GrpoTrainer:
         self._optimizer.step()
         return stats, float(grad_norm)
 
-    def _reward_metrics(self, rows: Sequence[RowView]) -> dict[str, float]:
-        rewards = [float(row["reward"]) for row in rows if bool(row["sample_mask"])]
-        metrics = {"samples": float(len(rows)), "reward_mean": _mean(rewards)}
-        if self._settings.success_reward is not None:
-            threshold = self._settings.success_reward
-            metrics["accuracy"] = _mean([float(r >= threshold) for r in rewards])
-        return metrics
+
+def _reward_metrics(rows: Sequence[RowView]) -> dict[str, float]:
+    """Mean reward of the unmasked rows, and ``accuracy``: the mean of their ``correct``.
+
+    ``correct`` is the environment's verdict, which the gate staged and the
+    finalizer copied into the canonical row. Rows without it (a reward
+    function that does not say, a row staged by an older version) are left
+    out of the accuracy; with none, the step has no ``accuracy``.
+    """
+    unmasked = [row for row in rows if bool(row["sample_mask"])]
+    metrics = {
+        "samples": float(len(rows)),
+        "reward_mean": _mean([float(row["reward"]) for row in unmasked]),
+    }
+    verdicts = [float(bool(row["correct"])) for row in unmasked if "correct" in row]
+    if verdicts:
+        metrics["accuracy"] = _mean(verdicts)
+    return metrics
 
 
 def _batch_rows(batch: TrainBatch) -> list[RowView]:
