@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import (
     GateKind,
+    RewardConfig,
     RunConfig,
     SimulatedGateConfig,
     TrainerKind,
@@ -19,6 +22,7 @@ def validate_run_config(config: RunConfig) -> None:
         *_capacity_problems(config),
         *_gate_problems(config.gate.simulated),
         *_kind_problems(config),
+        *_reward_function_problems(config),
     ]
     if problems:
         raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
@@ -64,3 +68,41 @@ def _kind_problems(config: RunConfig) -> list[str]:
             "(use both, or simulated with recording)"
         )
     return problems
+
+
+_REGEX_FORMAT = "regex_format"
+"""The built-in reward function that reads ``reward.format_regex``."""
+
+
+def _reward_function_problems(config: RunConfig) -> list[str]:
+    """A reward function scores text, and ``regex_format`` needs a valid pattern."""
+    reward = config.reward
+    problems = []
+    if reward.function is not None and config.gate.kind is GateKind.SIMULATED:
+        problems.append(
+            f"reward.function={reward.function!r} needs a gate that generates text "
+            "(gate.kind=local_model): the simulated gate scores token ids with the task's "
+            "token environment"
+        )
+    return problems + _format_regex_problems(reward)
+
+
+def _format_regex_problems(reward: RewardConfig) -> list[str]:
+    uses_regex = reward.function == _REGEX_FORMAT
+    if reward.format_regex is None:
+        if uses_regex:
+            return [
+                "reward.function=regex_format needs reward.format_regex, the pattern a "
+                "response must match"
+            ]
+        return []
+    if not uses_regex:
+        return [
+            f"reward.format_regex is set but reward.function is {reward.function!r}; only "
+            "the regex_format built-in uses it (set reward.function=regex_format, or remove it)"
+        ]
+    try:
+        re.compile(reward.format_regex)
+    except re.error as error:
+        return [f"reward.format_regex={reward.format_regex!r} is not a valid regex: {error}"]
+    return []
