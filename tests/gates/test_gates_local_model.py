@@ -182,12 +182,10 @@ def test_the_worker_ignores_sigterm_and_sigint_and_stops_when_the_gate_closes(
 class _RecordingEnvironment:
     """Scores every response 0 and keeps the text it was given, by prompt index."""
 
-    success_reward = 1.0
-
     def __init__(self) -> None:
         self.texts: dict[int, tuple[str, bool]] = {}
 
-    def score_text(
+    async def score_text(
         self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
     ) -> TextScore:
         self.texts[int(prompt["idx"])] = (response_text, finished)

@@ -153,3 +153,24 @@ def test_a_failed_format_check_costs_the_format_penalty(tmp_path: Path) -> None:
     _, group_id, rows = _run(tmp_path, siblings, "reward.format_penalty=0.4")
     assert rows[train_key(group_id, 0)]["reward"] == pytest.approx(0.6)
     assert rows[train_key(group_id, 1)]["reward"] == pytest.approx(1.0)
+
+
+def test_the_gates_verdict_reaches_the_canonical_row_when_it_gave_one(tmp_path: Path) -> None:
+    right, wrong, unsaid = _row([1, 2]), _row([3, 4]), _row([5, 6])
+    right["correct"], wrong["correct"] = True, False
+    siblings = [(right, right, 1.0, True), (wrong, wrong, 0.0, True), (unsaid, unsaid, 0.5, True)]
+    _, group_id, rows = _run(tmp_path, siblings)
+    verdicts = [rows[train_key(group_id, i)].get("correct") for i in range(3)]
+    # A sibling staged without a verdict (an environment that does not say, a row of an
+    # older snapshot) has none in its canonical row: the trainer leaves it out.
+    assert verdicts == [True, False, None]
+    assert type(verdicts[0]) is bool
+
+
+def test_a_verdict_changed_after_staging_fails_the_digest(tmp_path: Path) -> None:
+    staged, promised = _row([1, 2]), _row([1, 2])
+    staged["correct"], promised["correct"] = True, False
+    siblings = [(staged, promised, 1.0, True), (_row([3]), _row([3]), 0.0, True)]
+    _, group_id, rows = _run(tmp_path, siblings)
+    tampered = rows[train_key(group_id, 0)]
+    assert tampered["sample_mask"] is False and "correct" not in tampered

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from rollvault.config.schema import DatasetConfig
@@ -40,20 +42,25 @@ def test_prompt_shape_and_answer() -> None:
 def test_rewards(
     response: str, finished: bool, reward: float, format_ok: bool, correct: bool
 ) -> None:
-    score = AdditionEnvironment().score_text(PROMPT, response, finished=finished)
+    score = asyncio.run(AdditionEnvironment().score_text(PROMPT, response, finished=finished))
     assert score.reward == pytest.approx(reward)
     assert (score.format_ok, score.correct) == (format_ok, correct)
 
 
-def test_success_reward_is_the_answer_reward() -> None:
-    assert AdditionEnvironment(answer_reward=2.0).success_reward == 2.0
+def test_the_answer_reward_and_format_reward_set_the_scale() -> None:
+    environment = AdditionEnvironment(answer_reward=2.0, format_reward=0.5)
+    right = asyncio.run(environment.score_text(PROMPT, "42", finished=True))
+    wrong = asyncio.run(environment.score_text(PROMPT, "41", finished=True))
+    assert (right.reward, wrong.reward) == (pytest.approx(2.5), pytest.approx(0.5))
     with pytest.raises(ValueError):
         AdditionEnvironment(answer_reward=0.0)
 
 
 def test_a_prompt_without_answer_is_a_prompt_error() -> None:
     with pytest.raises(AdditionPromptError, match="extra_env_info.answer") as info:
-        AdditionEnvironment().score_text({"idx": 3, "prompt_text": "1+1="}, "2", finished=True)
+        asyncio.run(
+            AdditionEnvironment().score_text({"idx": 3, "prompt_text": "1+1="}, "2", finished=True)
+        )
     assert isinstance(info.value, PromptEnvironmentError)
 
 

@@ -7,6 +7,7 @@ model gate with its worker process, the reverse verifier and the GRPO trainer.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -60,16 +61,21 @@ def test_prompts_are_in_the_default_tokenizers_alphabet() -> None:
 def test_rewards(
     response: str, finished: bool, reward: float, format_ok: bool, correct: bool
 ) -> None:
-    score = ReverseEnvironment().score_text(PROMPT, response, finished=finished)
+    score = asyncio.run(ReverseEnvironment().score_text(PROMPT, response, finished=finished))
     assert score.reward == pytest.approx(reward)
     assert (score.format_ok, score.correct) == (format_ok, correct)
 
 
 def test_a_prompt_without_answer_is_a_prompt_error() -> None:
     with pytest.raises(ReversePromptError, match="extra_env_info.answer") as info:
-        ReverseEnvironment().score_text({"idx": 3, "prompt_text": "12="}, "21", finished=True)
+        asyncio.run(
+            ReverseEnvironment().score_text({"idx": 3, "prompt_text": "12="}, "21", finished=True)
+        )
     assert isinstance(info.value, PromptEnvironmentError)
-    assert ReverseEnvironment(answer_reward=2.0).success_reward == 2.0
+    doubled = asyncio.run(
+        ReverseEnvironment(answer_reward=2.0).score_text(PROMPT, "1274", finished=True)
+    )
+    assert doubled.reward == pytest.approx(2.1)
     with pytest.raises(ValueError, match="answer_reward"):
         ReverseEnvironment(answer_reward=0.0)
 

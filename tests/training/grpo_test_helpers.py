@@ -43,7 +43,10 @@ def sampled_batch(
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> TrainBatch:
-    """A batch of canonical-looking rows: sampled responses, random group advantages."""
+    """A batch of canonical-looking rows: sampled responses, random group advantages.
+
+    Odd siblings get reward 1.0, even ones 0.0; only sibling 0 is ``correct``.
+    """
     rng = np.random.default_rng(advantages_seed)
     rows: dict[str, Row] = {}
     groups = []
@@ -85,6 +88,8 @@ def sampled_batch(
                 ),
                 "reward": float(g % 2),
                 "sample_mask": True,
+                # Not the reward's pattern: accuracy must come from the verdict.
+                "correct": g == 0,
             }
     return TrainBatch(step=step, groups=groups, rows=rows, generations_per_group=generations)
 

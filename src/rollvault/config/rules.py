@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import (
     FILE_DATASET_KINDS,
     DatasetConfig,
     GateKind,
     ModelConfig,
+    RewardConfig,
     RunConfig,
     SimulatedGateConfig,
     TrainerKind,
@@ -25,6 +28,7 @@ def validate_run_config(config: RunConfig) -> None:
         *_dataset_problems(config.dataset),
         *_model_problems(config.model),
         *_chat_problems(config),
+        *_reward_function_problems(config),
     ]
     if problems:
         raise ConfigError("invalid run config:\n  " + "\n  ".join(problems))
@@ -120,4 +124,42 @@ def _chat_problems(config: RunConfig) -> list[str]:
             f"dataset.messages_key={config.dataset.messages_key!r} reads chat-format rows, "
             "which only a chat template can render: set model.chat_template=true"
         ]
+    return []
+
+
+_REGEX_FORMAT = "regex_format"
+"""The built-in reward function that reads ``reward.format_regex``."""
+
+
+def _reward_function_problems(config: RunConfig) -> list[str]:
+    """A reward function scores text, and ``regex_format`` needs a valid pattern."""
+    reward = config.reward
+    problems = []
+    if reward.function is not None and config.gate.kind is GateKind.SIMULATED:
+        problems.append(
+            f"reward.function={reward.function!r} needs a gate that generates text "
+            "(gate.kind=local_model): the simulated gate scores token ids with the task's "
+            "token environment"
+        )
+    return problems + _format_regex_problems(reward)
+
+
+def _format_regex_problems(reward: RewardConfig) -> list[str]:
+    uses_regex = reward.function == _REGEX_FORMAT
+    if reward.format_regex is None:
+        if uses_regex:
+            return [
+                "reward.function=regex_format needs reward.format_regex, the pattern a "
+                "response must match"
+            ]
+        return []
+    if not uses_regex:
+        return [
+            f"reward.format_regex is set but reward.function is {reward.function!r}; only "
+            "the regex_format built-in uses it (set reward.function=regex_format, or remove it)"
+        ]
+    try:
+        re.compile(reward.format_regex)
+    except re.error as error:
+        return [f"reward.format_regex={reward.format_regex!r} is not a valid regex: {error}"]
     return []

@@ -168,6 +168,18 @@ class RewardConfig(_Section, frozen=True):
     normalize_advantages_by_std: bool = True
     # Keeps the std division finite when every sibling got the same reward.
     advantage_epsilon: PositiveFloat = 1e-6
+    # The reward function a model gate scores responses with, instead of the task's
+    # own environment: a built-in (exact_match, numeric_match, regex_format),
+    # "my_pkg.rewards:score" (an importable module) or "path/to/rewards.py:score"
+    # (a file, relative to the current directory). Called as score(response_text,
+    # sample); returns a float, or a mapping with reward and optionally correct
+    # (what accuracy counts; a response without it is left out of the accuracy)
+    # and named checks. null: the task's own scoring. Its source file's digest is
+    # part of the run's fingerprint. See rollvault.rewards.
+    function: NonEmptyStr | None = None
+    # The regex_format built-in's pattern, matched against the whole response
+    # (re.fullmatch, re.DOTALL); only that built-in uses it.
+    format_regex: NonEmptyStr | None = None
 
 
 class SimulatedGateConfig(_Section, frozen=True):

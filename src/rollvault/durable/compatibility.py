@@ -118,6 +118,12 @@ _REWARD_SEMANTIC_KEYS: Final[Mapping[str, str]] = MappingProxyType(
         "mask_nonfinite_logprobs": "whether a response with non-finite logprobs is masked",
         "normalize_advantages_by_std": "whether group advantages are divided by the reward std",
         "advantage_epsilon": "added to the std before that division",
+        "function": "the reward function that scores every response",
+        "format_regex": "the pattern the regex_format reward function matches",
+        "function_sha256": (
+            "the digest of the reward function's source file (added by the run's identity): "
+            "changed reward code is a changed reward"
+        ),
     }
 )
 

@@ -188,8 +188,8 @@ class LocalModelGate:
         prompt_ids = self._prompt_ids(request)
         version, result = await self._generate(rollout_id, prompt_ids)
         self.tokens_generated += len(result.token_ids)
-        score = self._score(request, result)
-        row = _staged_row(prompt_ids, result)
+        score = await self._score(request, result)
+        row = _staged_row(prompt_ids, result, correct=score.correct)
         key = staging_key(rollout_id, 0)
         await self._data_plane.put(STAGING_PARTITION, {key: row})
         length = len(result.token_ids)
@@ -210,6 +210,7 @@ class LocalModelGate:
             ),
             num_tokens=length,
             weight_version=version,
+            checks=_logged_checks(score),
         )
 
     def _prompt_ids(self, request: AttemptRequest) -> list[int]:
@@ -218,7 +219,7 @@ class LocalModelGate:
         except PromptRenderError as error:
             raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
 
-    def _score(self, request: AttemptRequest, result: GenerationResult) -> TextScore:
+    async def _score(self, request: AttemptRequest, result: GenerationResult) -> TextScore:
         tokens = result.token_ids[:-1] if result.finished else result.token_ids
         # Special tokens stay in the text (e.g. "<pad>"), so a response made of
         # them can never pass as well formed.
@@ -226,7 +227,9 @@ class LocalModelGate:
         if not isinstance(text, str):
             raise TypeError(f"the tokenizer decoded one sequence to {type(text).__name__}")
         try:
-            return self._environment.score_text(request.prompt, text, finished=result.finished)
+            return await self._environment.score_text(
+                request.prompt, text, finished=result.finished
+            )
         except PromptEnvironmentError as error:
             raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
 
@@ -357,10 +360,20 @@ def _fail(pending: _Pending, error: Exception) -> None:
         pending.future.set_exception(error)
 
 
-def _staged_row(prompt_ids: list[int], result: GenerationResult) -> Row:
+def _logged_checks(score: TextScore) -> dict[str, bool | float]:
+    """What ``attempts.jsonl`` shows of a score beside its reward."""
+    checks: dict[str, bool | float] = {"format_ok": score.format_ok}
+    if score.correct is not None:
+        checks["correct"] = score.correct
+    checks.update(score.checks)
+    return checks
+
+
+def _staged_row(prompt_ids: list[int], result: GenerationResult, *, correct: bool | None) -> Row:
+    """The attempt's one row; ``correct`` (the environment's verdict) only when it gave one."""
     prompt_length = len(prompt_ids)
     response_length = len(result.token_ids)
-    return {
+    row: Row = {
         "input_ids": np.asarray(prompt_ids + result.token_ids, dtype=np.int64),
         "generation_logprobs": np.concatenate(
             [np.zeros(prompt_length), np.asarray(result.logprobs, dtype=np.float64)]
@@ -370,3 +383,6 @@ def _staged_row(prompt_ids: list[int], result: GenerationResult) -> Row:
         ),
         "prompt_length": prompt_length,
     }
+    if correct is not None:
+        row["correct"] = correct
+    return row

@@ -77,7 +77,6 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
             temperature=config.gate.local_model.temperature,
             top_p=config.gate.local_model.top_p,
             top_k=config.gate.local_model.top_k,
-            success_reward=environment.success_reward,
         ),
     )
     gates: list[CountingGate] = []

@@ -27,6 +27,8 @@ from rollvault.durable.layout import (
     FINAL_MODEL_DIRNAME,
 )
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
+from rollvault.rewards.environment import RewardFunctionEnvironment
+from rollvault.rewards.spec import BUILTIN_REWARD_FUNCTIONS
 from rollvault.tasks.protocols import (
     Environment,
     PromptDataset,
@@ -132,13 +134,27 @@ def prompt_dataset(config: RunConfig, task: Task) -> PromptDataset:
 
 
 def text_environment(config: RunConfig, task: Task) -> TextEnvironment:
-    """The environment a model gate scores ``task`` with; refused if it has none."""
-    if task.text_environment is None:
+    """The environment a model gate scores ``task`` with; refused if there is none.
+
+    ``reward.function``, when set, scores any task with text prompts (imported
+    and checked here, before any model is built); otherwise the task's own
+    text environment does. A task with no built-in scoring
+    (``needs_reward_function``) needs ``reward.function``.
+    """
+    if config.reward.function is not None:
+        return RewardFunctionEnvironment.from_config(config.reward)
+    if task.text_environment is not None:
+        return task.text_environment()
+    if task.needs_reward_function:
         raise ConfigError(
-            f"gate.kind={config.gate.kind.value} needs a task with a text environment; "
-            f"dataset.kind={task.name} has none"
+            f"dataset.kind={task.name} has no built-in scoring; set reward.function "
+            f"(a built-in: {', '.join(BUILTIN_REWARD_FUNCTIONS)}, or module:function / "
+            "path.py:function)"
         )
-    return task.text_environment()
+    raise ConfigError(
+        f"gate.kind={config.gate.kind.value} needs a task with a text environment; "
+        f"dataset.kind={task.name} has none"
+    )
 
 
 def token_environment(config: RunConfig, task: Task) -> Environment:

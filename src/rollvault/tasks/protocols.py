@@ -10,7 +10,9 @@ token-level :class:`Environment` scores response token ids (the simulated
 gate); a :class:`TextEnvironment` scores the decoded text (a model gate
 decodes the generated tokens with the model's tokenizer and hands the text
 over). Plug in a verifier of your own task by implementing one of them; the
-gate needs nothing else.
+gate needs nothing else. A user's reward function (``reward.function``)
+becomes a text environment too (:mod:`rollvault.rewards`), for any task whose
+prompts are text.
 
 A :class:`Task` puts one task's pieces together: its name (what
 ``dataset.kind`` says), how to build its dataset, the environment it scores
@@ -114,19 +116,19 @@ class TextScore(msgspec.Struct, frozen=True, kw_only=True):
     reward: float
     format_ok: bool
     """The response has the shape the task asks for (whether or not it is right)."""
-    correct: bool
-    """The response solves the task (what accuracy counts)."""
+    correct: bool | None = None
+    """The response solves the task: what accuracy counts. None when the environment
+    does not say (a user reward function that returns only a reward); such a
+    response is left out of the accuracy, never counted as wrong."""
+    checks: Mapping[str, bool | float] = msgspec.field(default_factory=dict)
+    """Named checks beside the reward (a user reward function's extra keys), logged
+    with the attempt in ``attempts.jsonl``; they do not change the reward."""
 
 
 class TextEnvironment(Protocol):
     """Scores one decoded response to one prompt."""
 
-    @property
-    def success_reward(self) -> float:
-        """The least reward a correct response gets (so a trainer can count accuracy)."""
-        ...
-
-    def score_text(
+    async def score_text(
         self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
     ) -> TextScore:
         """Score ``response_text`` (decoded, without the eos token) to ``prompt``.
@@ -134,6 +136,8 @@ class TextEnvironment(Protocol):
         ``finished`` is False when generation was cut at the token limit
         before the model ended its response. Raises
         :class:`PromptEnvironmentError` when the prompt cannot be scored.
+        A coroutine, so an environment may wait on I/O or run slow scoring in
+        a worker thread without blocking the controller's event loop.
         """
         ...
 
@@ -162,9 +166,10 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     """One task: its name, its dataset, how it is scored, and its optional warm-up.
 
     A task scores with a token-level environment (the simulated gate), a
-    text environment (a model gate), or both; the composition of a run
-    refuses a gate the task cannot be scored on. The environments are
-    factories (a class will do), so every gate gets its own.
+    text environment (a model gate), or both, or neither when it sets
+    ``needs_reward_function`` (a dataset file: ``reward.function`` scores it);
+    the composition of a run refuses a gate the task cannot be scored on. The
+    environments are factories (a class will do), so every gate gets its own.
     """
 
     name: str

@@ -76,8 +76,6 @@ class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The gate's top-k (0: off): logprobs are recomputed under the same filter."""
     micro_batch_size: int | None = None
     """Sequences per forward/backward pass (None: the whole step's batch at once)."""
-    success_reward: float | None = None
-    """Rewards at least this count as correct in the ``accuracy`` metric (None: no metric)."""
 
     @classmethod
     def from_config(
@@ -85,7 +83,6 @@ class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
         config: TrainerConfig,
         *,
         temperature: float,
-        success_reward: float | None,
         top_p: float = 1.0,
         top_k: int = 0,
     ) -> GrpoSettings:
@@ -99,7 +96,6 @@ class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
             top_p=top_p,
             top_k=top_k,
             micro_batch_size=config.micro_batch_size,
-            success_reward=success_reward,
         )
 
 
@@ -200,7 +196,7 @@ class GrpoTrainer:
     def _step(self, batch: TrainBatch) -> dict[str, float]:
         rows = _batch_rows(batch)
         samples = [s for s in (_sample(row) for row in rows) if s is not None]
-        metrics = self._reward_metrics(rows)
+        metrics = _reward_metrics(rows)
         metrics["groups"] = float(len(batch.groups))
         metrics["staleness"] = _mean([batch.step - e.start_weight_version for e in batch.groups])
         if samples:
@@ -268,13 +264,24 @@ class GrpoTrainer:
             top_k=settings.top_k,
         )
 
-    def _reward_metrics(self, rows: Sequence[RowView]) -> dict[str, float]:
-        rewards = [float(row["reward"]) for row in rows if bool(row["sample_mask"])]
-        metrics = {"samples": float(len(rows)), "reward_mean": _mean(rewards)}
-        if self._settings.success_reward is not None:
-            threshold = self._settings.success_reward
-            metrics["accuracy"] = _mean([float(r >= threshold) for r in rewards])
-        return metrics
+
+def _reward_metrics(rows: Sequence[RowView]) -> dict[str, float]:
+    """Mean reward of the unmasked rows, and ``accuracy``: the mean of their ``correct``.
+
+    ``correct`` is the environment's verdict, which the gate staged and the
+    finalizer copied into the canonical row. Rows without it (a reward
+    function that does not say, a row staged by an older version) are left
+    out of the accuracy; with none, the step has no ``accuracy``.
+    """
+    unmasked = [row for row in rows if bool(row["sample_mask"])]
+    metrics = {
+        "samples": float(len(rows)),
+        "reward_mean": _mean([float(row["reward"]) for row in unmasked]),
+    }
+    verdicts = [float(bool(row["correct"])) for row in unmasked if "correct" in row]
+    if verdicts:
+        metrics["accuracy"] = _mean(verdicts)
+    return metrics
 
 
 def _batch_rows(batch: TrainBatch) -> list[RowView]:

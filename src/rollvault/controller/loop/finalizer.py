@@ -57,6 +57,8 @@ class SiblingVerdict(msgspec.Struct, frozen=True, kw_only=True):
     arrays: dict[str, np.ndarray]
     reward: FinalizedReward
     problem: str | None
+    correct: bool | None = None
+    """The environment's verdict, from the staged rows (None: they carry none)."""
 
 
 class Finalizer:
@@ -143,6 +145,7 @@ class Finalizer:
             arrays=arrays,
             reward=FinalizedReward(raw_reward=reward, reward=adjusted, masked=masked),
             problem=problem,
+            correct=None if problem is not None else _staged_correct(staged, keys),
         )
 
     async def _publish(
@@ -207,6 +210,19 @@ def _row_problem(
     return None
 
 
+def _staged_correct(staged: Mapping[str, RowView], keys: list[str]) -> bool | None:
+    """The verdict of the attempt's last staged row that has one (the final turn's).
+
+    Rows staged without it (an environment that does not say, a snapshot of an
+    older version) give None: the canonical row then has no ``correct``.
+    """
+    for key in reversed(keys):
+        value = staged[key].get("correct")
+        if value is not None:
+            return bool(value)
+    return None
+
+
 def _concatenate(rows: list[RowView]) -> dict[str, np.ndarray]:
     return {name: np.concatenate([np.asarray(row[name]) for row in rows]) for name in _ARRAY_FIELDS}
 
@@ -228,7 +244,7 @@ def _canonical_row(verdict: SiblingVerdict, advantage: float) -> Row:
         # A masked row contributes nothing; keep it finite so no NaN leaks into a loss.
         logprobs = np.where(np.isfinite(logprobs), logprobs, 0.0).astype(np.float32)
     advantages = np.where(token_mask > 0, advantage, 0.0).astype(np.float32)
-    return {
+    row: Row = {
         "input_ids": arrays["input_ids"],
         "generation_logprobs": logprobs,
         "token_mask": token_mask,
@@ -236,6 +252,9 @@ def _canonical_row(verdict: SiblingVerdict, advantage: float) -> Row:
         "reward": float(verdict.reward.reward),
         "sample_mask": not masked,
     }
+    if verdict.correct is not None:
+        row["correct"] = verdict.correct  # what the trainer's accuracy counts
+    return row
 
 
 def _metrics(verdicts: Sequence[SiblingVerdict]) -> dict[str, float]:

@@ -304,7 +304,14 @@ class RolloutPump:
         previous = self._end_weight_version.get(request.group_id, outcome.weight_version)
         self._end_weight_version[request.group_id] = max(previous, outcome.weight_version)
         self._journal_returned(request)
-        self._log_attempt(request, RolloutAttemptStatus.SEALED, outcome.num_tokens, None)
+        self._log_attempt(
+            request,
+            RolloutAttemptStatus.SEALED,
+            outcome.num_tokens,
+            None,
+            reward=outcome.reward,
+            checks=outcome.checks,
+        )
 
     def _journal_returned(self, request: AttemptRequest) -> None:
         if self._parts.journal is not None:
@@ -388,6 +395,9 @@ class RolloutPump:
         status: RolloutAttemptStatus,
         num_tokens: int,
         reason: str | None,
+        *,
+        reward: float | None = None,
+        checks: dict[str, bool | float] | None = None,
     ) -> None:
         self._parts.logs.attempts.write(
             AttemptLogRecord(
@@ -398,6 +408,8 @@ class RolloutPump:
                 num_tokens=num_tokens,
                 incarnation=self._parts.logs.incarnation,
                 reason=reason,
+                reward=reward,
+                checks=checks,
             )
         )
 

@@ -66,6 +66,12 @@ class AttemptLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     num_tokens: int
     incarnation: int
     reason: str | None = None
+    reward: float | None = None
+    """The gate's reward of a sealed attempt, before penalties (None: not sealed, or a
+    line of an older version)."""
+    checks: dict[str, bool | float] | None = None
+    """The reward's named checks of a sealed attempt (``correct``, ``format_ok``, and a
+    reward function's own keys); None as for ``reward``."""
     seq: int = 0
 
 

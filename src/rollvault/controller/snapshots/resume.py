@@ -58,6 +58,7 @@ from rollvault.durable.trainer_checkpoints import (
     verify_trainer_checkpoint,
 )
 from rollvault.durable.trash import remove_tree
+from rollvault.rewards.identity import reward_function_identity
 from rollvault.tasks.protocols import PromptDataset
 
 _LOG = logging.getLogger("rollvault.resume")
@@ -91,11 +92,20 @@ def run_identity(config: RunConfig) -> BootstrapCompatibilityIdentity:
     files joins the identity as ``model.files`` (``model.path`` itself is
     operational): the model is its weights, config and tokenizer, not where
     they happen to lie.
+
+    With ``reward.function`` set, the SHA-256 of the function's source file
+    joins it as ``reward.function_sha256`` (see
+    :mod:`rollvault.rewards.identity`): changed reward code refuses a resume,
+    naming that key. A function that cannot be located raises its
+    ``ConfigError``.
     """
     data = config_to_dict(config)
     model_dir = Path(config.model.path)
     if model_dir.is_dir():
         data["model"]["files"] = directory_digests(model_dir)
+    if config.reward.function is not None:
+        identity = reward_function_identity(config.reward.function)
+        data["reward"]["function_sha256"] = identity.source_sha256
     return bootstrap_compatibility_identity(data)
 
 

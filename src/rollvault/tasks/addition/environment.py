@@ -37,11 +37,7 @@ class AdditionEnvironment:
         self.answer_reward = answer_reward
         self.format_reward = format_reward
 
-    @property
-    def success_reward(self) -> float:
-        return self.answer_reward
-
-    def score_text(
+    async def score_text(
         self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
     ) -> TextScore:
         answer = _answer(prompt)

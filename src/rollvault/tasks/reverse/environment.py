@@ -33,11 +33,7 @@ class ReverseEnvironment:
         self.answer_reward = answer_reward
         self.format_reward = format_reward
 
-    @property
-    def success_reward(self) -> float:
-        return self.answer_reward
-
-    def score_text(
+    async def score_text(
         self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
     ) -> TextScore:
         answer = _answer(prompt)
