@@ -21,7 +21,9 @@ import torch
 from rollvault.cli.main import main
 from rollvault.durable.trainer_checkpoints import verify_trainer_checkpoint
 from rollvault.gates.causal_lm import load_causal_lm, load_tokenizer
+from rollvault.gates.prompt_rendering import PROMPT_TEXT_KEY, PromptFormat, PromptRenderer
 from rollvault.gates.sampling import sample_batch
+from rollvault.gates.stop_tokens import stop_token_ids
 from rollvault.training.gguf_import import (
     GGUF_SOURCE_FILENAME,
     GgufImportError,
@@ -56,16 +58,20 @@ def _chat_ids(tokenizer: object, text: str) -> list[int]:
 
 
 def _max_logprob_gap(model_dir: Path, texts: list[str], *, max_new_tokens: int) -> float:
-    """Max |gate logprob - trainer logprob| of tokens sampled after chat-rendered ``texts``."""
+    """Max |gate logprob - trainer logprob| of tokens sampled after chat-rendered ``texts``.
+
+    Prompts are rendered as a run with ``model.chat_template=true`` renders them.
+    """
     model, tokenizer = load_causal_lm(model_dir), load_tokenizer(model_dir)
-    prompts = [_chat_ids(tokenizer, text) for text in texts]
+    renderer = PromptRenderer(tokenizer, PromptFormat(chat_template=True), model_path=model_dir)
+    prompts = [renderer.prompt_ids({PROMPT_TEXT_KEY: text}) for text in texts]
     sampled = sample_batch(
         model,
         prompts,
         seeds=list(range(len(prompts))),
         max_new_tokens=max_new_tokens,
         temperature=0.7,
-        eos_token_id=int(tokenizer.eos_token_id),
+        stop_token_ids=stop_token_ids(tokenizer, model_dir, end_of_turn_id=renderer.end_of_turn_id),
         pad_token_id=int(tokenizer.pad_token_id),
     )
     recomputed = sequence_logprobs(
@@ -332,5 +338,6 @@ def test_smollm2_imports_renders_its_chat_template_and_gate_and_trainer_agree(
     assert rendered.endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n")
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
     assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    assert 2 in stop_token_ids(tokenizer, model_dir, end_of_turn_id=None)
     texts = ["What is 2 + 3?", "Sam has 4 apples and buys 7 more. How many apples does he have?"]
     assert _max_logprob_gap(model_dir, texts, max_new_tokens=8) < 1e-4
