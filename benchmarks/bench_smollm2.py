@@ -35,8 +35,10 @@ this order, it measures what decides whether a short SmolLM2 GRPO run fits in
 Without micro-batching the trainer's step holds every sequence's activations
 and ``[batch, length, vocabulary]`` logits at once (49,152 tokens of
 vocabulary): the peak RSS measured was 5.8 GB at 16 sequences, 13.5 GB at 32
-and 21 GB at 64, so keep ``--groups`` small or set ``--micro-batch-size`` on
-a shared machine.
+and 21 GB at 64; with ``--micro-batch-size 4`` it was 3.6 GB at 16 and 5.4 GB
+at 64. Keep ``--groups`` small or set ``--micro-batch-size`` on a shared
+machine. ``--dtype bfloat16`` is far slower on a CPU without native bfloat16
+matmuls (this one: a 16-sequence step took 417 s instead of 26 s).
 
 After each phase it records this process's peak resident set
 (``ru_maxrss``), so the last one is the peak of a process holding the
