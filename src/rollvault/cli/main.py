@@ -8,6 +8,8 @@ and any overrides, e.g. ``rollvault run grpo.num_generations_per_prompt=8``.
 ``rollvault chaos [--config FILE] [--kills K] [--compare] [dotpath=value ...]``
 SIGKILLs a real run K times, restarts it, and checks its evidence (exit 1 on
 any problem).
+``rollvault import-gguf (GGUF_FILE | --package DIST) OUT_DIR`` makes a GGUF
+checkpoint into a local model directory, once.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     add_chaos_arguments(
         commands.add_parser("chaos", help="SIGKILL a real run K times, then check it")
     )
+    from rollvault.cli.import_gguf_command import add_import_gguf_arguments
+
+    add_import_gguf_arguments(
+        commands.add_parser("import-gguf", help="make a GGUF file into a local model directory")
+    )
     for name, help_text in (
         ("inspect", "summarize every anchor and snapshot of a checkpoint directory"),
         ("verify", "re-check every snapshot of a checkpoint directory; exit 1 on any problem"),
@@ -59,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rollvault.cli.chaos_command import chaos_command
 
         return chaos_command(args)
+    if args.command == "import-gguf":
+        from rollvault.cli.import_gguf_command import import_gguf_command
+
+        return import_gguf_command(args)
     if args.command == "inspect":
         from rollvault.cli.inspect_command import inspect_command
 
