@@ -115,3 +115,11 @@ def test_a_tokenizer_without_a_template_is_refused_naming_model_path(tmp_path: P
     assert PromptRenderer(tokenizer, PromptFormat(), model_path=path).prompt_ids(
         {"prompt_text": "1="}
     ) == _ids(tokenizer, "1=")
+
+
+def test_an_end_of_turn_token_that_is_also_pad_still_ends_a_turn() -> None:
+    # SmolLM2's pad, eos and <|im_end|> are one id; the turn's end must still be found.
+    tokenizer = chatml_tokenizer()
+    tokenizer.pad_token = IM_END
+    assert tokenizer.pad_token_id == token_id(tokenizer, IM_END)
+    assert end_of_turn_token_id(tokenizer) == token_id(tokenizer, IM_END)

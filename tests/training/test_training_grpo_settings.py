@@ -98,9 +98,7 @@ def test_filtered_sampling_is_on_policy_for_the_trainer(tmp_path: Path) -> None:
 
 def test_settings_take_the_config_and_the_gate_sampling() -> None:
     config = TrainerConfig(micro_batch_size=3)
-    settings = GrpoSettings.from_config(
-        config, temperature=0.5, top_p=0.8, top_k=7
-    )
+    settings = GrpoSettings.from_config(config, temperature=0.5, top_p=0.8, top_k=7)
     assert (settings.temperature, settings.top_p, settings.top_k) == (0.5, 0.8, 7)
     assert settings.micro_batch_size == 3
     assert GrpoSettings.from_config(TrainerConfig(), temperature=1.0) == (

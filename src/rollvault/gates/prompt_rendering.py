@@ -206,8 +206,12 @@ def _datum_messages(prompt: Mapping[str, object]) -> list[dict[str, str]]:
 
 def _special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """Ids of the special and added tokens (a template's control tokens are among them),
-    less unk (what a character outside a small vocabulary becomes) and pad."""
+    less unk (what a character outside a small vocabulary becomes).
+
+    Pad stays: many chat models pad with their end-of-turn token (SmolLM2's pad,
+    eos and ``<|im_end|>`` are one id), and that token must still end a turn.
+    """
     ids = {int(i) for i in tokenizer.all_special_ids} | {
         int(i) for i in tokenizer.added_tokens_decoder
     }
-    return ids - {tokenizer.unk_token_id, tokenizer.pad_token_id}
+    return ids - {tokenizer.unk_token_id}
