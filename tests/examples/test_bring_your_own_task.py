@@ -135,3 +135,41 @@ def test_the_worked_example_runs_as_the_readme_shows(tmp_path: Path) -> None:
             # rewards.py gives 0, 0.1 (a number) or 1.1 (the right number).
             assert all(r in (0.0, 0.1, 1.1) for r in record.rewards), record.rewards
     assert (tmp_path / "checkpoints" / "final_model" / "config.json").is_file()
+
+
+def _refused_start(cwd: Path, *overrides: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "rollvault.cli.main", "run", *overrides, "logging.progress=false"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+@pytest.mark.slow
+def test_bad_files_and_reward_functions_refuse_the_start_naming_what_and_where(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "1+2=", "answer": "3"}\n{"prompt": 7}\n')
+    (tmp_path / "good.jsonl").write_text('{"prompt": "1+2=", "answer": "3"}\n')
+    (tmp_path / "one_arg.py").write_text("def score(text):\n    return 1.0\n")
+    model_run = ["gate.kind=local_model", "trainer.kind=grpo", "dataset.kind=jsonl"]
+    stderr = _refused_start(
+        tmp_path, *model_run, "dataset.path=bad.jsonl", "reward.function=exact_match"
+    )
+    assert "bad.jsonl, line 2, field 'prompt'" in stderr
+    stderr = _refused_start(
+        tmp_path, *model_run, "dataset.path=good.jsonl", "reward.function=one_arg.py:score"
+    )
+    assert "reward.function='one_arg.py:score'" in stderr and "(response_text, sample)" in stderr
+    stderr = _refused_start(
+        tmp_path, *model_run, "dataset.path=good.jsonl", "reward.function=missing.py:score"
+    )
+    assert "missing.py does not exist" in stderr
+    # Nothing was written for any of them but the run lock.
+    assert [p.name for p in (tmp_path / "runs" / "default" / "checkpoints").iterdir()] == [".lock"]
