@@ -7,6 +7,7 @@ import contextlib
 from collections import Counter
 from pathlib import Path
 
+from rollvault.checkpoint_tools.inventory import read_snapshot_contents
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RunConfig, SimulatedGateConfig
 from rollvault.controller.data.replay_index import ReplayEntry
@@ -22,7 +23,10 @@ from rollvault.controller.loop.run_logs import (
     read_jsonl,
 )
 from rollvault.controller.loop.trainer import TrainBatch
+from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError
 from rollvault.dataplane.interface import DataPlane
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME
+from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.tasks.protocols import Environment, PromptDataset
 from rollvault.tasks.registry import build_dataset
@@ -164,8 +168,19 @@ class StallingGate(SimulatedGate):
         return await super().run_attempt(request)
 
 
-def run_stalled_then_kill(config: RunConfig, *, stalled_index: int, seconds: float) -> None:
-    """Run with one sibling slot stuck, long enough for snapshots, then cancel the run."""
+def run_stalled_then_kill(
+    config: RunConfig, *, stalled_index: int, timeout_s: float = 60.0
+) -> None:
+    """Run with one sibling slot stuck until a committed snapshot holds the stuck state,
+    then cancel the run.
+
+    The stuck state: ``max_inflight_prompts`` groups in flight, each with every
+    sibling sealed but the stalled one. Waiting for that snapshot, not for a
+    fixed time, keeps the callers' counts exact on a loaded machine.
+    """
+    inflight = config.rollout.max_inflight_prompts
+    generations = config.grpo.num_generations_per_prompt
+    snapshots = snapshots_root(Path(config.checkpointing.checkpoint_dir) / BOOTSTRAP_DIRNAME)
 
     def gate(data_plane: DataPlane) -> SimulatedGate:
         return StallingGate(
@@ -176,16 +191,33 @@ def run_stalled_then_kill(config: RunConfig, *, stalled_index: int, seconds: flo
             stalled_index=stalled_index,
         )
 
-    async def main() -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                run(
-                    config,
-                    gate_factory=gate,
-                    trainer=RecordingTrainer(),
-                    dataset=dataset_of(config),
-                ),
-                seconds,
+    def stuck_snapshot_committed() -> bool:
+        for path in reversed(committed_snapshot_paths(snapshots)):
+            try:
+                siblings = read_snapshot_contents(path).siblings
+            except (OSError, SnapshotCorruptError):
+                continue  # pruned while it was being read: look at an older one
+            return siblings.in_flight == inflight and siblings.sealed == inflight * (
+                generations - 1
             )
+        return False
+
+    async def main() -> None:
+        run_task = asyncio.create_task(
+            run(config, gate_factory=gate, trainer=RecordingTrainer(), dataset=dataset_of(config))
+        )
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        try:
+            while not await asyncio.to_thread(stuck_snapshot_committed):
+                if run_task.done() or asyncio.get_running_loop().time() > deadline:
+                    raise AssertionError(
+                        f"no snapshot held the stuck state within {timeout_s} s "
+                        f"(run ended: {run_task.done()})"
+                    )
+                await asyncio.sleep(0.02)  # a poll of the disk, not a synchronization
+        finally:
+            run_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run_task
 
     asyncio.run(main())

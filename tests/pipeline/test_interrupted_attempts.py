@@ -154,7 +154,7 @@ def test_groups_a_death_interrupted_run_their_next_round_alone(tmp_path: Path) -
     )
     # Sibling 3 of every group hangs: the snapshots hold max_inflight_prompts groups
     # with it dispatched. Without its returns, the journal says all six died with it.
-    run_stalled_then_kill(config, stalled_index=3, seconds=1.0)
+    run_stalled_then_kill(config, stalled_index=3)
     forget_returns(Path(config.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME)
     gates: list[OverlapRecordingGate] = []
 

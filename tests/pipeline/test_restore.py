@@ -77,7 +77,7 @@ def test_sealed_siblings_are_reused_or_redone_by_granularity(
 ) -> None:
     # Sibling 3 of every group hangs: snapshots hold groups with 3 siblings sealed.
     config = _config(tmp_path, f"rollout.recovery_granularity={granularity}")
-    run_stalled_then_kill(config, stalled_index=3, seconds=1.0)
+    run_stalled_then_kill(config, stalled_index=3)
     run_simulated(config)
     history = read_run_history(Path(config.logging.log_dir))
     (restore,) = history.restores
