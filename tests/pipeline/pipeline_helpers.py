@@ -35,13 +35,19 @@ from rollvault.training.recording import RecordingTrainer
 
 
 class BatchKeepingTrainer(RecordingTrainer):
-    """Also keeps each batch's replay entries, to check staleness."""
+    """Also keeps each batch's replay entries, to check staleness.
 
-    def __init__(self) -> None:
+    ``wait_before_step``: (step, event): that step waits for the event first.
+    """
+
+    def __init__(self, *, wait_before_step: tuple[int | None, asyncio.Event] | None = None) -> None:
         super().__init__()
         self.entries: list[tuple[int, ReplayEntry]] = []
+        self._wait = wait_before_step
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        if self._wait is not None and self._wait[0] == batch.step:
+            await self._wait[1].wait()
         self.entries.extend((batch.step, entry) for entry in batch.groups)
         return await super().train_step(batch)
 
@@ -72,10 +78,29 @@ def dataset_of(config: RunConfig) -> PromptDataset:
     )
 
 
-def run_simulated(config: RunConfig) -> tuple[RunSummary, BatchKeepingTrainer]:
-    trainer = BatchKeepingTrainer()
+def run_simulated(
+    config: RunConfig, *, hang_after_groups: int | None = None
+) -> tuple[RunSummary, BatchKeepingTrainer]:
+    """Run to the end on the simulated gate.
+
+    With ``hang_after_groups``, the gate is a :class:`HangingGate` and the last
+    step waits until one of its attempts hangs: work is surely in flight when
+    the run stops at its step budget.
+    """
+    hanging = asyncio.Event()
+    last_step = config.grpo.max_num_steps - 1 if hang_after_groups is not None else None
+    trainer = BatchKeepingTrainer(wait_before_step=(last_step, hanging))
 
     def gate(data_plane: DataPlane) -> SimulatedGate:
+        if hang_after_groups is not None:
+            return HangingGate(
+                config.gate.simulated,
+                data_plane,
+                ParityEnvironment(),
+                seed=config.seed,
+                groups=hang_after_groups,
+                hanging=hanging,
+            )
         return SimulatedGate(
             config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
         )
@@ -164,6 +189,35 @@ class StallingGate(SimulatedGate):
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
         if request.generation_index == self._stalled_index:
+            await asyncio.Event().wait()  # never set: the attempt hangs until cancelled
+        return await super().run_attempt(request)
+
+
+class HangingGate(SimulatedGate):
+    """Finishes the attempts of the first ``groups`` groups it sees; every attempt of a
+    later group hangs until cancelled (work surely in flight when the run stops)."""
+
+    def __init__(
+        self,
+        config: SimulatedGateConfig,
+        data_plane: DataPlane,
+        environment: Environment,
+        *,
+        seed: int = 0,
+        groups: int,
+        hanging: asyncio.Event,
+    ) -> None:
+        super().__init__(config, data_plane, environment, seed=seed)
+        self._groups = groups
+        self._seen: list[str] = []
+        self._hanging = hanging
+        """Set when the first attempt starts hanging."""
+
+    async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
+        if request.group_id not in self._seen:
+            self._seen.append(request.group_id)
+        if self._seen.index(request.group_id) >= self._groups:
+            self._hanging.set()
             await asyncio.Event().wait()  # never set: the attempt hangs until cancelled
         return await super().run_attempt(request)
 

@@ -244,10 +244,18 @@ def test_attempts_the_controller_cancelled_are_not_charged_as_interrupted(
     assert restore.snapshot is not None and restore.attempts_redispatched > 0
     assert restore.attempts_interrupted == 0
     # A clean stop at the step budget cancels them before the final snapshot, which
-    # still holds them dispatched; the journal it leaves says they came back.
-    stopped = _config(tmp_path / "stopped", "grpo.max_num_steps=3", "sampler.kind=windowed")
-    summary, _ = run_simulated(stopped)
-    assert summary.groups_in_flight > 0
+    # still holds them dispatched; the journal it leaves says they came back. The
+    # gate finishes the first 12 groups (steps 0-2, none too stale to train) and
+    # hangs every later one; step 2 trains only once one hangs, so work is surely
+    # in flight at the stop.
+    stopped = _config(
+        tmp_path / "stopped",
+        "grpo.max_num_steps=3",
+        "sampler.kind=windowed",
+        "sampler.max_staleness_versions=3",
+    )
+    summary, _ = run_simulated(stopped, hang_after_groups=12)
+    assert summary.trainer_version == 3 and summary.groups_in_flight > 0
     source = prepare_checkpoint_dir(stopped)
     assert source is not None and source.snapshot is not None
     records = RolloutRecoveryLedger.from_state_dict(source.snapshot.recovery.ledger_state).groups()
