@@ -175,7 +175,8 @@ def test_the_check_catches_a_group_trained_twice(sibling_run: ChaosReport, tmp_p
     last = read_jsonl(log, TrainLogRecord)[-1]
     _append(log, last)
     problems = check_finished_run(config).problems
-    assert f"prompt {(last.epoch, last.sample_id)} was trained or dropped 2 times" in problems
+    key = (last.epoch, last.sample_id)
+    assert f"prompt {key} was trained, trained: 2 outcomes, not 1" in problems
     assert f"group {last.group_id} trained 2 times" in problems
 
 
@@ -188,7 +189,8 @@ def test_the_check_catches_a_prompt_never_trained(sibling_run: ChaosReport, tmp_
     last = msgspec.json.decode(lines[-1], type=TrainLogRecord)
     log.write_bytes(b"".join(lines[:-1]))
     problems = check_finished_run(config).problems
-    assert f"prompt {(last.epoch, last.sample_id)} was trained or dropped 0 times" in problems
+    key = (last.epoch, last.sample_id)
+    assert f"prompt {key} was not trained, dropped or pending: it was lost" in problems
 
 
 @pytest.mark.slow
