@@ -24,7 +24,12 @@ from rollvault.checkpoint_tools.chaos.plan import (
     chaos_config,
     kill_delays,
 )
-from rollvault.checkpoint_tools.chaos.report import ChaosReport, StartOutcome, lost_work_ratio
+from rollvault.checkpoint_tools.chaos.report import (
+    ChaosReport,
+    StartOutcome,
+    format_report,
+    lost_work_ratio,
+)
 from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
 from rollvault.checkpoint_tools.run_history import read_run_history
 from rollvault.cli.main import main
@@ -32,8 +37,11 @@ from rollvault.config.schema import RestoreMode
 from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
+    PENDING_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
     AttemptLogRecord,
+    PendingLogRecord,
+    PendingReason,
     TrainLogRecord,
     read_jsonl,
 )
@@ -71,6 +79,16 @@ def test_ten_kills_train_every_prompt_once_and_reuse_sealed_siblings(
     assert any(r.snapshot is not None for r in restores)
     assert sum(r.siblings_reused for r in restores) > 0
     assert report.check.accounting.trained_tokens > 0
+    # Per epoch: run to the end of its data, every prompt trained or dropped, none pending.
+    epochs = report.check.epochs
+    assert [a.epoch for a in epochs] == list(range(report.config.grpo.max_num_epochs))
+    assert all(a.trained + a.dropped == a.expected and a.pending == 0 for a in epochs)
+    text = format_report(report)
+    first = epochs[0]
+    assert (
+        f"  epoch 0: {first.expected} prompts, {first.trained} trained, {first.dropped} "
+        "dropped, 0 pending\n" in text
+    )
 
 
 @pytest.mark.slow
@@ -175,7 +193,8 @@ def test_the_check_catches_a_group_trained_twice(sibling_run: ChaosReport, tmp_p
     last = read_jsonl(log, TrainLogRecord)[-1]
     _append(log, last)
     problems = check_finished_run(config).problems
-    assert f"prompt {(last.epoch, last.sample_id)} was trained or dropped 2 times" in problems
+    key = (last.epoch, last.sample_id)
+    assert f"prompt {key} was trained, trained: 2 outcomes, not 1" in problems
     assert f"group {last.group_id} trained 2 times" in problems
 
 
@@ -188,7 +207,47 @@ def test_the_check_catches_a_prompt_never_trained(sibling_run: ChaosReport, tmp_
     last = msgspec.json.decode(lines[-1], type=TrainLogRecord)
     log.write_bytes(b"".join(lines[:-1]))
     problems = check_finished_run(config).problems
-    assert f"prompt {(last.epoch, last.sample_id)} was trained or dropped 0 times" in problems
+    key = (last.epoch, last.sample_id)
+    assert f"prompt {key} was not trained, dropped or pending: it was lost" in problems
+
+
+@pytest.mark.slow
+def test_the_check_counts_pending_prompts_and_catches_lost_ones(
+    sibling_run: ChaosReport, tmp_path: Path
+) -> None:
+    plan = _copy_of(sibling_run, tmp_path)
+    config = chaos_config(plan)
+    log_dir = Path(config.logging.log_dir)
+    lines = (log_dir / TRAIN_LOG_FILENAME).read_bytes().splitlines(keepends=True)
+    last = msgspec.json.decode(lines[-1], type=TrainLogRecord)
+    key = (last.epoch, last.sample_id)
+    # Doctored: the last trained prompt is neither trained, dropped nor pending.
+    (log_dir / TRAIN_LOG_FILENAME).write_bytes(b"".join(lines[:-1]))
+    lost = check_finished_run(config)
+    assert f"prompt {key} was not trained, dropped or pending: it was lost" in lost.problems
+    (account,) = [a for a in lost.epochs if a.epoch == last.epoch]
+    assert account.unaccounted == 1
+    lost_report = dataclasses.replace(sibling_run, plan=plan, check=lost)
+    assert f"{account.pending} pending, 1 LOST" in format_report(lost_report)
+    # The last start says it left that prompt pending: accounted for, no longer lost.
+    pending = PendingLogRecord(
+        epoch=last.epoch,
+        sample_id=last.sample_id,
+        reason=PendingReason.SPARE,
+        group_id=None,
+        trainer_version=last.step,
+        incarnation=last.incarnation,
+        seq=10**9,
+    )
+    _append(log_dir / PENDING_LOG_FILENAME, pending)
+    counted = check_finished_run(config)
+    assert not any(str(key) in problem for problem in counted.problems)
+    (account,) = [a for a in counted.epochs if a.epoch == last.epoch]
+    assert (account.pending, account.unaccounted) == (1, 0)
+    # Trained and pending both: two outcomes for one prompt.
+    (log_dir / TRAIN_LOG_FILENAME).write_bytes(b"".join(lines))
+    both = check_finished_run(config).problems
+    assert f"prompt {key} was trained, pending (spare): 2 outcomes, not 1" in both
 
 
 @pytest.mark.slow

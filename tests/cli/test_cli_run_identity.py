@@ -49,6 +49,8 @@ def test_a_finished_run_is_extended_and_trains_every_prompt_once(tmp_path: Path)
     first = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=5", "grpo.max_num_epochs=1"))
     assert first.returncode == 0, first.stderr
     assert len(read_run_history(tmp_path / "logs").steps) == 5
+    # 40 of the epoch's 64 prompts trained; the summary says the rest are pending, not lost.
+    assert "prompts pending 24" in first.stderr
     # More steps, one more epoch, and another concurrency: all accepted.
     second = _run(
         tmp_path,
@@ -61,6 +63,7 @@ def test_a_finished_run_is_extended_and_trains_every_prompt_once(tmp_path: Path)
     )
     assert second.returncode == 0, second.stderr
     assert "resumed at step 5" in second.stderr  # the last step was checkpointed
+    assert "prompts pending" not in second.stderr
     history = read_run_history(tmp_path / "logs")
     assert sorted(history.steps) == list(range(16))
     expected = {(epoch, str(idx)) for epoch in range(2) for idx in range(64)}

@@ -5,7 +5,15 @@ run-wide line counter stood at ``S`` rolls back what earlier starts logged
 after ``S`` (*void* lines). A restore to a trainer checkpoint also trains
 some steps again; for each step, the effective timeline keeps the last start
 that trained it. On that timeline the invariants of exactly-once training
-are checked (:func:`check_exactly_once`).
+are checked (:func:`check_exactly_once`): every expected prompt is trained,
+dropped or pending, exactly one of the three, exactly once.
+
+Pending lines (``pending.jsonl``) are what a start that ended by its step
+budget left untrained. A start writes them after its final snapshot, so any
+later start that restores rolls them back (they are void) and trains those
+prompts itself: pending lines count only when no later start rolled them back,
+which in practice means only the last start's. A prompt both trained (or
+dropped) and pending on the effective timeline is a problem.
 """
 
 from __future__ import annotations
@@ -17,10 +25,12 @@ from pathlib import Path
 from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     DROPS_LOG_FILENAME,
+    PENDING_LOG_FILENAME,
     RESTORES_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
     AttemptLogRecord,
     DropLogRecord,
+    PendingLogRecord,
     RestoreLogRecord,
     TrainLogRecord,
     read_jsonl,
@@ -39,6 +49,7 @@ class RunHistory:
     drops: list[DropLogRecord]
     attempts: list[AttemptLogRecord]
     restores: list[RestoreLogRecord]
+    pending: list[PendingLogRecord] = field(default_factory=list)
     steps: dict[int, list[TrainLogRecord]] = field(default_factory=dict)
     """Per step, the groups of the last start that trained it."""
     superseded: dict[int, list[list[TrainLogRecord]]] = field(default_factory=dict)
@@ -59,6 +70,7 @@ def read_run_history(log_dir: Path) -> RunHistory:
         drops=read_jsonl(log_dir / DROPS_LOG_FILENAME, DropLogRecord),
         attempts=read_jsonl(log_dir / ATTEMPTS_LOG_FILENAME, AttemptLogRecord),
         restores=read_jsonl(log_dir / RESTORES_LOG_FILENAME, RestoreLogRecord),
+        pending=read_jsonl(log_dir / PENDING_LOG_FILENAME, PendingLogRecord),
     )
     by_step: dict[int, dict[int, list[TrainLogRecord]]] = defaultdict(lambda: defaultdict(list))
     for record in history.train:
@@ -77,24 +89,93 @@ def effective_drops(history: RunHistory) -> list[DropLogRecord]:
     return [d for d in history.drops if not history.is_void(d.incarnation, d.seq)]
 
 
+def effective_pending(history: RunHistory) -> list[PendingLogRecord]:
+    """Pending lines that no later start's restore rolled back."""
+    return [p for p in history.pending if not history.is_void(p.incarnation, p.seq)]
+
+
+def effective_trained(history: RunHistory) -> list[TrainLogRecord]:
+    """The trained groups of the effective timeline, step by step."""
+    return [record for _, records in sorted(history.steps.items()) for record in records]
+
+
+@dataclass(frozen=True)
+class EpochAccount:
+    """One epoch's expected prompts and what became of them on the effective timeline."""
+
+    epoch: int
+    expected: int
+    trained: int
+    dropped: int
+    pending: int
+
+    @property
+    def unaccounted(self) -> int:
+        """Expected prompts that are none of trained, dropped or pending (at least 0)."""
+        return max(0, self.expected - self.trained - self.dropped - self.pending)
+
+
+def epoch_accounts(history: RunHistory, expected: set[PromptKey]) -> list[EpochAccount]:
+    """Per epoch (every epoch expected or seen), expected prompts trained, dropped, pending."""
+    trained = Counter(
+        r.epoch for r in effective_trained(history) if (r.epoch, r.sample_id) in expected
+    )
+    dropped = Counter(
+        d.epoch for d in effective_drops(history) if (d.epoch, d.sample_id) in expected
+    )
+    pending = Counter(
+        p.epoch for p in effective_pending(history) if (p.epoch, p.sample_id) in expected
+    )
+    wanted = Counter(epoch for epoch, _ in expected)
+    epochs = sorted(set(wanted) | set(trained) | set(dropped) | set(pending))
+    return [
+        EpochAccount(
+            epoch=epoch,
+            expected=wanted[epoch],
+            trained=trained[epoch],
+            dropped=dropped[epoch],
+            pending=pending[epoch],
+        )
+        for epoch in epochs
+    ]
+
+
+def epochs_reached(history: RunHistory) -> int:
+    """How many epochs the effective timeline reached: 1 + the highest epoch any
+    trained, dropped or pending line names (0: none). For a run that ended by its
+    step budget, whose later epochs were never drawn."""
+    epochs = [r.epoch for r in effective_trained(history)]
+    epochs += [d.epoch for d in effective_drops(history)]
+    epochs += [p.epoch for p in effective_pending(history)]
+    return max(epochs, default=-1) + 1
+
+
 def check_exactly_once(history: RunHistory, expected: set[PromptKey]) -> list[str]:
     """Every problem with exactly-once training on the effective timeline (empty: none).
 
     ``expected`` is every (epoch, sample id) the run should have consumed.
-    Checks: each expected prompt trained exactly once or dropped, never both;
-    nothing unexpected trained; no group trained twice; a step trained again
-    has the same prompts; each group restored finalized trained as itself.
+    Checks: each expected prompt trained exactly once, dropped or pending,
+    exactly one of the three; nothing unexpected trained; no group trained
+    twice; a step trained again has the same prompts; each group restored
+    finalized trained as itself.
     """
     problems: list[str] = []
-    trained = [record for records in history.steps.values() for record in records]
-    outcomes: Counter[PromptKey] = Counter((r.epoch, r.sample_id) for r in trained)
-    outcomes.update((d.epoch, d.sample_id) for d in effective_drops(history))
+    trained = effective_trained(history)
+    outcomes: dict[PromptKey, list[str]] = defaultdict(list)
+    for record in trained:
+        outcomes[(record.epoch, record.sample_id)].append("trained")
+    for drop in effective_drops(history):
+        outcomes[(drop.epoch, drop.sample_id)].append("dropped")
+    for pending in effective_pending(history):
+        outcomes[(pending.epoch, pending.sample_id)].append(f"pending ({pending.reason.value})")
     for key in sorted(expected | set(outcomes)):
-        count = outcomes.get(key, 0)
+        found = outcomes.get(key, [])
         if key not in expected:
-            problems.append(f"prompt {key} was trained or dropped but not expected")
-        elif count != 1:
-            problems.append(f"prompt {key} was trained or dropped {count} times")
+            problems.append(f"prompt {key} was {' and '.join(found)} but not expected")
+        elif not found:
+            problems.append(f"prompt {key} was not trained, dropped or pending: it was lost")
+        elif len(found) != 1:
+            problems.append(f"prompt {key} was {', '.join(found)}: {len(found)} outcomes, not 1")
     group_counts = Counter(record.group_id for record in trained)
     problems += [f"group {g} trained {n} times" for g, n in group_counts.items() if n > 1]
     for step, earlier in history.superseded.items():

@@ -102,6 +102,14 @@ def summary_lines(
         f"  groups trained {summary.trained_groups}, dropped {summary.dropped_groups}, "
         f"failures infra={summary.infra_failures} data={summary.data_failures}"
     )
+    if summary.pending:
+        reasons = ", ".join(
+            f"{reason} {count}" for reason, count in sorted(summary.pending.items())
+        )
+        lines.append(
+            f"  prompts pending {summary.pending_prompts} (the step budget ended the run before "
+            f"they trained: {reasons}; see pending.jsonl)"
+        )
     for restore in restores:
         lines.append(
             f"  restore at start {restore.incarnation} ({restore.restore_mode}): resumed at step "

@@ -147,7 +147,8 @@ class RolloutConfig(_Section, frozen=True):
     on_dropped_prompt: OnDroppedPrompt = OnDroppedPrompt.REPLACE
     # Floor of a shrunk step, as a fraction of num_prompts_per_step (rounded up).
     min_step_batch_fraction: UnitFraction = 0.5
-    # Size of the replacement reserve pulled ahead from the dataloader.
+    # Size of the replacement reserve pulled ahead from the dataloader, within the
+    # current epoch only; an epoch's unused spares train before the next epoch starts.
     num_spare_prompts: NonNegativeInt = 2
 
 

@@ -9,10 +9,12 @@ import msgspec
 
 from rollvault.checkpoint_tools.chaos.plan import expected_prompts
 from rollvault.checkpoint_tools.run_history import (
+    EpochAccount,
     RunHistory,
     WorkAccounting,
     check_exactly_once,
     check_sibling_reuse,
+    epoch_accounts,
     read_run_history,
     work_accounting,
 )
@@ -37,12 +39,18 @@ class RunCheck:
     history: RunHistory
     accounting: WorkAccounting
     final_snapshot: Path | None
+    epochs: list[EpochAccount]
+    """Per epoch, its expected prompts trained, dropped and pending."""
 
 
 def check_finished_run(config: RunConfig) -> RunCheck:
-    """Check the logs and the final snapshot of the finished run ``config`` describes."""
+    """Check the logs and the final snapshot of the finished run ``config`` describes.
+
+    A prompt of any epoch that is none of trained, dropped or pending is a problem.
+    """
     history = read_run_history(Path(config.logging.log_dir))
-    problems = check_exactly_once(history, expected_prompts(config))
+    expected = expected_prompts(config)
+    problems = check_exactly_once(history, expected)
     problems += reuse_problems(history, config)
     final_problems, final_snapshot = final_state_problems(config)
     return RunCheck(
@@ -50,6 +58,7 @@ def check_finished_run(config: RunConfig) -> RunCheck:
         history=history,
         accounting=work_accounting(history),
         final_snapshot=final_snapshot,
+        epochs=epoch_accounts(history, expected),
     )
 
 

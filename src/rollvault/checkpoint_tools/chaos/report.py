@@ -8,7 +8,7 @@ from typing import Final
 
 from rollvault.checkpoint_tools.chaos.checks import RunCheck
 from rollvault.checkpoint_tools.chaos.plan import ChaosPlan
-from rollvault.checkpoint_tools.run_history import RunHistory, WorkAccounting
+from rollvault.checkpoint_tools.run_history import EpochAccount, RunHistory, WorkAccounting
 from rollvault.config.schema import RunConfig
 from rollvault.ledger.statuses import RolloutAttemptStatus
 
@@ -73,6 +73,7 @@ def format_report(report: ChaosReport) -> str:
     if report.check is not None:
         lines.append(_format_restores(report.check.history))
         lines.append(_format_work(report.check.accounting))
+        lines += [_format_epoch(account) for account in report.check.epochs]
         lines.append(f"  final snapshot checked: {report.check.final_snapshot}")
     lines.append(
         f"  {report.kills_delivered} kills, {len(report.starts)} starts, {report.seconds:.1f}s"
@@ -82,7 +83,8 @@ def format_report(report: ChaosReport) -> str:
         lines += [f"  - {problem}" for problem in report.problems]
     else:
         lines.append(
-            "OK: every prompt trained exactly once, sealed work reused as configured, no orphan rows"
+            "OK: every prompt trained exactly once (or dropped, or pending), sealed work reused "
+            "as configured, no orphan rows"
         )
     return "\n".join(lines)
 
@@ -107,6 +109,14 @@ def _format_restores(history: RunHistory) -> str:
         f"attempts redispatched {sum(r.attempts_redispatched for r in history.restores)}, "
         f"groups regenerated {sum(r.groups_regenerated for r in history.restores)}, "
         f"rows dropped {sum(r.rows_dropped for r in history.restores)}"
+    )
+
+
+def _format_epoch(account: EpochAccount) -> str:
+    lost = f", {account.unaccounted} LOST" if account.unaccounted else ""
+    return (
+        f"  epoch {account.epoch}: {account.expected} prompts, {account.trained} trained, "
+        f"{account.dropped} dropped, {account.pending} pending{lost}"
     )
 
 

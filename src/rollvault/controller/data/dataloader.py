@@ -68,6 +68,21 @@ class PromptDataLoader:
         """Prompts drawn so far in :attr:`epoch`."""
         return self._position
 
+    @property
+    def next_epoch(self) -> int:
+        """Epoch of the next draw: :attr:`epoch`, or the one after once it is all drawn."""
+        return self._epoch + 1 if self._position == self._size else self._epoch
+
+    @property
+    def epoch_drawn(self) -> bool:
+        """Whether every prompt of :attr:`epoch` has been drawn."""
+        return self._position == self._size
+
+    def undrawn_in_epoch(self) -> list[tuple[int, int]]:
+        """The prompts of :attr:`epoch` not drawn yet, as ``(epoch, dataset_idx)``, in order."""
+        order = self._order_for(self._epoch)
+        return [(self._epoch, dataset_idx) for dataset_idx in order[self._position :]]
+
     def next_index(self) -> tuple[int, int]:
         """Draw the next prompt: ``(epoch, dataset_idx)``, advancing across epochs."""
         if self._position == self._size:
@@ -79,8 +94,7 @@ class PromptDataLoader:
 
     def exhausted(self, max_epochs: int) -> bool:
         """Whether the next draw would fall in epoch ``max_epochs`` or later."""
-        next_epoch = self._epoch + 1 if self._position == self._size else self._epoch
-        return next_epoch >= max_epochs
+        return self.next_epoch >= max_epochs
 
     def state_dict(self) -> DataLoaderState:
         """The cursor (immutable, so it never aliases live state)."""

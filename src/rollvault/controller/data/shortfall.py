@@ -156,6 +156,10 @@ class SparePrompts:
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return iter([(spare.epoch, spare.dataset_idx) for spare in self._queue])
 
+    def oldest_epoch(self) -> int | None:
+        """Epoch of the oldest spare (None: the reserve is empty)."""
+        return self._queue[0].epoch if self._queue else None
+
     def refill_count(self, num_spare_prompts: int) -> int:
         """How many prompts to pull from the dataloader to hold ``num_spare_prompts``."""
         return max(0, num_spare_prompts - len(self._queue))
@@ -184,7 +188,7 @@ class SparePrompts:
         return spare.epoch, spare.dataset_idx
 
     def drain(self) -> list[tuple[int, int]]:
-        """Take every spare, oldest first (at the end of the dataloader they go to training)."""
+        """Take every spare, oldest first (nothing is left held)."""
         taken = list(self)
         self._queue.clear()
         self._held.clear()

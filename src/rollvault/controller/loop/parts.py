@@ -27,6 +27,7 @@ from rollvault.controller.loop.run_logs import (
     DropLogRecord,
     JsonlWriter,
     LogSequence,
+    PendingLogRecord,
     RestoreLogRecord,
     TrainLogRecord,
 )
@@ -101,6 +102,8 @@ class RunLogs:
     attempts: JsonlWriter[AttemptLogRecord]
     drops: JsonlWriter[DropLogRecord]
     restores: JsonlWriter[RestoreLogRecord]
+    pending: JsonlWriter[PendingLogRecord]
+    """Prompts left untrained when the run ends by the step budget."""
     sequence: LogSequence
     incarnation: int
 
@@ -124,7 +127,7 @@ class RunLogs:
 
     def failure(self) -> LogWriteError | None:
         """Why a log refuses lines, if one does: the state may then be ahead of the logs."""
-        for writer in (self.train, self.attempts, self.drops, self.restores):
+        for writer in (self.train, self.attempts, self.drops, self.restores, self.pending):
             if writer.failure is not None:
                 return writer.failure
         return None
@@ -134,6 +137,7 @@ class RunLogs:
         self.attempts.close()
         self.drops.close()
         self.restores.close()
+        self.pending.close()
 
 
 @dataclass

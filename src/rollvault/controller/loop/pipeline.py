@@ -43,11 +43,13 @@ from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import FailureKind, Gate
 from rollvault.controller.loop.io_failures import RunStoppedByIOError, first_stop
 from rollvault.controller.loop.parts import RolloutParts, RunLogs
+from rollvault.controller.loop.pending import record_pending
 from rollvault.controller.loop.rollout_pump import RolloutPump
 from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
     DROPS_LOG_FILENAME,
     INCARNATION_FILENAME,
+    PENDING_LOG_FILENAME,
     RESTORES_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
     JsonlWriter,
@@ -91,6 +93,14 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     trainer_checkpoints: int
     shutdown: ShutdownLogRecord | None = None
     """Set when a stop request ended the run early: what was kept, where to resume."""
+    pending: dict[str, int] = msgspec.field(default_factory=dict)
+    """Prompts of reached epochs left untrained at the end (the step budget ran out), per
+    :class:`~rollvault.controller.loop.run_logs.PendingReason`; each has a ``pending.jsonl`` line."""
+
+    @property
+    def pending_prompts(self) -> int:
+        """How many prompts were left pending."""
+        return sum(self.pending.values())
 
 
 def next_incarnation(log_dir: Path) -> int:
@@ -126,6 +136,7 @@ def build_parts(config: RunConfig, *, dataset: PromptDataset) -> RolloutParts:
             attempts=JsonlWriter(log_dir / ATTEMPTS_LOG_FILENAME, sequence),
             drops=JsonlWriter(log_dir / DROPS_LOG_FILENAME, sequence),
             restores=JsonlWriter(log_dir / RESTORES_LOG_FILENAME, sequence),
+            pending=JsonlWriter(log_dir / PENDING_LOG_FILENAME, sequence),
             sequence=sequence,
             incarnation=incarnation,
         ),
@@ -251,6 +262,7 @@ async def run_pipeline(
     grace = asyncio.timeout(None)
     final_snapshot: Path | None = None
     stopped: ShutdownLogRecord | None = None
+    pending: dict[str, int] = {}
     try:
         try:
             async with grace:
@@ -276,6 +288,9 @@ async def run_pipeline(
             stopped = record_shutdown(
                 parts, checkpointer, shutdown, final_snapshot, grace_exceeded=grace.expired()
             )
+        else:
+            # After the final snapshot, so that a restore of it rolls these lines back.
+            pending = record_pending(parts)
     finally:
         parts.logs.close()
         if parts.journal is not None:
@@ -293,6 +308,7 @@ async def run_pipeline(
         snapshots_written=checkpointer.stats.snapshots if checkpointer else 0,
         trainer_checkpoints=checkpointer.stats.trainer_checkpoints if checkpointer else 0,
         shutdown=stopped,
+        pending=pending,
     )
 
 

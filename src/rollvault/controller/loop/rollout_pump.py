@@ -19,6 +19,7 @@ import logging
 from collections import Counter
 
 from rollvault.config.schema import OnDroppedPrompt
+from rollvault.controller.data.prompt_source import next_prompt, refill_spares
 from rollvault.controller.data.sampler import InOrderSampler
 from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer
@@ -131,21 +132,20 @@ class RolloutPump:
         )
 
     def _next_prompt_source(self) -> tuple[int, int] | None:
-        """The dataloader's next prompt; once it is exhausted, the spares drain."""
+        """The next prompt; an epoch's spares drain before the next epoch is drawn."""
         parts = self._parts
-        if not parts.dataloader.exhausted(parts.config.grpo.max_num_epochs):
-            return parts.dataloader.next_index()
-        if len(parts.spares):
-            return parts.spares.pop()
-        return None
+        return next_prompt(
+            parts.dataloader, parts.spares, max_epochs=parts.config.grpo.max_num_epochs
+        )
 
     def _refill_spares(self) -> None:
         parts = self._parts
-        wanted = parts.spares.refill_count(parts.config.rollout.num_spare_prompts)
-        for _ in range(wanted):
-            if parts.dataloader.exhausted(parts.config.grpo.max_num_epochs):
-                return
-            parts.spares.push(*parts.dataloader.next_index())
+        refill_spares(
+            parts.dataloader,
+            parts.spares,
+            wanted=parts.config.rollout.num_spare_prompts,
+            max_epochs=parts.config.grpo.max_num_epochs,
+        )
 
     def _reserve(self, epoch: int, dataset_idx: int, target_step: int | None) -> str:
         parts = self._parts

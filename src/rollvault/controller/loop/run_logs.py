@@ -3,7 +3,8 @@
 ``train_log.jsonl`` has one line per trained group, ``attempts.jsonl`` one
 line per attempt that reached a terminal status, ``drops.jsonl`` one line per
 prompt group given up, ``restores.jsonl`` one line per restore,
-``shutdowns.jsonl`` one line per start stopped by a signal. They are the
+``shutdowns.jsonl`` one line per start stopped by a signal, ``pending.jsonl``
+one line per prompt a start left untrained when it ended (not by a signal). They are the
 evidence the chaos harness checks exactly-once against, so each line is
 handed to the operating system as it is written. A SIGKILL can still tear the
 last line; readers drop a torn final line (and only a final one: a torn line
@@ -22,6 +23,7 @@ how a reader computes the run's effective history.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, Generic, TypeVar
@@ -39,6 +41,7 @@ RESTORES_LOG_FILENAME = "restores.jsonl"
 INCARNATION_FILENAME: Final = "incarnation"
 """The start counter every start writes first: it also marks a log directory as rollvault's."""
 SHUTDOWNS_LOG_FILENAME = "shutdowns.jsonl"
+PENDING_LOG_FILENAME = "pending.jsonl"
 
 
 class TrainLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -140,6 +143,35 @@ class ShutdownLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     seq: int = 0
 
 
+class PendingReason(enum.StrEnum):
+    """Where a prompt left untrained at the end of a run was."""
+
+    SPARE = "spare"
+    """Held in the replacement reserve."""
+    IN_FLIGHT = "in_flight"
+    """Reserved in the ledger, not finalized (waiting for or in generation)."""
+    BUFFERED = "buffered"
+    """Finalized and waiting in the replay index."""
+    NOT_DRAWN = "not_drawn"
+    """Not drawn yet from the dataloader's current epoch."""
+
+
+class PendingLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One prompt of a reached epoch that a start left untrained when it ended (its
+    ``grpo.max_num_steps`` ran out): it was stopped early, not lost. A later start that restores and trains
+    it rolls this line back (it is written after the start's final snapshot)."""
+
+    epoch: int
+    sample_id: str
+    reason: PendingReason
+    group_id: str | None
+    """The prompt group (None: a spare or a prompt not drawn, which have none)."""
+    trainer_version: int
+    """Steps trained when the start ended."""
+    incarnation: int
+    seq: int = 0
+
+
 RecordT = TypeVar(
     "RecordT",
     TrainLogRecord,
@@ -147,6 +179,7 @@ RecordT = TypeVar(
     DropLogRecord,
     RestoreLogRecord,
     ShutdownLogRecord,
+    PendingLogRecord,
 )
 
 
