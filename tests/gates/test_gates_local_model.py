@@ -112,6 +112,7 @@ def test_attempts_stage_rows_whose_logprobs_the_trainer_reproduces(tmp_path: Pat
         for outcome, key in zip(outcomes, keys, strict=True):
             row = rows[key]
             assert staged_row_digest(row) == outcome.receipt["row_digests"][0]["digest"]
+            assert outcome.receipt["weight_version"] == outcome.weight_version
             length = int(row["prompt_length"])
             assert int(np.asarray(row["token_mask"]).sum()) == outcome.num_tokens
             assert not np.asarray(row["token_mask"])[:length].any()

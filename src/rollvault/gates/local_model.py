@@ -198,6 +198,7 @@ class LocalModelGate:
                 "gate_rollout_id": rollout_id,
                 "staging_keys": [key],
                 "row_digests": [{"length": length, "digest": staged_row_digest(row)}],
+                "weight_version": version,
             },
             reward=score.reward,
             reward_checks=RewardChecks(
