@@ -14,14 +14,26 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from pipeline_helpers import BatchKeepingTrainer, dataset_of, logs, small_config
+from pipeline_helpers import (
+    BatchKeepingTrainer,
+    dataset_of,
+    expected_prompts,
+    logs,
+    prompt_outcomes,
+    run_simulated,
+    run_stalled_then_kill,
+    small_config,
+)
 
 from rollvault.config.schema import RunConfig, SimulatedGateConfig
 from rollvault.controller.loop.gate import AttemptOutcome, AttemptRequest
 from rollvault.controller.loop.group_version import ReceiptVersionError, receipt_with_version
 from rollvault.controller.loop.pipeline import RunSummary, run
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.ledger.statuses import RolloutAttemptStatus
 from rollvault.tasks.protocols import Environment
 from rollvault.tasks.synthetic.environment import ParityEnvironment
 
@@ -155,6 +167,34 @@ def test_sibling_granularity_trains_a_straddling_group_as_it_is(tmp_path: Path) 
         versions = {gate.versions[rollout_id] for rollout_id in trained_ids}
         assert len(versions) == 2
         assert entries[group_id].end_weight_version == max(versions)
+
+
+def test_snapshots_keep_each_sealed_siblings_weight_version(tmp_path: Path) -> None:
+    # Sibling 3 of every group hangs: the snapshot holds groups with 3 siblings sealed.
+    config = small_config(
+        tmp_path,
+        "gate.simulated.latency_per_token_s=0.002",
+        "rollout_checkpointing.interval_s=0.05",
+    )
+    run_stalled_then_kill(config, stalled_index=3)
+    source = prepare_checkpoint_dir(config)
+    assert source is not None and source.snapshot is not None
+    records = RolloutRecoveryLedger.from_state_dict(source.snapshot.recovery.ledger_state).groups()
+    sealed = [
+        (record, sibling.current_attempt)
+        for record in records
+        for sibling in record.siblings
+        if sibling.current_attempt.status is RolloutAttemptStatus.SEALED
+    ]
+    assert sealed
+    for record, attempt in sealed:
+        assert attempt.receipt is not None
+        version = attempt.receipt["weight_version"]
+        assert isinstance(version, int) and version >= record.start_weight_version
+    # The restored seals (with their versions) finish their groups: every prompt once.
+    summary, _ = run_simulated(config)
+    assert prompt_outcomes(config) == dict.fromkeys(expected_prompts(24, 2), 1)
+    assert summary.groups_in_flight == 0 and summary.staging_rows_left == 0
 
 
 def test_the_outcome_version_is_recorded_in_the_receipt() -> None:
