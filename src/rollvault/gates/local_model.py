@@ -21,9 +21,10 @@ the version it has until the group's last sibling has started (the hold), so
 a group is generated with one version. A worker restarted meanwhile can
 only load the newest weights; the rollout pump then finds the mixed group
 (``prompt_group``) and redoes it. Each outcome reports, and its receipt
-records, the version that actually generated it. Failures: if the worker dies, the attempts of the
-batch it was running fail as ``FailureKind.INFRA`` (the rollout pump retries
-them), and the next batch starts a fresh worker with the current weights.
+records, the version that actually generated it. Failures: if the worker
+dies, the attempts of the batch it was running fail as ``FailureKind.INFRA``
+(the rollout pump retries them), and the next batch starts a fresh worker
+with the current weights.
 
 Transport: each message is a msgspec Struct encoded as msgpack bytes over a
 ``multiprocessing`` pipe (``send_bytes``/``recv_bytes``): no pickled objects
