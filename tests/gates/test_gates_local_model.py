@@ -112,6 +112,7 @@ def test_attempts_stage_rows_whose_logprobs_the_trainer_reproduces(tmp_path: Pat
         for outcome, key in zip(outcomes, keys, strict=True):
             row = rows[key]
             assert staged_row_digest(row) == outcome.receipt["row_digests"][0]["digest"]
+            assert outcome.receipt["weight_version"] == outcome.weight_version
             length = int(row["prompt_length"])
             assert int(np.asarray(row["token_mask"]).sum()) == outcome.num_tokens
             assert not np.asarray(row["token_mask"])[:length].any()
@@ -145,6 +146,72 @@ def test_a_killed_worker_fails_its_attempts_as_infra_and_is_restarted(tmp_path: 
             outcomes = await asyncio.gather(*(gate.run_attempt(_request(i)) for i in range(2, 6)))
             assert all(o.num_tokens > 0 for o in outcomes)
             assert gate.worker_restarts == 1 and gate.worker_pid != first_pid
+        finally:
+            await gate.close()
+
+    asyncio.run(main())
+
+
+class _UpdatingGate(LocalModelGate):
+    """Lands a weight update right after chosen batches: the trainer's step finishing
+    while a batch runs, at the one moment that could split a group."""
+
+    def __init__(self, *args: Any, updates: dict[int, int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._updates = updates
+        """Completed batch count -> the version to load after it."""
+
+    async def _run_batch(self, batch: list[Any], *, hold: bool = False) -> None:
+        await super()._run_batch(batch, hold=hold)
+        if self.batches in self._updates:
+            await self.update_weights(self._updates.pop(self.batches))
+
+
+def _sibling(group: str, index: int) -> AttemptRequest:
+    return AttemptRequest(
+        group_id=group,
+        generation_index=index,
+        gate_rollout_id=f"{group}_g{index}_a{index}",
+        prompt=dict(DATA[index]),
+        weight_version=0,
+    )
+
+
+def test_a_group_is_generated_with_one_weight_version(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
+    model, _ = load_model_dir(model_dir)
+
+    async def group(gate: LocalModelGate, name: str, size: int) -> set[int]:
+        outcomes = await asyncio.gather(*(gate.run_attempt(_sibling(name, i)) for i in range(size)))
+        assert {o.receipt["weight_version"] for o in outcomes} == {
+            o.weight_version for o in outcomes
+        }
+        return {o.weight_version for o in outcomes}
+
+    async def main() -> None:
+        gate = _UpdatingGate(
+            LocalModelGateConfig(temperature=1.0, max_new_tokens=4, max_batch_size=4),
+            EmbeddedDataPlane(DataPlaneMutationCut()),
+            AdditionEnvironment(),
+            model_path=model_dir,
+            weights_provider=_Weights(model),
+            seed=0,
+            updates={1: 1, 3: 2},
+        )
+        try:
+            # Two groups of 3 with room for 4: the batch ends at the group boundary
+            # ([a a a] [b b b], not [a a a b] [b b]), so the update lands between them.
+            a, b = await asyncio.gather(group(gate, "a", 3), group(gate, "b", 3))
+            assert (a, b) == ({0}, {1})
+            assert gate.batches == 2 and gate.largest_batch == 3
+            # A group larger than a batch is split ([big x4] [big, next x3]); the update
+            # after its first part waits until its last sibling has started.
+            big, following = await asyncio.gather(group(gate, "big", 5), group(gate, "next", 3))
+            assert (big, following) == ({1}, {1})
+            assert gate.batches == 4
+            # Then the held version is released.
+            assert await group(gate, "late", 2) == {2}
         finally:
             await gate.close()
 

@@ -17,6 +17,7 @@ from rollvault.rollout_recovery import (
     RewardChecks,
     RewardLogContext,
     RolloutAttemptStatus,
+    RolloutRecoveryLedger,
     SealConflictError,
     SiblingSealResult,
     StaleAttemptError,
@@ -70,6 +71,20 @@ def test_seal_records_the_result(harness: Harness, dispatched: str) -> None:
     )
     assert harness.group(dispatched).sealed_generation_indices == [1]
     assert harness.ledger.expected_staging_keys() == set(attempt.staging_keys)
+
+
+def test_the_weight_version_in_a_receipt_is_kept_and_optional(
+    harness: Harness, dispatched: str
+) -> None:
+    with_version = receipt_for(harness.gate_id(dispatched, 0), 2, weight_version=3)
+    seal_call(harness, dispatched, 0, receipt=with_version)
+    # A receipt of an older version, without the field, still seals and loads.
+    without = receipt_for(harness.gate_id(dispatched, 1), 2)
+    seal_call(harness, dispatched, 1, receipt=without)
+    restored = RolloutRecoveryLedger.from_state_dict(harness.ledger.state_dict())
+    siblings = restored.get_group(dispatched).siblings
+    assert siblings[0].attempts[-1].receipt == with_version
+    assert siblings[1].attempts[-1].receipt == without
 
 
 def test_the_ledger_keeps_its_own_copy_of_the_receipt(harness: Harness, dispatched: str) -> None:
@@ -137,6 +152,14 @@ def test_the_ledger_keeps_its_own_copy_of_the_receipt(harness: Harness, dispatch
         (
             lambda gate: {"gate_rollout_id": gate, "staging_keys": ["k"], "reward": 0.25},
             "receipt reward 0.25 differs from reward 0.5",
+        ),
+        (
+            lambda gate: {"gate_rollout_id": gate, "staging_keys": ["k"], "weight_version": -1},
+            "at `$.weight_version`",
+        ),
+        (
+            lambda gate: {"gate_rollout_id": gate, "staging_keys": ["k"], "weight_version": "3"},
+            "at `$.weight_version`",
         ),
     ],
 )

@@ -136,7 +136,8 @@ class RolloutConfig(_Section, frozen=True):
     max_inflight_prompts: PositiveInt = 16
     # Replay-capacity semaphore, in groups; must hold at least one full step.
     max_buffered_rollouts: PositiveInt = 32
-    # sibling: reuse sealed siblings after a failure; prompt_group: redo the whole group.
+    # sibling: reuse sealed siblings after a failure; prompt_group: redo the whole group,
+    # and generate all its siblings with one weight version.
     recovery_granularity: RecoveryGranularity = RecoveryGranularity.SIBLING
     # Infrastructure (transient) failures tolerated per sibling before the group is lost.
     max_sibling_retries: NonNegativeInt = 3

@@ -11,12 +11,20 @@ returns a receipt with the row's digest.
 
 Batching: one dispatcher task takes every request waiting at that moment
 (up to ``max_batch_size``) and sends them to the worker as one left-padded
-batch. Weights: :meth:`LocalModelGate.update_weights` takes the weights of
-the new version from the provider right away, and the dispatcher hands them
-to the worker before its next batch; each outcome reports the version that
-actually generated it. Failures: if the worker dies, the attempts of the
-batch it was running fail as ``FailureKind.INFRA`` (the rollout pump retries
-them), and the next batch starts a fresh worker with the current weights.
+batch. A batch ends at a group boundary: the siblings of a group (requests
+with one ``group_id``) go to the worker together, unless the group alone is
+larger than a batch. Weights: :meth:`LocalModelGate.update_weights` takes
+the weights of the new version from the provider right away, and the
+dispatcher hands them to the worker before its next batch, except while a
+group has siblings generated and siblings still waiting: the worker keeps
+the version it has until the group's last sibling has started (the hold), so
+a group is generated with one version. A worker restarted meanwhile can
+only load the newest weights; the rollout pump then finds the mixed group
+(``prompt_group``) and redoes it. Each outcome reports, and its receipt
+records, the version that actually generated it. Failures: if the worker
+dies, the attempts of the batch it was running fail as ``FailureKind.INFRA``
+(the rollout pump retries them), and the next batch starts a fresh worker
+with the current weights.
 
 Transport: each message is a msgspec Struct encoded as msgpack bytes over a
 ``multiprocessing`` pipe (``send_bytes``/``recv_bytes``): no pickled objects
@@ -69,7 +77,7 @@ from rollvault.gates.worker_protocol import (
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.tasks.protocols import PromptEnvironmentError, TextEnvironment, TextScore
 
-__all__ = ["GateClosedError", "LocalModelGate", "WeightsProvider"]
+__all__ = ["GateClosedError", "LocalModelGate", "WeightsProvider", "batch_size"]
 
 WeightsProvider = Callable[[], bytes]
 """Returns the trainer's current weights as safetensors bytes."""
@@ -83,6 +91,7 @@ class GateClosedError(RuntimeError):
 
 
 class _Pending(msgspec.Struct):
+    group_id: str
     request: GenerationRequest
     future: asyncio.Future[tuple[int, GenerationResult]]
 
@@ -123,6 +132,9 @@ class LocalModelGate:
         """The parameter dtype the current worker reported when it loaded the model."""
         self._weights = (weight_version, weights_provider())
         self._pending: list[_Pending] = []
+        self._held_groups: set[str] = set()
+        """Groups with siblings generated and siblings still waiting: the worker keeps its
+        weight version until they have all started."""
         self._wakeup = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
         self._next_request_id = 0
@@ -186,7 +198,7 @@ class LocalModelGate:
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
         rollout_id = request.gate_rollout_id
         prompt_ids = self._prompt_ids(request)
-        version, result = await self._generate(rollout_id, prompt_ids)
+        version, result = await self._generate(request.group_id, rollout_id, prompt_ids)
         self.tokens_generated += len(result.token_ids)
         score = await self._score(request, result)
         row = _staged_row(prompt_ids, result, correct=score.correct)
@@ -198,6 +210,7 @@ class LocalModelGate:
                 "gate_rollout_id": rollout_id,
                 "staging_keys": [key],
                 "row_digests": [{"length": length, "digest": staged_row_digest(row)}],
+                "weight_version": version,
             },
             reward=score.reward,
             reward_checks=RewardChecks(
@@ -234,7 +247,7 @@ class LocalModelGate:
             raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
 
     async def _generate(
-        self, rollout_id: str, prompt_ids: list[int]
+        self, group_id: str, rollout_id: str, prompt_ids: list[int]
     ) -> tuple[int, GenerationResult]:
         if self._closed:
             raise GateClosedError(f"attempt {rollout_id} started on a closed LocalModelGate")
@@ -249,7 +262,7 @@ class LocalModelGate:
             prompt_ids=prompt_ids,
             seed=self._sample_seed(rollout_id),
         )
-        self._pending.append(_Pending(request=request, future=future))
+        self._pending.append(_Pending(group_id=group_id, request=request, future=future))
         self._wakeup.set()
         if self._dispatcher is None or self._dispatcher.done():
             self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="local-model-gate")
@@ -270,11 +283,9 @@ class LocalModelGate:
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 while self._pending:
-                    batch = self._pending[: self._config.max_batch_size]
-                    del self._pending[: len(batch)]
-                    live = [pending for pending in batch if not pending.future.done()]
-                    if live:
-                        await self._run_batch(live)
+                    batch, hold = self._next_batch()
+                    if batch:
+                        await self._run_batch(batch, hold=hold)
         except WorkerStartError as error:
             # Not retryable: every waiting and every later attempt raises it, which
             # stops the run with the worker's own message.
@@ -283,13 +294,26 @@ class LocalModelGate:
                 _fail(pending, error)
             self._pending.clear()
 
-    async def _run_batch(self, batch: list[_Pending]) -> None:
+    def _next_batch(self) -> tuple[list[_Pending], bool]:
+        """The next batch, and whether it must keep the worker's weights (the hold)."""
+        # Attempts cancelled while they waited take no room in a batch.
+        self._pending = [pending for pending in self._pending if not pending.future.done()]
+        size = batch_size([p.group_id for p in self._pending], self._config.max_batch_size)
+        batch = self._pending[:size]
+        del self._pending[:size]
+        in_batch = {pending.group_id for pending in batch}
+        hold = not self._held_groups.isdisjoint(in_batch)
+        waiting = {pending.group_id for pending in self._pending}
+        self._held_groups = (self._held_groups | in_batch) & waiting
+        return batch, hold
+
+    async def _run_batch(self, batch: list[_Pending], *, hold: bool = False) -> None:
         command = Generate(
             requests=[pending.request for pending in batch],
             max_new_tokens=self._config.max_new_tokens,
         )
         try:
-            worker = await self._ready_worker()
+            worker = await self._ready_worker(hold=hold)
             generated = await asyncio.to_thread(worker.generate, command)
         except (WorkerLostError, WorkerCommandError) as error:
             lost = WorkerLostError(str(error))
@@ -311,8 +335,11 @@ class LocalModelGate:
             if not pending.future.done():  # an attempt cancelled meanwhile takes no result
                 pending.future.set_result((version, result))
 
-    async def _ready_worker(self) -> WorkerProcess:
-        """The worker, started and loaded with the current weights."""
+    async def _ready_worker(self, *, hold: bool) -> WorkerProcess:
+        """The worker, started and loaded with the current weights.
+
+        ``hold``: a group of this batch already has siblings generated, so a worker
+        that has weights keeps them (a fresh worker has none to keep)."""
         self.start()
         worker = self._worker
         assert worker is not None
@@ -321,7 +348,8 @@ class LocalModelGate:
             self.worker_dtype = ready.dtype
             self._worker_ready = True
         version, weights = self._weights
-        if worker.weight_version != version:
+        keep = hold and worker.weight_version is not None
+        if worker.weight_version != version and not keep:
             await asyncio.to_thread(worker.load_weights, version, weights)
         return worker
 
@@ -353,6 +381,22 @@ class LocalModelGate:
             pad_token_id=int(self._tokenizer.pad_token_id),
             dtype=self._dtype,
         )
+
+
+def batch_size(group_ids: list[str], max_batch_size: int) -> int:
+    """How many of the waiting requests (their groups, in queue order) the next batch takes.
+
+    At most ``max_batch_size``, ending at a group boundary: a group that would
+    not fit whole waits for the next batch, unless it starts the batch (a group
+    larger than a batch is split; the hold keeps its version).
+    """
+    size = min(max_batch_size, len(group_ids))
+    if size == len(group_ids) or group_ids[size] != group_ids[size - 1]:
+        return size
+    start = size - 1
+    while start > 0 and group_ids[start - 1] == group_ids[size - 1]:
+        start -= 1
+    return start if start > 0 else size
 
 
 def _fail(pending: _Pending, error: Exception) -> None:

@@ -98,6 +98,7 @@ class SimulatedGate:
                 "gate_rollout_id": rollout_id,
                 "staging_keys": [key],
                 "row_digests": [{"length": len(response), "digest": staged_row_digest(row)}],
+                "weight_version": weight_version,
             },
             reward=score.reward,
             reward_checks=RewardChecks(

@@ -7,6 +7,7 @@ A receipt is a small JSON-safe dict. Its one documented shape::
         "staging_keys": ["<key of model call 0>", "<key of call 1>", ...],  # required
         "row_digests": [{"length": 812, "digest": "<hex>"}, ...],   # optional
         "reward": 1.0,                                              # optional
+        "weight_version": 3,                                        # optional
     }
 
 - ``staging_keys``: the data-plane keys of the attempt's token rows in the
@@ -17,6 +18,10 @@ A receipt is a small JSON-safe dict. Its one documented shape::
   the staged rows against them before publishing canonical rows.
 - ``reward``: the raw reward as the Gate reported it; when present it must
   equal the ``reward`` passed to the seal.
+- ``weight_version``: the policy version that generated the attempt's
+  tokens. Optional so that receipts of older versions (which did not record
+  it) still load; the rollout pump uses it to keep a ``prompt_group``
+  group's siblings on one version.
 
 No other field is accepted: a receipt is persisted in the ledger sidecar,
 whose schema is strict.
@@ -50,6 +55,7 @@ class GateReceipt(
     staging_keys: Annotated[list[_NonEmptyStr], msgspec.Meta(min_length=1)]
     row_digests: list[StagedRowDigest] | None = None
     reward: float | None = None
+    weight_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 def validate_receipt(receipt: object, *, where: str = "receipt") -> GateReceipt:

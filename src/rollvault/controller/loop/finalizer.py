@@ -99,8 +99,9 @@ class Finalizer:
             train_key(group_id, i): _canonical_row(v, float(advantages[i]))
             for i, v in enumerate(verdicts)
         }
+        versions = [validate_receipt(r).weight_version for r in receipts]
         return await self._publish(
-            group_id, canonical, verdicts, keys_per_sibling, gate_rollout_ids
+            group_id, canonical, verdicts, keys_per_sibling, gate_rollout_ids, versions
         )
 
     async def _staged_rows(self, keys_per_sibling: list[list[str]]) -> dict[str, RowView]:
@@ -155,10 +156,17 @@ class Finalizer:
         verdicts: Sequence[SiblingVerdict],
         keys_per_sibling: list[list[str]],
         gate_rollout_ids: list[str],
+        versions: list[int | None],
     ) -> ReplayEntry:
         parts = self._parts
         record = parts.ledger.get_group(group_id)
         origin = parts.group(group_id).origin
+        # The receipts name the versions of exactly the siblings published; the
+        # pump's running maximum also saw seals a prompt_group redo discarded,
+        # and is all there is for receipts of older versions (no weight_version).
+        tracked = self._end_weight_version.pop(group_id, record.start_weight_version)
+        known = [version for version in versions if version is not None]
+        generated = max(known) if len(known) == len(versions) and known else tracked
         entry = ReplayEntry(
             group_id=group_id,
             sample_id=record.prompt_id,
@@ -167,10 +175,7 @@ class Finalizer:
             # Never below the start: after a restore rolled the trainer back, a
             # group admitted under a later (rolled back) version is finished
             # with older weights.
-            end_weight_version=max(
-                record.start_weight_version,
-                self._end_weight_version.pop(group_id, record.start_weight_version),
-            ),
+            end_weight_version=max(record.start_weight_version, generated),
             target_step=record.target_step,
         )
         finalized = FinalizedGroup(

@@ -30,6 +30,7 @@ from rollvault.controller.loop.gate import (
     Gate,
     GateAttemptError,
 )
+from rollvault.controller.loop.group_version import off_version_reason, receipt_with_version
 from rollvault.controller.loop.isolation import RoundIsolation
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
@@ -37,6 +38,7 @@ from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
 from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.ledger.datum import DatumSpec
+from rollvault.ledger.receipts import validate_receipt
 from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.statuses import (
     AttemptFailureKind,
@@ -285,8 +287,37 @@ class RolloutPump:
                 self._log_attempt(request, RolloutAttemptStatus.FAILED, 0, error.reason)
             return error
         async with parts.cut.mutation():
+            record = parts.ledger.get_group(request.group_id)
+            off_version = off_version_reason(record, outcome.weight_version)
+            if off_version is not None:
+                return await self._refuse_off_version(request, outcome, off_version)
             self._seal(request, outcome)
         return None
+
+    async def _refuse_off_version(
+        self, request: AttemptRequest, outcome: AttemptOutcome, reason: str
+    ) -> GateAttemptError:
+        """Fail an attempt that would mix weight versions in a ``prompt_group`` group.
+
+        An infrastructure failure (the gate split the group, the prompt is not
+        at fault); the retry then redoes the whole group. Its staged rows go now.
+        """
+        parts = self._parts
+        error = GateAttemptError(request.gate_rollout_id, FailureKind.INFRA, reason)
+        self.failures[error.kind] += 1
+        staged = validate_receipt(outcome.receipt, where=request.gate_rollout_id).staging_keys
+        await parts.data_plane.clear(STAGING_PARTITION, staged)
+        parts.ledger.mark_sibling_failed(
+            parts.cut,
+            request.group_id,
+            generation_index=request.generation_index,
+            gate_rollout_id=request.gate_rollout_id,
+            reason=f"{error.kind.value}: {reason}",
+            failure_kind=AttemptFailureKind.INFRA,
+        )
+        self._journal_returned(request)
+        self._log_attempt(request, RolloutAttemptStatus.FAILED, outcome.num_tokens, reason)
+        return error
 
     def _seal(self, request: AttemptRequest, outcome: AttemptOutcome) -> None:
         parts = self._parts
@@ -295,7 +326,9 @@ class RolloutPump:
             request.group_id,
             generation_index=request.generation_index,
             gate_rollout_id=request.gate_rollout_id,
-            receipt=outcome.receipt,
+            receipt=receipt_with_version(
+                outcome.receipt, outcome.weight_version, gate_rollout_id=request.gate_rollout_id
+            ),
             reward=outcome.reward,
             mask_sample=False,
             reward_checks=outcome.reward_checks,
