@@ -279,7 +279,12 @@ def checked_bytes(path: Path, digest: SidecarDigest) -> bytes:
 def decode_recovery_sidecar(
     path: Path, raw: dict[str, bytes], digests: dict[str, SidecarDigest]
 ) -> ParsedRolloutRecoveryState:
-    """Decode the ledger sidecar after checking its advertised schema version."""
+    """Decode the ledger sidecar after checking its advertised schema version.
+
+    The advertised version must be one this build reads (an older one is
+    upgraded on decode) and the sidecar's own ``schema_version`` must be it.
+    """
+    data = raw[ROLLOUT_RECOVERY_STATE_FILENAME]
     expected_version = digests[ROLLOUT_RECOVERY_STATE_FILENAME].schema_version
     if expected_version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS:
         supported = ", ".join(map(str, sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)))
@@ -289,9 +294,18 @@ def decode_recovery_sidecar(
             f"reads schemas {supported}",
         )
     try:
-        return decode_rollout_recovery_state(raw[ROLLOUT_RECOVERY_STATE_FILENAME])
+        parsed = decode_rollout_recovery_state(data)
     except LedgerError as exc:
         raise SnapshotCorruptError(path, str(exc)) from exc
+    # Decoded (so it is a valid sidecar); its version is read only now.
+    written = msgspec.json.decode(data, type=_Versioned).schema_version
+    if written != expected_version:
+        raise SnapshotCorruptError(
+            path,
+            f"schema_version {written} differs from the ledger schema {expected_version} "
+            "data_plane/metadata.json advertises",
+        )
+    return parsed
 
 
 def _decode(path: Path, name: str, raw: dict[str, bytes], kind: type[Any]) -> Any:
