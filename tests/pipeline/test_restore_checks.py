@@ -8,6 +8,8 @@ version the code writes next.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Final
@@ -15,7 +17,12 @@ from typing import Final
 import msgspec
 import pytest
 from pipeline_helpers import expected_prompts, run_simulated, run_until_crash, small_config
-from snapshot_versions import advertise_sidecar, downgrade_snapshot_to_v3, read_sidecar
+from snapshot_versions import (
+    advertise_sidecar,
+    downgrade_snapshot_to_v3,
+    read_sidecar,
+    rewrite_sidecar,
+)
 
 from rollvault.checkpoint_tools.run_history import (
     check_exactly_once,
@@ -163,3 +170,37 @@ def test_the_committed_version_3_fixture_restores_into_a_run(tmp_path: Path) -> 
         (origin.epoch, str(origin.dataset_idx)) for origin in fixture.controller.origins.values()
     }
     assert in_snapshot <= set(done), "a group the snapshot held was neither trained nor dropped"
+
+
+def test_a_sidecar_without_reward_settings_is_refused_naming_it(tmp_path: Path) -> None:
+    snapshot = _fixture(4, tmp_path)
+    state = read_sidecar(snapshot)
+    state["reward_settings"] = None
+    rewrite_sidecar(snapshot, state)
+    sidecar = snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
+    refusal = f"{sidecar}: reward_settings is null"
+    with pytest.raises(SnapshotCorruptError, match=re.escape(refusal)):
+        _read(snapshot)
+    metadata = read_checkpoint_metadata(snapshot / "data_plane").user_metadata
+    with pytest.raises(SnapshotCorruptError, match=re.escape(refusal)):
+        asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=_config(tmp_path)))
+
+
+def test_a_real_snapshot_without_reward_settings_is_passed_over_for_an_older_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path, "rollout_checkpointing.keep_latest_k=3")
+    run_until_crash(config, 3)
+    newest = _newest_bootstrap_snapshot(config)
+    state = read_sidecar(newest)
+    assert state["reward_settings"] is not None  # the checkpointer always records them
+    state["reward_settings"] = None
+    rewrite_sidecar(newest, state)
+    with caplog.at_level(logging.WARNING, logger="rollvault.durable"):
+        source = prepare_checkpoint_dir(config)
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path != newest
+    assert "reward_settings is null" in caplog.text and str(newest) in caplog.text
+    run_simulated(config)
+    history = read_run_history(Path(config.logging.log_dir))
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []

@@ -51,7 +51,7 @@ from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, tr
 from rollvault.ledger.datum import DatumSpec
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.records import PromptGroupRecoveryRecord
-from rollvault.ledger.sidecar import ParsedRolloutRecoveryState
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME, ParsedRolloutRecoveryState
 from rollvault.ledger.statuses import (
     PromptGroupPhase,
     PromptGroupStatus,
@@ -106,13 +106,24 @@ async def read_recovery_sidecar(
             recovery_path,
             f"holds {groups} groups; the data-plane metadata advertises {digests[name].group_count}",
         )
-    expected = capture_reward_settings(master_config.reward)
-    if parsed.reward_settings is not None and parsed.reward_settings != expected:
-        raise RestoreError(
-            f"{recovery_path}: rewards were captured under {parsed.reward_settings}, "
-            f"this run uses {expected}"
-        )
+    check_reward_settings(recovery_path, parsed, master_config)
     return parsed
+
+
+def check_reward_settings(
+    path: Path, recovery: ParsedRolloutRecoveryState, config: RunConfig
+) -> None:
+    """The sidecar's reward settings must be this run's: sealed rewards are final.
+
+    Decoding refused a sidecar without them (every rollvault run captures
+    tokens, see ``decode_recovery_sidecar``). Raises :class:`RestoreError`.
+    """
+    expected = capture_reward_settings(config.reward)
+    if recovery.reward_settings != expected:
+        raise RestoreError(
+            f"{path}: rewards were captured under {recovery.reward_settings}, "
+            f"this run uses {expected}; sealed rewards cannot be re-finalized"
+        )
 
 
 class RolloutRestorer:
@@ -199,13 +210,9 @@ class RolloutRestorer:
 
     def _validate_forest_checkpoint_metadata(self, snapshot: LoadedSnapshot) -> None:
         """The snapshot's reward settings must be this run's: sealed rewards are final."""
-        recovery = snapshot.recovery
-        expected = capture_reward_settings(self._parts.config.reward)
-        if recovery.reward_settings is not None and recovery.reward_settings != expected:
-            raise RestoreError(
-                f"{snapshot.path}: rewards were captured under {recovery.reward_settings}, "
-                f"this run uses {expected}; sealed rewards cannot be re-finalized"
-            )
+        check_reward_settings(
+            snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME, snapshot.recovery, self._parts.config
+        )
 
     async def _restore_replay_buffer(self, snapshot: LoadedSnapshot) -> int:
         """Rows first, then the canonical groups that index them; returns their count."""

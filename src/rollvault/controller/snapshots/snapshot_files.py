@@ -305,6 +305,16 @@ def decode_recovery_sidecar(
             f"schema_version {written} differs from the ledger schema {expected_version} "
             "data_plane/metadata.json advertises",
         )
+    if parsed.reward_settings is None:
+        # The spec checks them "when token capture is on", and in rollvault it
+        # always is: every gate writes token rows, and the checkpointer records
+        # the settings in every snapshot. Without them sealed rewards could not
+        # be checked against the run's, so the snapshot is not restorable.
+        raise SnapshotCorruptError(
+            path,
+            "reward_settings is null: a snapshot of token-capture rollouts must record the "
+            "reward settings its rewards were finalized under",
+        )
     return parsed
 
 
