@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 from pipeline_helpers import dataset_of, small_config
 
@@ -37,7 +38,7 @@ from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.recording import RecordingTrainer
 
 ORIGIN = GroupOrigin(epoch=1, dataset_idx=7)
-FINALIZED = FinalizedGroup(
+FINALIZED = FinalizedGroup.of(
     rewards=[FinalizedReward(raw_reward=1.0, reward=0.5, masked=False)],
     metrics={"reward_mean": 0.5},
     gate_rollout_ids=["g_g0_a1"],
@@ -99,7 +100,7 @@ def test_load_groups_enters_canonical_groups_finalized_and_the_rest_pending(
     parts.load_groups(
         {"done": ORIGIN, "open": other},
         rewards={"done": FINALIZED.rewards},
-        metrics={"done": FINALIZED.metrics},
+        metrics={"done": FINALIZED.metrics_dict()},
         gate_rollout_ids={"done": FINALIZED.gate_rollout_ids},
     )
     assert parts.group("done").finalization() == FINALIZED
@@ -243,3 +244,62 @@ def test_a_restored_snapshot_captures_back_to_the_same_group_maps(tmp_path: Path
         assert len(written.recovery_state[key]) == 2
     for name in (REPLAY_BUFFER_METADATA_FILENAME, CONTROLLER_STATE_FILENAME):
         assert (first / name).read_bytes() == (second / name).read_bytes()
+
+
+def _mutable_parts(value: object, path: str) -> list[str]:
+    """Where ``value`` holds something that can change in place (a list, dict, set or
+    a Struct that is not frozen)."""
+    if isinstance(value, list | dict | set | bytearray):
+        return [f"{path}: {type(value).__name__}"]
+    if isinstance(value, tuple):
+        return [p for i, item in enumerate(value) for p in _mutable_parts(item, f"{path}[{i}]")]
+    if isinstance(value, msgspec.Struct):
+        if not value.__struct_config__.frozen:
+            return [f"{path}: {type(value).__name__} is not frozen"]
+        return [
+            p
+            for name in value.__struct_fields__
+            for p in _mutable_parts(getattr(value, name), f"{path}.{name}")
+        ]
+    assert isinstance(value, str | int | float | bool | None), f"{path}: {type(value)}"
+    return []
+
+
+def test_what_the_finalizer_records_and_a_restore_reloads_cannot_change_in_place(
+    tmp_path: Path,
+) -> None:
+    """A snapshot's capture holds references to the finalized entries and encodes them
+    after the cut: they must be immutable all the way down, as finalized and as restored."""
+    config = small_config(tmp_path)
+
+    async def main() -> tuple[list[FinalizedGroup], list[FinalizedGroup]]:
+        parts = build_parts(config, dataset=dataset_of(config))
+        await _fill(parts)
+        async with parts.cut.checkpoint():
+            cut = take_cut_capture(parts)
+        captured = [e.finalized for e in cut.groups.values() if e.finalized is not None]
+        written = await _write(parts, tmp_path / "snapshot")
+        parts.logs.close()
+        snapshot = read_snapshot(
+            tmp_path / "snapshot",
+            written.manifest,
+            generations_per_group=written.generations_per_group,
+        )
+        restored = build_parts(config, dataset=dataset_of(config))
+        await RolloutRestorer(
+            restored,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=ResumeSource(RestoreMode.LATEST, 0, snapshot, None),
+        ).restore()
+        restored.logs.close()
+        reloaded = [e.finalized for e in restored.groups.values() if e.finalized is not None]
+        return captured, reloaded
+
+    captured, reloaded = asyncio.run(main())
+    assert len(captured) == len(reloaded) == 2
+    for index, finalized in enumerate([*captured, *reloaded]):
+        assert _mutable_parts(finalized, f"finalized[{index}]") == []
+        assert len(finalized.rewards) == config.grpo.num_generations_per_prompt
+        assert dict(finalized.metrics) == finalized.metrics_dict()
+    assert set(reloaded) == set(captured)  # frozen, so hashable
