@@ -315,15 +315,36 @@ class RolloutRestorer:
         )
 
     async def _resolve_finalization_unknown(self) -> None:
-        """Canonical rows indexed for training: keep them. Otherwise finalize again."""
+        """Whether a ``finalization_unknown`` group was published is whether its canonical
+        rows exist (DESIGN), never whether the replay index lists it, so the two cannot
+        disagree.
+
+        All N rows: published. Listed in the replay index, the group leaves the
+        ledger and trains from them. Not listed, the rows are kept and the
+        rollout pump finalizes the group again: finalization is deterministic
+        (the same staged rows, sealed rewards and reward settings), so it puts
+        the very same rows, a no-op, and only completes the bookkeeping; rows
+        that differ are refused by the data plane. Fewer rows: a torn
+        publication. They are cleared and the group finalized again, unlisted
+        first if the index listed it (verification refuses such a snapshot, so
+        only a snapshot handed in unverified gets here).
+        """
         parts = self._parts
         for record in self._records:
             if record.status is not PromptGroupStatus.FINALIZATION_UNKNOWN:
                 continue
-            if record.group_id in parts.replay:
+            keys = self._train_keys(record.group_id)
+            published = all(parts.data_plane.has(TRAIN_PARTITION, key) for key in keys)
+            listed = record.group_id in parts.replay
+            if published and listed:
                 parts.ledger.discard_group(parts.cut, record.group_id)
-            else:
-                await parts.data_plane.clear(TRAIN_PARTITION, self._train_keys(record.group_id))
+            elif not published:
+                if listed:
+                    parts.replay.remove(record.group_id)
+                    parts.add_reserved_group(
+                        record.group_id, parts.forget_group(record.group_id).origin
+                    )
+                await parts.data_plane.clear(TRAIN_PARTITION, keys)
         self._records = [record for record in self._records if record.group_id in parts.ledger]
 
     def _log_discarded_seals(self, before: RolloutRecoveryLedger) -> None:
@@ -391,6 +412,13 @@ class RolloutRestorer:
         staged = set(parts.data_plane.keys(STAGING_PARTITION))
         orphan_staging = staged - parts.ledger.expected_staging_keys()
         wanted_train = {key for entry in parts.replay for key in self._train_keys(entry.group_id)}
+        # A finalization_unknown group still here was published (its rows decided).
+        wanted_train |= {
+            key
+            for record in self._records
+            if record.status is PromptGroupStatus.FINALIZATION_UNKNOWN
+            for key in self._train_keys(record.group_id)
+        }
         orphan_train = set(parts.data_plane.keys(TRAIN_PARTITION)) - wanted_train
         await parts.data_plane.clear(STAGING_PARTITION, orphan_staging)
         await parts.data_plane.clear(TRAIN_PARTITION, orphan_train)
