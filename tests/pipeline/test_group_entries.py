@@ -12,6 +12,7 @@ import msgspec
 import numpy as np
 import pytest
 from pipeline_helpers import dataset_of, small_config
+from snapshot_versions import read_sidecar, rewrite_sidecar
 
 from rollvault.config.schema import RestoreMode
 from rollvault.controller.data.replay_index import ReplayEntry
@@ -348,8 +349,17 @@ async def _tear_publication(parts: RolloutParts, group_id: str, *, rows_put: int
         parts.ledger.mark_finalization_unknown(parts.cut, group_id)
 
 
+def _list_in_sidecar(snapshot: Path, group_id: str) -> None:
+    """Give ``group_id`` the finalizer rewards and metrics a canonical group has, on disk."""
+    state = read_sidecar(snapshot)
+    state["finalizer_rewards_by_group"][group_id] = [msgspec.to_builtins(FINALIZED.rewards[0])] * 4
+    state["finalizer_metrics_by_group"][group_id] = FINALIZED.metrics_dict()
+    rewrite_sidecar(snapshot, state)
+
+
 def _listed(snapshot: LoadedSnapshot, group_id: str, origin: GroupOrigin) -> LoadedSnapshot:
-    """``snapshot`` doctored so that its replay index also lists ``group_id``."""
+    """``snapshot`` doctored so that its replay index also lists ``group_id`` (in memory:
+    verification refuses it on disk, its canonical rows are missing)."""
     entry = ReplayEntry(
         group_id=group_id,
         sample_id=str(origin.dataset_idx),
@@ -360,14 +370,8 @@ def _listed(snapshot: LoadedSnapshot, group_id: str, origin: GroupOrigin) -> Loa
     )
     replay = snapshot.replay.replay
     ids = [f"{group_id}_g{index}_a0" for index in range(4)]
-    recovery = msgspec.structs.replace(
-        snapshot.recovery,
-        finalizer_rewards_by_group={group_id: list(FINALIZED.rewards) * 4},
-        finalizer_metrics_by_group={group_id: FINALIZED.metrics_dict()},
-    )
     return dataclasses.replace(
         snapshot,
-        recovery=recovery,
         replay=msgspec.structs.replace(
             snapshot.replay,
             replay=msgspec.structs.replace(replay, entries=(*replay.entries, entry)),
@@ -397,6 +401,8 @@ def test_finalization_unknown_is_resolved_by_the_canonical_rows_not_the_replay_i
         torn = dict(await parts.data_plane.get(TRAIN_PARTITION, keys[:rows_put]))
         written = await _write(parts, tmp_path / "snapshot")
         parts.logs.close()
+        if listed:
+            _list_in_sidecar(tmp_path / "snapshot", group_id)
         snapshot = read_snapshot(
             tmp_path / "snapshot", written.manifest, generations_per_group=siblings
         )

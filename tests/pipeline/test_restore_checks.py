@@ -11,12 +11,19 @@ import asyncio
 import logging
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import pytest
-from pipeline_helpers import expected_prompts, run_simulated, run_until_crash, small_config
+from pipeline_helpers import (
+    dataset_of,
+    expected_prompts,
+    run_simulated,
+    run_until_crash,
+    small_config,
+)
 from snapshot_versions import (
     advertise_sidecar,
     downgrade_snapshot_to_v3,
@@ -30,6 +37,9 @@ from rollvault.checkpoint_tools.run_history import (
     read_run_history,
 )
 from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.pipeline import build_parts
+from rollvault.controller.snapshots import restorer
 from rollvault.controller.snapshots.restorer import read_recovery_sidecar
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot, SnapshotCorruptError
@@ -39,9 +49,10 @@ from rollvault.durable.layout import BOOTSTRAP_DIRNAME, ROLLOUT_SNAPSHOT_MANIFES
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.ledger.ledger import RolloutRecoveryLedger
-from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME, ParsedRolloutRecoveryState
 from rollvault.ledger.state_schema import SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS
 from rollvault.ledger.statuses import AttemptFailureKind, RolloutAttemptStatus
+from rollvault.training.recording import RecordingTrainer
 
 FIXTURES: Final = Path(__file__).resolve().parent.parent / "fixtures" / "rollout_snapshots"
 # The settings make_fixtures.py ran with (FIXTURE_OVERRIDES there).
@@ -204,3 +215,50 @@ def test_a_real_snapshot_without_reward_settings_is_passed_over_for_an_older_one
     run_simulated(config)
     history = read_run_history(Path(config.logging.log_dir))
     assert check_exactly_once(history, expected_prompts(24, 2)) == []
+
+
+def test_every_real_restore_reads_the_sidecar_through_read_recovery_sidecar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _config(tmp_path)
+    run_until_crash(config, 3)
+    calls: list[Path] = []
+    spec_function = restorer.read_recovery_sidecar
+
+    async def spy(
+        recovery_path: Path, metadata: Mapping[str, Any], *, master_config: RunConfig
+    ) -> ParsedRolloutRecoveryState:
+        calls.append(recovery_path)
+        return await spec_function(recovery_path, metadata, master_config=master_config)
+
+    monkeypatch.setattr(restorer, "read_recovery_sidecar", spy)
+    run_simulated(config)
+    (restore,) = read_run_history(Path(config.logging.log_dir)).restores
+    assert restore.snapshot is not None
+    assert calls == [Path(restore.snapshot) / ROLLOUT_RECOVERY_STATE_FILENAME]
+
+
+def test_a_sidecar_changed_after_the_snapshot_was_chosen_is_refused_by_the_restore(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    run_until_crash(config, 3)
+    source = prepare_checkpoint_dir(config)
+    assert source is not None and source.snapshot is not None
+    sidecar = source.snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME
+    sidecar.write_bytes(sidecar.read_bytes().replace(b'"sealed"', b'"failed"', 1))
+
+    async def restore() -> None:
+        parts = build_parts(config, dataset=dataset_of(config))
+        try:
+            await restorer.RolloutRestorer(
+                parts,
+                trainer=RecordingTrainer(),
+                buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+                resume=source,
+            ).restore()
+        finally:
+            parts.logs.close()
+
+    with pytest.raises(SnapshotCorruptError, match=re.escape(f"{sidecar}: SHA-256")):
+        asyncio.run(restore())

@@ -16,6 +16,7 @@ work, while the train pump drains the replay index.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -42,10 +43,8 @@ from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     LoadedSnapshot,
-    SnapshotCorruptError,
     advertised_digests,
-    checked_bytes,
-    decode_recovery_sidecar,
+    read_recovery_sidecar_file,
 )
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.ledger.datum import DatumSpec
@@ -93,19 +92,13 @@ async def read_recovery_sidecar(
     advertises the sidecar's SHA-256, ledger schema and group count, and the
     sidecar must match all three. Its reward settings must match this run's.
     Raises ``SnapshotCorruptError`` or :class:`RestoreError` naming the file.
+
+    Every restore of a snapshot calls it (:meth:`RolloutRestorer.restore`);
+    the checks of the file itself are the ones verification runs
+    (``read_recovery_sidecar_file``).
     """
     digests = advertised_digests(recovery_path.parent / DATA_PLANE_DIRNAME, metadata)
-    name = recovery_path.name
-    if name not in digests:
-        raise SnapshotCorruptError(recovery_path, "the data-plane metadata does not advertise it")
-    raw = {name: await asyncio.to_thread(checked_bytes, recovery_path, digests[name])}
-    parsed = decode_recovery_sidecar(recovery_path, raw, digests)
-    groups = len(parsed.ledger_state["groups"])
-    if groups != digests[name].group_count:
-        raise SnapshotCorruptError(
-            recovery_path,
-            f"holds {groups} groups; the data-plane metadata advertises {digests[name].group_count}",
-        )
+    parsed = await asyncio.to_thread(read_recovery_sidecar_file, recovery_path, digests)
     check_reward_settings(recovery_path, parsed, master_config)
     return parsed
 
@@ -163,7 +156,7 @@ class RolloutRestorer:
             parts.trainer_version = resume.base_step
             parts.base_step = resume.base_step
             if snapshot is not None:
-                self._validate_forest_checkpoint_metadata(snapshot)
+                snapshot = await self._validate_forest_checkpoint_metadata(snapshot)
                 # Lines this start writes come after everything the snapshot saw.
                 parts.logs.sequence.value = max(
                     parts.logs.sequence.value, snapshot.controller.log_sequence
@@ -208,11 +201,22 @@ class RolloutRestorer:
 
     # -- the parts, in order ---------------------------------------------------------
 
-    def _validate_forest_checkpoint_metadata(self, snapshot: LoadedSnapshot) -> None:
-        """The snapshot's reward settings must be this run's: sealed rewards are final."""
-        check_reward_settings(
-            snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME, snapshot.recovery, self._parts.config
+    async def _validate_forest_checkpoint_metadata(
+        self, snapshot: LoadedSnapshot
+    ) -> LoadedSnapshot:
+        """The snapshot with its sidecar as the spec's :func:`read_recovery_sidecar` reads it.
+
+        Verification decoded it when choosing the snapshot; reading it again
+        here, against the checksum the verified data plane advertises, makes
+        the spec's function the guard of every real restore (and refuses a
+        file changed since), and checks the reward settings against this run's.
+        """
+        recovery = await read_recovery_sidecar(
+            snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME,
+            snapshot.data_plane.user_metadata,
+            master_config=self._parts.config,
         )
+        return dataclasses.replace(snapshot, recovery=recovery)
 
     async def _restore_replay_buffer(self, snapshot: LoadedSnapshot) -> int:
         """Rows first, then the canonical groups that index them; returns their count."""
