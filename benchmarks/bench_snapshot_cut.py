@@ -347,10 +347,10 @@ def hold_breakdown(parts: RolloutParts, repeat: int) -> dict[str, float]:
                 batch_shortfall=parts.shortfall.as_dict(),
                 sampler_stamps_target_steps=parts.sampler.stamps_target_steps,
                 finalizer_metrics_by_group={
-                    g: parts.group(g).finalization().metrics for g in canonical
+                    g: parts.group(g).finalization().metrics_dict() for g in canonical
                 },
                 finalizer_rewards_by_group={
-                    g: parts.group(g).finalization().rewards for g in canonical
+                    g: list(parts.group(g).finalization().rewards) for g in canonical
                 },
                 reward_settings=capture_reward_settings(parts.config.reward),
                 canonical_group_ids=canonical,

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+import msgspec
+import numpy as np
 import pytest
 from pipeline_helpers import dataset_of, small_config
+from snapshot_versions import read_sidecar, rewrite_sidecar
 
 from rollvault.config.schema import RestoreMode
+from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import AttemptRequest
@@ -26,18 +33,21 @@ from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     REPLAY_BUFFER_METADATA_FILENAME,
+    LoadedSnapshot,
     RolloutStateCapture,
     write_snapshot_payload,
 )
 from rollvault.controller.snapshots.verification import read_snapshot
+from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.durable.manifest_schema import write_snapshot_manifest
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.reward_penalties import FinalizedReward
+from rollvault.ledger.statuses import PromptGroupStatus
 from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.recording import RecordingTrainer
 
 ORIGIN = GroupOrigin(epoch=1, dataset_idx=7)
-FINALIZED = FinalizedGroup(
+FINALIZED = FinalizedGroup.of(
     rewards=[FinalizedReward(raw_reward=1.0, reward=0.5, masked=False)],
     metrics={"reward_mean": 0.5},
     gate_rollout_ids=["g_g0_a1"],
@@ -99,7 +109,7 @@ def test_load_groups_enters_canonical_groups_finalized_and_the_rest_pending(
     parts.load_groups(
         {"done": ORIGIN, "open": other},
         rewards={"done": FINALIZED.rewards},
-        metrics={"done": FINALIZED.metrics},
+        metrics={"done": FINALIZED.metrics_dict()},
         gate_rollout_ids={"done": FINALIZED.gate_rollout_ids},
     )
     assert parts.group("done").finalization() == FINALIZED
@@ -243,3 +253,185 @@ def test_a_restored_snapshot_captures_back_to_the_same_group_maps(tmp_path: Path
         assert len(written.recovery_state[key]) == 2
     for name in (REPLAY_BUFFER_METADATA_FILENAME, CONTROLLER_STATE_FILENAME):
         assert (first / name).read_bytes() == (second / name).read_bytes()
+
+
+def _mutable_parts(value: object, path: str) -> list[str]:
+    """Where ``value`` holds something that can change in place (a list, dict, set or
+    a Struct that is not frozen)."""
+    if isinstance(value, list | dict | set | bytearray):
+        return [f"{path}: {type(value).__name__}"]
+    if isinstance(value, tuple):
+        return [p for i, item in enumerate(value) for p in _mutable_parts(item, f"{path}[{i}]")]
+    if isinstance(value, msgspec.Struct):
+        if not value.__struct_config__.frozen:
+            return [f"{path}: {type(value).__name__} is not frozen"]
+        return [
+            p
+            for name in value.__struct_fields__
+            for p in _mutable_parts(getattr(value, name), f"{path}.{name}")
+        ]
+    assert isinstance(value, str | int | float | bool | None), f"{path}: {type(value)}"
+    return []
+
+
+def test_what_the_finalizer_records_and_a_restore_reloads_cannot_change_in_place(
+    tmp_path: Path,
+) -> None:
+    """A snapshot's capture holds references to the finalized entries and encodes them
+    after the cut: they must be immutable all the way down, as finalized and as restored."""
+    config = small_config(tmp_path)
+
+    async def main() -> tuple[list[FinalizedGroup], list[FinalizedGroup]]:
+        parts = build_parts(config, dataset=dataset_of(config))
+        await _fill(parts)
+        async with parts.cut.checkpoint():
+            cut = take_cut_capture(parts)
+        captured = [e.finalized for e in cut.groups.values() if e.finalized is not None]
+        written = await _write(parts, tmp_path / "snapshot")
+        parts.logs.close()
+        snapshot = read_snapshot(
+            tmp_path / "snapshot",
+            written.manifest,
+            generations_per_group=written.generations_per_group,
+        )
+        restored = build_parts(config, dataset=dataset_of(config))
+        await RolloutRestorer(
+            restored,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=ResumeSource(RestoreMode.LATEST, 0, snapshot, None),
+        ).restore()
+        restored.logs.close()
+        reloaded = [e.finalized for e in restored.groups.values() if e.finalized is not None]
+        return captured, reloaded
+
+    captured, reloaded = asyncio.run(main())
+    assert len(captured) == len(reloaded) == 2
+    for index, finalized in enumerate([*captured, *reloaded]):
+        assert _mutable_parts(finalized, f"finalized[{index}]") == []
+        assert len(finalized.rewards) == config.grpo.num_generations_per_prompt
+        assert dict(finalized.metrics) == finalized.metrics_dict()
+    assert set(reloaded) == set(captured)  # frozen, so hashable
+
+
+class TornPublication(RuntimeError):
+    pass
+
+
+async def _tear_publication(parts: RolloutParts, group_id: str, *, rows_put: int) -> None:
+    """Finalize ``group_id`` but let the publication break after ``rows_put`` canonical
+    rows (all of them: the staging clear after them breaks), as an external data plane
+    interrupted mid-publication would, and mark the group ``finalization_unknown``."""
+    data_plane = parts.data_plane
+    put, clear = data_plane.put, data_plane.clear
+
+    async def torn_put(partition: str, rows: Mapping[str, Any]) -> None:
+        if partition != TRAIN_PARTITION:
+            await put(partition, rows)
+            return
+        await put(partition, dict(list(rows.items())[:rows_put]))
+        if rows_put < len(rows):
+            raise TornPublication("put interrupted")
+
+    async def torn_clear(partition: str, keys: Iterable[str]) -> None:
+        if partition == STAGING_PARTITION:
+            raise TornPublication("clear interrupted")
+        await clear(partition, keys)
+
+    data_plane.put, data_plane.clear = torn_put, torn_clear  # type: ignore[method-assign]
+    try:
+        with pytest.raises(TornPublication):
+            await Finalizer(parts, end_weight_version={}).finalize(group_id)
+    finally:
+        data_plane.put, data_plane.clear = put, clear  # type: ignore[method-assign]
+    assert parts.ledger.get_group(group_id).status is PromptGroupStatus.FINALIZING
+    async with parts.cut.mutation():  # the outcome is unknown: snapshots may be taken
+        parts.ledger.mark_finalization_unknown(parts.cut, group_id)
+
+
+def _list_in_sidecar(snapshot: Path, group_id: str) -> None:
+    """Give ``group_id`` the finalizer rewards and metrics a canonical group has, on disk."""
+    state = read_sidecar(snapshot)
+    state["finalizer_rewards_by_group"][group_id] = [msgspec.to_builtins(FINALIZED.rewards[0])] * 4
+    state["finalizer_metrics_by_group"][group_id] = FINALIZED.metrics_dict()
+    rewrite_sidecar(snapshot, state)
+
+
+def _listed(snapshot: LoadedSnapshot, group_id: str, origin: GroupOrigin) -> LoadedSnapshot:
+    """``snapshot`` doctored so that its replay index also lists ``group_id`` (in memory:
+    verification refuses it on disk, its canonical rows are missing)."""
+    entry = ReplayEntry(
+        group_id=group_id,
+        sample_id=str(origin.dataset_idx),
+        epoch=origin.epoch,
+        start_weight_version=0,
+        end_weight_version=0,
+        target_step=1,
+    )
+    replay = snapshot.replay.replay
+    ids = [f"{group_id}_g{index}_a0" for index in range(4)]
+    return dataclasses.replace(
+        snapshot,
+        replay=msgspec.structs.replace(
+            snapshot.replay,
+            replay=msgspec.structs.replace(replay, entries=(*replay.entries, entry)),
+            canonical_attempts={**snapshot.replay.canonical_attempts, group_id: ids},
+        ),
+    )
+
+
+@pytest.mark.parametrize(("rows_put", "listed"), [(4, False), (2, False), (2, True)])
+def test_finalization_unknown_is_resolved_by_the_canonical_rows_not_the_replay_index(
+    tmp_path: Path, rows_put: int, listed: bool
+) -> None:
+    """A snapshot of a torn publication: the group is in the ledger, not in the replay
+    index. All its rows exist: published, they are kept and the next finalization puts
+    the same rows again (a no-op) and indexes the group. Some missing: cleared, redone,
+    even when a doctored (unverified) snapshot also lists the group in the index."""
+    config = small_config(tmp_path)
+    siblings = config.grpo.num_generations_per_prompt
+    keys: list[str] = []
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any], set[str], bool]:
+        parts = build_parts(config, dataset=dataset_of(config))
+        gate = SimulatedGate(config.gate.simulated, parts.data_plane, ParityEnvironment(), seed=0)
+        group_id = await _reserve(parts, sealed=siblings, gate=gate)
+        keys.extend(train_key(group_id, index) for index in range(siblings))
+        await _tear_publication(parts, group_id, rows_put=rows_put)
+        torn = dict(await parts.data_plane.get(TRAIN_PARTITION, keys[:rows_put]))
+        written = await _write(parts, tmp_path / "snapshot")
+        parts.logs.close()
+        if listed:
+            _list_in_sidecar(tmp_path / "snapshot", group_id)
+        snapshot = read_snapshot(
+            tmp_path / "snapshot", written.manifest, generations_per_group=siblings
+        )
+        assert group_id not in {e.group_id for e in snapshot.replay.replay.entries}
+        if listed:
+            snapshot = _listed(snapshot, group_id, parts.group(group_id).origin)
+        restored = build_parts(config, dataset=dataset_of(config))
+        await RolloutRestorer(
+            restored,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=ResumeSource(RestoreMode.LATEST, 0, snapshot, None),
+        ).restore()
+        after_restore = set(restored.data_plane.keys(TRAIN_PARTITION))
+        status = restored.ledger.get_group(group_id).status
+        assert status is PromptGroupStatus.FINALIZATION_UNKNOWN
+        await Finalizer(restored, end_weight_version={}).finalize(group_id)
+        final = dict(await restored.data_plane.get(TRAIN_PARTITION, keys))
+        indexed = group_id in restored.replay and group_id not in restored.ledger
+        restored.logs.close()
+        return torn, final, after_restore, indexed
+
+    torn, final, after_restore, indexed = asyncio.run(main())
+    if rows_put == siblings:
+        assert after_restore == set(keys), "the published rows were not kept"
+    else:
+        assert after_restore == set(), "the rows of a torn publication were not cleared"
+    assert indexed and set(final) == set(keys)
+    for key, row in torn.items():  # finalizing again puts exactly what was published
+        assert {name: np.asarray(value).tolist() for name, value in final[key].items()} == {
+            name: np.asarray(value).tolist() for name, value in row.items()
+        }

@@ -37,7 +37,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     SnapshotCorruptError,
     advertised_digests,
     checked_bytes,
-    decode_recovery_sidecar,
+    read_recovery_sidecar_file,
 )
 from rollvault.controller.snapshots.verification import ledger_of, problem_from_error
 from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointContent, partition_file_name
@@ -351,8 +351,12 @@ def read_snapshot_contents(path: Path) -> SnapshotContents:
     content = _data_plane_metadata(data_plane)
     _check_partition_sizes(data_plane, content)
     digests = advertised_digests(data_plane, content.user_metadata)
-    raw = {name: checked_bytes(path / name, digest) for name, digest in digests.items()}
-    recovery = decode_recovery_sidecar(path / ROLLOUT_RECOVERY_STATE_FILENAME, raw, digests)
+    recovery = read_recovery_sidecar_file(path / ROLLOUT_RECOVERY_STATE_FILENAME, digests)
+    raw = {
+        name: checked_bytes(path / name, digest)
+        for name, digest in digests.items()
+        if name != ROLLOUT_RECOVERY_STATE_FILENAME
+    }
     ledger = ledger_of(path / ROLLOUT_RECOVERY_STATE_FILENAME, recovery.ledger_state)
     replay = _decode(path / REPLAY_BUFFER_METADATA_FILENAME, raw, ReplayBufferFile)
     spares = _decode(path / REPLACEMENT_RESERVE_FILENAME, raw, SparePromptsState)

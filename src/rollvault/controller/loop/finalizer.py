@@ -178,10 +178,10 @@ class Finalizer:
             end_weight_version=max(record.start_weight_version, generated),
             target_step=record.target_step,
         )
-        finalized = FinalizedGroup(
+        finalized = FinalizedGroup.of(
             rewards=[v.reward for v in verdicts],
             metrics=_metrics(verdicts),
-            gate_rollout_ids=list(gate_rollout_ids),
+            gate_rollout_ids=gate_rollout_ids,
         )
         async with parts.cut.mutation():
             parts.ledger.mark_finalization_started(parts.cut, group_id)

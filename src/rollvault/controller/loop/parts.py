@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -63,14 +63,38 @@ class GroupStateError(RuntimeError):
 class FinalizedGroup(msgspec.Struct, frozen=True, kw_only=True):
     """What the finalizer recorded about a canonical group, for training logs and snapshots.
 
-    Never changed in place, so a snapshot's capture may hold references.
+    Immutable all the way down (tuples of frozen Structs, numbers and
+    strings), like the ledger's capture: a snapshot's capture holds references
+    to these, taken inside the cut and encoded after it, so nothing may change
+    them in between. Build one with :meth:`of`.
     """
 
-    rewards: list[FinalizedReward]
+    rewards: tuple[FinalizedReward, ...]
     """Per sibling, its reward after the checks and penalties."""
-    metrics: dict[str, float]
-    gate_rollout_ids: list[str]
+    metrics: tuple[tuple[str, float], ...]
+    """The finalizer metrics as (name, value) pairs sorted by name; :meth:`metrics_dict` for a dict."""
+    gate_rollout_ids: tuple[str, ...]
     """Per sibling, the gate rollout id of its published attempt."""
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        rewards: Iterable[FinalizedReward],
+        metrics: Mapping[str, float],
+        gate_rollout_ids: Iterable[str],
+    ) -> FinalizedGroup:
+        """Copy what the finalizer (or a restored snapshot) holds into the frozen form."""
+        return cls(
+            rewards=tuple(rewards),
+            # Sorted by name: the sidecar's JSON sorts keys, so a restored group compares equal.
+            metrics=tuple(sorted((name, float(value)) for name, value in metrics.items())),
+            gate_rollout_ids=tuple(gate_rollout_ids),
+        )
+
+    def metrics_dict(self) -> dict[str, float]:
+        """The metrics as a fresh dict (the caller may change it)."""
+        return dict(self.metrics)
 
 
 class GroupEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -218,9 +242,9 @@ class RolloutParts:
         self,
         origins: Mapping[str, GroupOrigin],
         *,
-        rewards: Mapping[str, list[FinalizedReward]],
-        metrics: Mapping[str, dict[str, float]],
-        gate_rollout_ids: Mapping[str, list[str]],
+        rewards: Mapping[str, Sequence[FinalizedReward]],
+        metrics: Mapping[str, Mapping[str, float]],
+        gate_rollout_ids: Mapping[str, Sequence[str]],
     ) -> None:
         """Enter the groups of a restored snapshot, from the per-group maps it stores.
 
@@ -251,7 +275,7 @@ class RolloutParts:
         for group_id, origin in origins.items():
             self.add_reserved_group(group_id, origin)
         for group_id, attempt_ids in gate_rollout_ids.items():
-            finalized = FinalizedGroup(
+            finalized = FinalizedGroup.of(
                 rewards=rewards[group_id], metrics=metrics[group_id], gate_rollout_ids=attempt_ids
             )
             self.record_finalization(group_id, finalized)

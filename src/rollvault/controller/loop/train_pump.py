@@ -213,7 +213,7 @@ class TrainPump:
                 sample_id=entry.sample_id,
                 epoch=entry.epoch,
                 rewards=[reward.reward for reward in finalized.rewards],
-                gate_rollout_ids=finalized.gate_rollout_ids,
+                gate_rollout_ids=list(finalized.gate_rollout_ids),
                 target_step=entry.target_step,
                 incarnation=parts.logs.incarnation,
             )

@@ -152,8 +152,8 @@ def build_snapshot(
         cut.ledger,
         batch_shortfall=cut.shortfall,
         sampler_stamps_target_steps=parts.sampler.stamps_target_steps,
-        finalizer_metrics_by_group={g: f.metrics for g, f in finalized.items()},
-        finalizer_rewards_by_group={g: f.rewards for g, f in finalized.items()},
+        finalizer_metrics_by_group={g: f.metrics_dict() for g, f in finalized.items()},
+        finalizer_rewards_by_group={g: list(f.rewards) for g, f in finalized.items()},
         reward_settings=capture_reward_settings(parts.config.reward),
         canonical_group_ids=canonical,
     )

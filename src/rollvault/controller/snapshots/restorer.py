@@ -16,6 +16,7 @@ work, while the train pump drains the replay index.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -42,16 +43,14 @@ from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     LoadedSnapshot,
-    SnapshotCorruptError,
     advertised_digests,
-    checked_bytes,
-    decode_recovery_sidecar,
+    read_recovery_sidecar_file,
 )
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.ledger.datum import DatumSpec
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.records import PromptGroupRecoveryRecord
-from rollvault.ledger.sidecar import ParsedRolloutRecoveryState
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME, ParsedRolloutRecoveryState
 from rollvault.ledger.statuses import (
     PromptGroupPhase,
     PromptGroupStatus,
@@ -93,26 +92,31 @@ async def read_recovery_sidecar(
     advertises the sidecar's SHA-256, ledger schema and group count, and the
     sidecar must match all three. Its reward settings must match this run's.
     Raises ``SnapshotCorruptError`` or :class:`RestoreError` naming the file.
+
+    Every restore of a snapshot calls it (:meth:`RolloutRestorer.restore`);
+    the checks of the file itself are the ones verification runs
+    (``read_recovery_sidecar_file``).
     """
     digests = advertised_digests(recovery_path.parent / DATA_PLANE_DIRNAME, metadata)
-    name = recovery_path.name
-    if name not in digests:
-        raise SnapshotCorruptError(recovery_path, "the data-plane metadata does not advertise it")
-    raw = {name: await asyncio.to_thread(checked_bytes, recovery_path, digests[name])}
-    parsed = decode_recovery_sidecar(recovery_path, raw, digests)
-    groups = len(parsed.ledger_state["groups"])
-    if groups != digests[name].group_count:
-        raise SnapshotCorruptError(
-            recovery_path,
-            f"holds {groups} groups; the data-plane metadata advertises {digests[name].group_count}",
-        )
-    expected = capture_reward_settings(master_config.reward)
-    if parsed.reward_settings is not None and parsed.reward_settings != expected:
-        raise RestoreError(
-            f"{recovery_path}: rewards were captured under {parsed.reward_settings}, "
-            f"this run uses {expected}"
-        )
+    parsed = await asyncio.to_thread(read_recovery_sidecar_file, recovery_path, digests)
+    check_reward_settings(recovery_path, parsed, master_config)
     return parsed
+
+
+def check_reward_settings(
+    path: Path, recovery: ParsedRolloutRecoveryState, config: RunConfig
+) -> None:
+    """The sidecar's reward settings must be this run's: sealed rewards are final.
+
+    Decoding refused a sidecar without them (every rollvault run captures
+    tokens, see ``decode_recovery_sidecar``). Raises :class:`RestoreError`.
+    """
+    expected = capture_reward_settings(config.reward)
+    if recovery.reward_settings != expected:
+        raise RestoreError(
+            f"{path}: rewards were captured under {recovery.reward_settings}, "
+            f"this run uses {expected}; sealed rewards cannot be re-finalized"
+        )
 
 
 class RolloutRestorer:
@@ -152,7 +156,7 @@ class RolloutRestorer:
             parts.trainer_version = resume.base_step
             parts.base_step = resume.base_step
             if snapshot is not None:
-                self._validate_forest_checkpoint_metadata(snapshot)
+                snapshot = await self._validate_forest_checkpoint_metadata(snapshot)
                 # Lines this start writes come after everything the snapshot saw.
                 parts.logs.sequence.value = max(
                     parts.logs.sequence.value, snapshot.controller.log_sequence
@@ -197,15 +201,22 @@ class RolloutRestorer:
 
     # -- the parts, in order ---------------------------------------------------------
 
-    def _validate_forest_checkpoint_metadata(self, snapshot: LoadedSnapshot) -> None:
-        """The snapshot's reward settings must be this run's: sealed rewards are final."""
-        recovery = snapshot.recovery
-        expected = capture_reward_settings(self._parts.config.reward)
-        if recovery.reward_settings is not None and recovery.reward_settings != expected:
-            raise RestoreError(
-                f"{snapshot.path}: rewards were captured under {recovery.reward_settings}, "
-                f"this run uses {expected}; sealed rewards cannot be re-finalized"
-            )
+    async def _validate_forest_checkpoint_metadata(
+        self, snapshot: LoadedSnapshot
+    ) -> LoadedSnapshot:
+        """The snapshot with its sidecar as the spec's :func:`read_recovery_sidecar` reads it.
+
+        Verification decoded it when choosing the snapshot; reading it again
+        here, against the checksum the verified data plane advertises, makes
+        the spec's function the guard of every real restore (and refuses a
+        file changed since), and checks the reward settings against this run's.
+        """
+        recovery = await read_recovery_sidecar(
+            snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME,
+            snapshot.data_plane.user_metadata,
+            master_config=self._parts.config,
+        )
+        return dataclasses.replace(snapshot, recovery=recovery)
 
     async def _restore_replay_buffer(self, snapshot: LoadedSnapshot) -> int:
         """Rows first, then the canonical groups that index them; returns their count."""
@@ -308,15 +319,36 @@ class RolloutRestorer:
         )
 
     async def _resolve_finalization_unknown(self) -> None:
-        """Canonical rows indexed for training: keep them. Otherwise finalize again."""
+        """Whether a ``finalization_unknown`` group was published is whether its canonical
+        rows exist (DESIGN), never whether the replay index lists it, so the two cannot
+        disagree.
+
+        All N rows: published. Listed in the replay index, the group leaves the
+        ledger and trains from them. Not listed, the rows are kept and the
+        rollout pump finalizes the group again: finalization is deterministic
+        (the same staged rows, sealed rewards and reward settings), so it puts
+        the very same rows, a no-op, and only completes the bookkeeping; rows
+        that differ are refused by the data plane. Fewer rows: a torn
+        publication. They are cleared and the group finalized again, unlisted
+        first if the index listed it (verification refuses such a snapshot, so
+        only a snapshot handed in unverified gets here).
+        """
         parts = self._parts
         for record in self._records:
             if record.status is not PromptGroupStatus.FINALIZATION_UNKNOWN:
                 continue
-            if record.group_id in parts.replay:
+            keys = self._train_keys(record.group_id)
+            published = all(parts.data_plane.has(TRAIN_PARTITION, key) for key in keys)
+            listed = record.group_id in parts.replay
+            if published and listed:
                 parts.ledger.discard_group(parts.cut, record.group_id)
-            else:
-                await parts.data_plane.clear(TRAIN_PARTITION, self._train_keys(record.group_id))
+            elif not published:
+                if listed:
+                    parts.replay.remove(record.group_id)
+                    parts.add_reserved_group(
+                        record.group_id, parts.forget_group(record.group_id).origin
+                    )
+                await parts.data_plane.clear(TRAIN_PARTITION, keys)
         self._records = [record for record in self._records if record.group_id in parts.ledger]
 
     def _log_discarded_seals(self, before: RolloutRecoveryLedger) -> None:
@@ -384,6 +416,13 @@ class RolloutRestorer:
         staged = set(parts.data_plane.keys(STAGING_PARTITION))
         orphan_staging = staged - parts.ledger.expected_staging_keys()
         wanted_train = {key for entry in parts.replay for key in self._train_keys(entry.group_id)}
+        # A finalization_unknown group still here was published (its rows decided).
+        wanted_train |= {
+            key
+            for record in self._records
+            if record.status is PromptGroupStatus.FINALIZATION_UNKNOWN
+            for key in self._train_keys(record.group_id)
+        }
         orphan_train = set(parts.data_plane.keys(TRAIN_PARTITION)) - wanted_train
         await parts.data_plane.clear(STAGING_PARTITION, orphan_staging)
         await parts.data_plane.clear(TRAIN_PARTITION, orphan_train)

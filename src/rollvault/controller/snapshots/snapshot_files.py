@@ -210,8 +210,12 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
     """
     data_plane = _read_data_plane(path / DATA_PLANE_DIRNAME)
     digests = advertised_digests(path / DATA_PLANE_DIRNAME, data_plane.user_metadata)
-    raw = {name: checked_bytes(path / name, digest) for name, digest in digests.items()}
-    recovery = decode_recovery_sidecar(path / ROLLOUT_RECOVERY_STATE_FILENAME, raw, digests)
+    recovery = read_recovery_sidecar_file(path / ROLLOUT_RECOVERY_STATE_FILENAME, digests)
+    raw = {
+        name: checked_bytes(path / name, digest)
+        for name, digest in digests.items()
+        if name != ROLLOUT_RECOVERY_STATE_FILENAME
+    }
     snapshot = LoadedSnapshot(
         path=path,
         manifest=manifest,
@@ -276,11 +280,39 @@ def checked_bytes(path: Path, digest: SidecarDigest) -> bytes:
     return data
 
 
-def decode_recovery_sidecar(
-    path: Path, raw: dict[str, bytes], digests: dict[str, SidecarDigest]
+def read_recovery_sidecar_file(
+    path: Path, digests: Mapping[str, SidecarDigest]
 ) -> ParsedRolloutRecoveryState:
-    """Decode the ledger sidecar after checking its advertised schema version."""
-    expected_version = digests[ROLLOUT_RECOVERY_STATE_FILENAME].schema_version
+    """Read the ledger sidecar at ``path`` and check it against what the data plane advertises.
+
+    The one implementation of the sidecar's own checks, shared by restore's
+    ``read_recovery_sidecar`` and by verification: the advertised SHA-256,
+    ledger schema (:func:`decode_recovery_sidecar`) and group count. Sync:
+    call it in a worker thread from async code. Raises
+    :class:`SnapshotCorruptError` naming the file.
+    """
+    digest = digests.get(path.name)
+    if digest is None:
+        raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
+    parsed = decode_recovery_sidecar(path, checked_bytes(path, digest), digest)
+    groups = len(parsed.ledger_state["groups"])
+    if groups != digest.group_count:
+        raise SnapshotCorruptError(
+            path,
+            f"holds {groups} groups; data_plane/metadata.json advertises {digest.group_count}",
+        )
+    return parsed
+
+
+def decode_recovery_sidecar(
+    path: Path, data: bytes, digest: SidecarDigest
+) -> ParsedRolloutRecoveryState:
+    """Decode the ledger sidecar's bytes after checking its advertised schema version.
+
+    The advertised version must be one this build reads (an older one is
+    upgraded on decode) and the sidecar's own ``schema_version`` must be it.
+    """
+    expected_version = digest.schema_version
     if expected_version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS:
         supported = ", ".join(map(str, sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)))
         raise SnapshotCorruptError(
@@ -289,9 +321,28 @@ def decode_recovery_sidecar(
             f"reads schemas {supported}",
         )
     try:
-        return decode_rollout_recovery_state(raw[ROLLOUT_RECOVERY_STATE_FILENAME])
+        parsed = decode_rollout_recovery_state(data)
     except LedgerError as exc:
         raise SnapshotCorruptError(path, str(exc)) from exc
+    # Decoded (so it is a valid sidecar); its version is read only now.
+    written = msgspec.json.decode(data, type=_Versioned).schema_version
+    if written != expected_version:
+        raise SnapshotCorruptError(
+            path,
+            f"schema_version {written} differs from the ledger schema {expected_version} "
+            "data_plane/metadata.json advertises",
+        )
+    if parsed.reward_settings is None:
+        # The spec checks them "when token capture is on", and in rollvault it
+        # always is: every gate writes token rows, and the checkpointer records
+        # the settings in every snapshot. Without them sealed rewards could not
+        # be checked against the run's, so the snapshot is not restorable.
+        raise SnapshotCorruptError(
+            path,
+            "reward_settings is null: a snapshot of token-capture rollouts must record the "
+            "reward settings its rewards were finalized under",
+        )
+    return parsed
 
 
 def _decode(path: Path, name: str, raw: dict[str, bytes], kind: type[Any]) -> Any:
@@ -332,8 +383,8 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
 
 
 def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -> None:
+    # The sidecar's count is checked by read_recovery_sidecar_file.
     actual = {
-        ROLLOUT_RECOVERY_STATE_FILENAME: len(snapshot.recovery.ledger_state["groups"]),
         REPLAY_BUFFER_METADATA_FILENAME: len(snapshot.replay.replay.entries),
         REPLACEMENT_RESERVE_FILENAME: len(snapshot.spares.prompts),
         CONTROLLER_STATE_FILENAME: len(snapshot.controller.origins),

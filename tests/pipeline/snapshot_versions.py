@@ -1,0 +1,80 @@
+"""Older rollout-recovery sidecar versions, made from snapshots today's code writes.
+
+rollvault never wrote a version 3 writer after version 4 came: the only
+difference is that version 4 attempts carry ``failure_kind``
+(:mod:`rollvault.ledger.state_schema`). A version 3 sidecar is therefore
+today's sidecar with ``failure_kind`` removed from every attempt and both
+schema versions set to 3; the data plane's metadata then advertises the new
+bytes' SHA-256 and schema 3, as a version 3 writer's did.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, SIDECARS_METADATA_KEY
+from rollvault.dataplane.checkpoint_format import decode_metadata, encode_metadata, sha256_hex
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
+from rollvault.ledger.statuses import AttemptFailureKind
+
+V3: Final = 3
+_METADATA: Final = "metadata.json"
+
+
+def downgrade_sidecar_to_v3(state: dict[str, Any]) -> dict[str, Any]:
+    """A version 4 sidecar (builtins) as the version 3 writer wrote it.
+
+    Refuses an attempt failed as ``interrupted``: version 3 had no such kind
+    (its reasons start with ``infra:`` or ``data:``), so no version 3 sidecar
+    can hold one.
+    """
+    if state["schema_version"] != 4:
+        raise ValueError(f"expected a version 4 sidecar, got {state['schema_version']}")
+    old = json.loads(json.dumps(state))
+    old["schema_version"] = V3
+    old["ledger"]["schema_version"] = V3
+    for group in old["ledger"]["groups"]:
+        for sibling in group["siblings"]:
+            for attempt in sibling["attempts"]:
+                if attempt["failure_kind"] == AttemptFailureKind.INTERRUPTED.value:
+                    raise ValueError(
+                        f"group {group['group_id']}: an interrupted attempt has no version 3 form"
+                    )
+                del attempt["failure_kind"]
+    return old
+
+
+def rewrite_sidecar(snapshot: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` as the snapshot's sidecar and advertise it in the data plane's metadata."""
+    data = msgspec.json.Encoder(order="sorted").encode(state)
+    (snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).write_bytes(data)
+    advertise_sidecar(snapshot, sha256=sha256_hex(data), schema_version=state["schema_version"])
+
+
+def advertise_sidecar(snapshot: Path, *, sha256: str | None = None, schema_version: int) -> None:
+    """Make the data plane's metadata advertise this about the sidecar (checksum kept valid)."""
+    metadata_path = snapshot / DATA_PLANE_DIRNAME / _METADATA
+    content = decode_metadata(metadata_path.read_bytes(), metadata_path)
+    user_metadata = json.loads(json.dumps(content.user_metadata))
+    advertised = user_metadata[SIDECARS_METADATA_KEY][ROLLOUT_RECOVERY_STATE_FILENAME]
+    if sha256 is not None:
+        advertised["sha256"] = sha256
+    advertised["schema_version"] = schema_version
+    metadata_path.write_bytes(
+        encode_metadata(msgspec.structs.replace(content, user_metadata=user_metadata))
+    )
+
+
+def read_sidecar(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's sidecar as builtins, undecoded."""
+    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    return state
+
+
+def downgrade_snapshot_to_v3(snapshot: Path) -> None:
+    """Turn a snapshot today's code wrote into the one a version 3 writer wrote."""
+    rewrite_sidecar(snapshot, downgrade_sidecar_to_v3(read_sidecar(snapshot)))
