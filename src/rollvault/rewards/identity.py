@@ -18,19 +18,17 @@ imports escapes the fingerprint.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from pathlib import Path
 
 import msgspec
 
+from rollvault.durable.file_digests import sha256_file
 from rollvault.rewards import builtins as builtins_module
 from rollvault.rewards.errors import RewardFunctionImportError
 from rollvault.rewards.spec import RewardFunctionKind, RewardFunctionSpec, parse_reward_function
 
 __all__ = ["RewardFunctionIdentity", "reward_function_identity", "source_file"]
-
-_CHUNK_BYTES = 1 << 20
 
 
 class RewardFunctionIdentity(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,7 +48,7 @@ def reward_function_identity(function: str) -> RewardFunctionIdentity:
     spec = parse_reward_function(function)
     path = source_file(spec)
     try:
-        digest = _sha256(path)
+        digest = sha256_file(path)
     except OSError as error:
         raise RewardFunctionImportError(
             f"{spec.setting}: cannot read its source file {path}: {error}"
@@ -84,11 +82,3 @@ def source_file(spec: RewardFunctionSpec) -> Path:
             f"(origin {found.origin!r})"
         )
     return Path(found.origin).absolute()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while chunk := source.read(_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
