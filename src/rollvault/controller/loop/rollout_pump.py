@@ -273,18 +273,8 @@ class RolloutPump:
         try:
             outcome = await self._gate.run_attempt(request)
         except GateAttemptError as error:
-            self.failures[error.kind] += 1
             async with parts.cut.mutation():
-                parts.ledger.mark_sibling_failed(
-                    parts.cut,
-                    request.group_id,
-                    generation_index=request.generation_index,
-                    gate_rollout_id=request.gate_rollout_id,
-                    reason=f"{error.kind.value}: {error.reason}",
-                    failure_kind=AttemptFailureKind(error.kind.value),
-                )
-                self._journal_returned(request)
-                self._log_attempt(request, RolloutAttemptStatus.FAILED, 0, error.reason)
+                self._fail_attempt(request, error, num_tokens=0)
             return error
         async with parts.cut.mutation():
             record = parts.ledger.get_group(request.group_id)
@@ -302,22 +292,28 @@ class RolloutPump:
         An infrastructure failure (the gate split the group, the prompt is not
         at fault); the retry then redoes the whole group. Its staged rows go now.
         """
-        parts = self._parts
         error = GateAttemptError(request.gate_rollout_id, FailureKind.INFRA, reason)
-        self.failures[error.kind] += 1
         staged = validate_receipt(outcome.receipt, where=request.gate_rollout_id).staging_keys
-        await parts.data_plane.clear(STAGING_PARTITION, staged)
+        await self._parts.data_plane.clear(STAGING_PARTITION, staged)
+        self._fail_attempt(request, error, num_tokens=outcome.num_tokens)
+        return error
+
+    def _fail_attempt(
+        self, request: AttemptRequest, error: GateAttemptError, *, num_tokens: int
+    ) -> None:
+        """Record a failed attempt: ledger, dispatch journal, attempt log (inside the cut)."""
+        parts = self._parts
+        self.failures[error.kind] += 1
         parts.ledger.mark_sibling_failed(
             parts.cut,
             request.group_id,
             generation_index=request.generation_index,
             gate_rollout_id=request.gate_rollout_id,
-            reason=f"{error.kind.value}: {reason}",
-            failure_kind=AttemptFailureKind.INFRA,
+            reason=f"{error.kind.value}: {error.reason}",
+            failure_kind=AttemptFailureKind(error.kind.value),
         )
         self._journal_returned(request)
-        self._log_attempt(request, RolloutAttemptStatus.FAILED, outcome.num_tokens, reason)
-        return error
+        self._log_attempt(request, RolloutAttemptStatus.FAILED, num_tokens, error.reason)
 
     def _seal(self, request: AttemptRequest, outcome: AttemptOutcome) -> None:
         parts = self._parts
