@@ -17,6 +17,10 @@ and knows nothing of the ledger or the data plane. One job per module:
 - ``resolve``: choosing the newest usable committed snapshot.
 - ``trainer_checkpoints``: ``step_<N>/`` directories and their file digests.
 - ``published_dirs``: directories published and replaced whole (the final model).
+- ``journal_format``: CRC-framed record segments of an append-only journal, read back
+  up to the first torn or damaged record.
+- ``journal_writer``: appending to a journal with group commit on a writer thread;
+  repair, rotation and dropping the segments a snapshot covers.
 
 The spec-facing names are re-exported by
 :mod:`rollvault.rollout_checkpointing.manifest`.

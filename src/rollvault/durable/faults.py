@@ -80,6 +80,13 @@ FAULT_POINTS: Final = frozenset(
         "published_dir.old_trashed",
         "published_dir.after_rename",
         "published_dir.parent_synced",
+        # journal_writer.py: the seal journal
+        "journal.segment_created",
+        "journal.segment_dir_synced",
+        "journal.records_written",
+        "journal.records_synced",
+        "journal.segment_dropped",
+        "journal.repair_truncated",
     }
 )
 
