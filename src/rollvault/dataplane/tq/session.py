@@ -31,13 +31,13 @@ os.environ.setdefault("TQ_LOGGING_LEVEL", "ERROR")
 import ray  # noqa: E402
 import transfer_queue  # noqa: E402
 
-from rollvault.dataplane.errors import DataPlaneError  # noqa: E402
+from rollvault.dataplane.errors import DataPlaneStartError  # noqa: E402
 
 TQ_ACTOR_CPUS = 1
 """Ray CPUs each TransferQueue actor (the controller, every storage unit) asks for."""
 
 
-class TransferQueueStartError(DataPlaneError):
+class TransferQueueStartError(DataPlaneStartError):
     """TransferQueue could not be started (timeout, or Ray refused)."""
 
 
