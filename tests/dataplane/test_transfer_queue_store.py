@@ -68,9 +68,16 @@ def test_a_clear_waits_with_the_delete_until_captures_are_gone(
         await plane.clear(TRAIN_PARTITION, ["a", "b"])
         assert plane.keys(TRAIN_PARTITION) == []
         assert tq_keys()["pinned.train"] == ["a#0", "b#1"]
+        assert plane.held_row_count() == 2
         info = await plane.save_checkpoint(tmp_path / "dp", {}, trimmed)
         assert info.row_counts == {TRAIN_PARTITION: 1}
         del trimmed
+        # The writer's worker thread drops its reference just after the write returns.
+        for _ in range(500):
+            if not plane.held_row_count():
+                break
+            await asyncio.sleep(0.01)
+        assert plane.held_row_count() == 0
         await plane.close()  # sends the deletes the capture held back
         assert "pinned.train" not in tq_keys()
 

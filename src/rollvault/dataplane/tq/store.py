@@ -113,6 +113,15 @@ class TransferQueueDataPlane(DataPlane):
         """Keys ``clear`` was asked to remove that were not there, since creation."""
         return self._absent_clears
 
+    def held_row_count(self) -> int:
+        """Cleared rows still in TransferQueue because a capture (or a get) may read them.
+
+        A capture lets go when it is garbage collected; the worker thread that
+        wrote it may drop its last reference a moment after the write returns.
+        """
+        with self._pin_lock:
+            return len(self._deferred)
+
     async def get(
         self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None
     ) -> dict[str, Row]:
