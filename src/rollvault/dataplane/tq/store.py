@@ -70,7 +70,9 @@ class TransferQueueDataPlane(DataPlane):
 
     Start TransferQueue first (:func:`rollvault.dataplane.tq.session.start_transfer_queue`).
     Mutations hold the mutation cut across their TransferQueue call, so a
-    capture never sees a row whose bytes are not stored yet.
+    capture never sees a row whose bytes are not stored yet. Unlike the
+    embedded store, ``get`` returns fresh read-only arrays, decoded from the
+    bytes TransferQueue sends back.
     """
 
     def __init__(self, cut: DataPlaneMutationCut, *, namespace: str | None = None) -> None:
@@ -83,8 +85,9 @@ class TransferQueueDataPlane(DataPlane):
         self._writing: dict[str, asyncio.Event] = {}
         # Physical deletes: deferred while anything is pinned, then doomed
         # until the next clear (or close) sends them. Pins are released from
-        # any thread (garbage collection), hence the lock.
-        self._pin_lock = threading.Lock()
+        # any thread (garbage collection), hence the lock; reentrant, because a
+        # collection may finalize a capture while this thread holds it.
+        self._pin_lock = threading.RLock()
         self._pins = 0
         self._deferred: list[tuple[str, str]] = []
         self._doomed: list[tuple[str, str]] = []
