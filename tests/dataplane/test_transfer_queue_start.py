@@ -18,7 +18,7 @@ SRC = Path(rollvault.__file__).resolve().parent.parent
 # child's Ray (1 logical CPU) must not meet the one the other tests here share.
 SCRIPT = textwrap.dedent(
     """
-    import sys, tempfile, time
+    import shutil, sys, tempfile, time
     import ray
     from rollvault.dataplane.tq import (
         TransferQueueSettings, TransferQueueStartError, start_transfer_queue,
@@ -33,6 +33,7 @@ SCRIPT = textwrap.dedent(
         print(f"{time.monotonic() - started:.1f}")
         print(error)
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
         sys.exit(0)
     sys.exit("started on 1 CPU")
     """
