@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
+
 import numpy as np
 
-from rollvault.dataplane import Row
+from rollvault.cut import DataPlaneMutationCut
+from rollvault.dataplane import EmbeddedDataPlane, Row
+
+if TYPE_CHECKING:
+    from rollvault.dataplane.tq import TransferQueueDataPlane
+
+    Plane: TypeAlias = EmbeddedDataPlane | TransferQueueDataPlane
+else:
+    Plane: TypeAlias = EmbeddedDataPlane
+
+PlaneFactory = Callable[[DataPlaneMutationCut], "Plane"]
+"""Makes an empty store on a cut: the contract suite runs once per kind of store."""
 
 
 def sample_row(seed: int, length: int = 6) -> Row:

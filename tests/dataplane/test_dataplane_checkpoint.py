@@ -1,4 +1,4 @@
-"""Data-plane checkpoints: exact round trip, and every kind of damage refused by name."""
+"""Data-plane checkpoints, for every store: exact round trip, and every kind of damage refused by name."""
 
 from __future__ import annotations
 
@@ -6,17 +6,18 @@ import asyncio
 import errno
 import hashlib
 import json
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import dataplane_stores
 import msgspec
 import numpy as np
 import pytest
-from dataplane_helpers import assert_rows_identical, sample_row
+from dataplane_helpers import Plane, PlaneFactory, assert_rows_identical, sample_row
 
-import rollvault.dataplane.embedded as embedded_module
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane import (
     METADATA_FILENAME,
@@ -25,7 +26,6 @@ from rollvault.dataplane import (
     DataPlaneCheckpointError,
     DataPlaneNotEmptyError,
     DataPlaneValidationError,
-    EmbeddedDataPlane,
     LoadedCheckpoint,
     Row,
     read_checkpoint,
@@ -39,6 +39,8 @@ USER_METADATA: dict[str, Any] = {
     "note": "ünïcode ✓",
     "values": [1, 2.5, True, None, {"nested": []}],
 }
+
+make_plane = dataplane_stores.make_plane  # the fixture: every test runs on every store
 
 
 def saved_rows() -> dict[str, dict[str, Row]]:
@@ -61,14 +63,16 @@ def saved_rows() -> dict[str, dict[str, Row]]:
     }
 
 
-async def fill(plane: EmbeddedDataPlane, rows: dict[str, dict[str, Row]]) -> None:
+async def fill(plane: Plane, rows: dict[str, dict[str, Row]]) -> None:
     for partition, partition_rows in rows.items():
         await plane.put(partition, partition_rows)
 
 
-def save(directory: Path, rows: dict[str, dict[str, Row]] | None = None) -> Path:
+def save(
+    make_plane: PlaneFactory, directory: Path, rows: dict[str, dict[str, Row]] | None = None
+) -> Path:
     async def main() -> None:
-        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        plane = make_plane(DataPlaneMutationCut())
         await fill(plane, saved_rows() if rows is None else rows)
         await plane.put("emptied", {"gone": sample_row(9)})
         await plane.clear("emptied", ["gone"])
@@ -82,23 +86,25 @@ def save(directory: Path, rows: dict[str, dict[str, Row]] | None = None) -> Path
 
 
 @pytest.fixture
-def checkpoint(tmp_path: Path) -> Path:
-    return save(tmp_path / "data_plane")
+def checkpoint(tmp_path: Path, make_plane: PlaneFactory) -> Path:
+    return save(make_plane, tmp_path / "data_plane")
 
 
-def load_into_fresh(directory: Path) -> tuple[EmbeddedDataPlane, dict[str, Any]]:
-    async def main() -> tuple[EmbeddedDataPlane, dict[str, Any]]:
-        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+def load_into_fresh(make_plane: PlaneFactory, directory: Path) -> tuple[Plane, dict[str, Any]]:
+    async def main() -> tuple[Plane, dict[str, Any]]:
+        plane = make_plane(DataPlaneMutationCut())
         return plane, await plane.load_checkpoint(directory)
 
     return asyncio.run(main())
 
 
-def assert_load_refused(directory: Path, culprit: Path, message: str) -> None:
+def assert_load_refused(
+    make_plane: PlaneFactory, directory: Path, culprit: Path, message: str
+) -> None:
     """Loading fails naming ``culprit``, and the store is left empty."""
 
-    async def main() -> EmbeddedDataPlane:
-        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+    async def main() -> Plane:
+        plane = make_plane(DataPlaneMutationCut())
         with pytest.raises(DataPlaneCheckpointError, match=message) as caught:
             await plane.load_checkpoint(directory)
         assert caught.value.path == culprit
@@ -114,14 +120,14 @@ def files_of(directory: Path) -> list[Path]:
     return sorted(directory.iterdir())
 
 
-def test_round_trip_is_exact(checkpoint: Path) -> None:
+def test_round_trip_is_exact(checkpoint: Path, make_plane: PlaneFactory) -> None:
     assert sorted(path.name for path in files_of(checkpoint)) == [
         "emptied.safetensors",
         METADATA_FILENAME,
         "rollout_staging.safetensors",
         "train.safetensors",
     ]
-    plane, user_metadata = load_into_fresh(checkpoint)
+    plane, user_metadata = load_into_fresh(make_plane, checkpoint)
     assert user_metadata == USER_METADATA
     assert plane.partitions() == ["emptied", STAGING_PARTITION, TRAIN_PARTITION]
     for partition, rows in saved_rows().items():
@@ -176,46 +182,54 @@ def test_flipping_any_byte_of_metadata_json_is_detected(checkpoint: Path) -> Non
 @pytest.mark.parametrize(
     "name", ["train.safetensors", "rollout_staging.safetensors", "emptied.safetensors"]
 )
-def test_flipping_a_byte_of_a_partition_file_is_detected(checkpoint: Path, name: str) -> None:
+def test_flipping_a_byte_of_a_partition_file_is_detected(
+    checkpoint: Path, name: str, make_plane: PlaneFactory
+) -> None:
     path = checkpoint / name
     original = path.read_bytes()
     for position in sorted({0, 8, len(original) // 2, len(original) - 1}):
         damaged = bytearray(original)
         damaged[position] ^= 0x01
         path.write_bytes(bytes(damaged))
-        assert_load_refused(checkpoint, path, "checksum mismatch")
+        assert_load_refused(make_plane, checkpoint, path, "checksum mismatch")
 
 
 @pytest.mark.parametrize(
     "name",
     [METADATA_FILENAME, "train.safetensors", "rollout_staging.safetensors", "emptied.safetensors"],
 )
-def test_truncating_each_file_is_detected(checkpoint: Path, name: str) -> None:
+def test_truncating_each_file_is_detected(
+    checkpoint: Path, name: str, make_plane: PlaneFactory
+) -> None:
     path = checkpoint / name
     original = path.read_bytes()
     expected = "invalid metadata" if name == METADATA_FILENAME else "truncated"
     for length in sorted({0, len(original) // 2, len(original) - 1}):
         path.write_bytes(original[:length])
-        assert_load_refused(checkpoint, path, expected)
+        assert_load_refused(make_plane, checkpoint, path, expected)
 
 
 @pytest.mark.parametrize(
     "name",
     [METADATA_FILENAME, "train.safetensors", "rollout_staging.safetensors", "emptied.safetensors"],
 )
-def test_deleting_each_file_is_detected(checkpoint: Path, name: str) -> None:
+def test_deleting_each_file_is_detected(
+    checkpoint: Path, name: str, make_plane: PlaneFactory
+) -> None:
     (checkpoint / name).unlink()
-    assert_load_refused(checkpoint, checkpoint / name, "missing file")
+    assert_load_refused(make_plane, checkpoint, checkpoint / name, "missing file")
 
 
-def test_an_extra_file_is_detected(checkpoint: Path) -> None:
+def test_an_extra_file_is_detected(checkpoint: Path, make_plane: PlaneFactory) -> None:
     extra = checkpoint / "stray.safetensors"
     extra.write_bytes(b"")
-    assert_load_refused(checkpoint, extra, "unexpected file")
+    assert_load_refused(make_plane, checkpoint, extra, "unexpected file")
 
 
-def test_a_missing_directory_is_detected(tmp_path: Path) -> None:
-    assert_load_refused(tmp_path / "nowhere", tmp_path / "nowhere", "not a checkpoint directory")
+def test_a_missing_directory_is_detected(tmp_path: Path, make_plane: PlaneFactory) -> None:
+    assert_load_refused(
+        make_plane, tmp_path / "nowhere", tmp_path / "nowhere", "not a checkpoint directory"
+    )
 
 
 def rewrite_envelope(checkpoint: Path, change: Callable[[dict[str, Any]], None]) -> Path:
@@ -249,22 +263,26 @@ def test_rewrite_content_helper_produces_a_loadable_file(checkpoint: Path) -> No
     assert read_checkpoint(checkpoint).user_metadata == USER_METADATA
 
 
-def test_an_unknown_field_in_the_envelope_is_rejected(checkpoint: Path) -> None:
+def test_an_unknown_field_in_the_envelope_is_rejected(
+    checkpoint: Path, make_plane: PlaneFactory
+) -> None:
     path = rewrite_envelope(checkpoint, lambda envelope: envelope.update(extra=1))
-    assert_load_refused(checkpoint, path, "unknown field `extra`")
+    assert_load_refused(make_plane, checkpoint, path, "unknown field `extra`")
 
 
-def test_unsupported_schema_version_is_rejected(checkpoint: Path) -> None:
+def test_unsupported_schema_version_is_rejected(checkpoint: Path, make_plane: PlaneFactory) -> None:
     path = rewrite_envelope(checkpoint, lambda envelope: envelope.update(schema_version=2))
-    assert_load_refused(checkpoint, path, "unsupported schema_version 2")
+    assert_load_refused(make_plane, checkpoint, path, "unsupported schema_version 2")
 
 
-def test_a_changed_content_without_a_new_checksum_is_rejected(checkpoint: Path) -> None:
+def test_a_changed_content_without_a_new_checksum_is_rejected(
+    checkpoint: Path, make_plane: PlaneFactory
+) -> None:
     def rename_key(envelope: dict[str, Any]) -> None:
         train_rows(envelope["content"])[0]["key"] = "g9_g0"
 
     path = rewrite_envelope(checkpoint, rename_key)
-    assert_load_refused(checkpoint, path, r"checksum mismatch: \$\.content hashes to")
+    assert_load_refused(make_plane, checkpoint, path, r"checksum mismatch: \$\.content hashes to")
 
 
 @pytest.mark.parametrize(
@@ -310,10 +328,13 @@ def test_a_changed_content_without_a_new_checksum_is_rejected(checkpoint: Path) 
     ],
 )
 def test_schema_violations_are_rejected_with_their_path(
-    checkpoint: Path, change: Callable[[dict[str, Any]], None], message: str
+    checkpoint: Path,
+    change: Callable[[dict[str, Any]], None],
+    message: str,
+    make_plane: PlaneFactory,
 ) -> None:
     path = rewrite_content(checkpoint, change)
-    assert_load_refused(checkpoint, path, message)
+    assert_load_refused(make_plane, checkpoint, path, message)
 
 
 @pytest.mark.parametrize(
@@ -330,15 +351,20 @@ def test_schema_violations_are_rejected_with_their_path(
     ],
 )
 def test_metadata_that_disagrees_with_the_tensors_is_rejected(
-    checkpoint: Path, change: Callable[[dict[str, Any]], None], message: str
+    checkpoint: Path,
+    change: Callable[[dict[str, Any]], None],
+    message: str,
+    make_plane: PlaneFactory,
 ) -> None:
     rewrite_content(checkpoint, change)
-    assert_load_refused(checkpoint, checkpoint / "train.safetensors", message)
+    assert_load_refused(make_plane, checkpoint, checkpoint / "train.safetensors", message)
 
 
-def test_load_refuses_a_non_empty_store_and_changes_nothing(checkpoint: Path) -> None:
+def test_load_refuses_a_non_empty_store_and_changes_nothing(
+    checkpoint: Path, make_plane: PlaneFactory
+) -> None:
     async def main() -> None:
-        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        plane = make_plane(DataPlaneMutationCut())
         await plane.put("mine", {"k": sample_row(1)})
         with pytest.raises(DataPlaneNotEmptyError, match="holds 1 rows"):
             await plane.load_checkpoint(checkpoint)
@@ -349,7 +375,7 @@ def test_load_refuses_a_non_empty_store_and_changes_nothing(checkpoint: Path) ->
 
 
 def test_a_put_while_the_files_are_read_makes_the_load_fail(
-    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, make_plane: PlaneFactory
 ) -> None:
     reading, may_finish = threading.Event(), threading.Event()
 
@@ -358,10 +384,12 @@ def test_a_put_while_the_files_are_read_makes_the_load_fail(
         may_finish.wait()
         return read_checkpoint(directory)
 
-    monkeypatch.setattr(embedded_module, "read_checkpoint", read_when_allowed)
-
     async def main() -> None:
-        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        plane = make_plane(DataPlaneMutationCut())
+        # Both stores read through their module's ``read_checkpoint``.
+        monkeypatch.setattr(
+            sys.modules[type(plane).__module__], "read_checkpoint", read_when_allowed
+        )
         load = asyncio.create_task(plane.load_checkpoint(checkpoint))
         await asyncio.to_thread(reading.wait)
         await plane.put("mine", {"k": sample_row(1)})
@@ -373,9 +401,11 @@ def test_a_put_while_the_files_are_read_makes_the_load_fail(
     asyncio.run(main())
 
 
-def test_load_into_a_store_with_only_empty_partitions_replaces_them(checkpoint: Path) -> None:
+def test_load_into_a_store_with_only_empty_partitions_replaces_them(
+    checkpoint: Path, make_plane: PlaneFactory
+) -> None:
     async def main() -> None:
-        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        plane = make_plane(DataPlaneMutationCut())
         await plane.put("leftover", {})
         await plane.load_checkpoint(checkpoint)
         assert plane.partitions() == ["emptied", STAGING_PARTITION, TRAIN_PARTITION]
@@ -383,11 +413,11 @@ def test_load_into_a_store_with_only_empty_partitions_replaces_them(checkpoint: 
     asyncio.run(main())
 
 
-def test_save_refuses_a_non_empty_directory(tmp_path: Path) -> None:
+def test_save_refuses_a_non_empty_directory(tmp_path: Path, make_plane: PlaneFactory) -> None:
     (tmp_path / "dp").mkdir()
     (tmp_path / "dp" / "old").write_bytes(b"x")
     with pytest.raises(DataPlaneCheckpointError, match=r"not empty \(holds \['old'\]\)"):
-        save(tmp_path / "dp")
+        save(make_plane, tmp_path / "dp")
 
 
 @pytest.mark.parametrize(
@@ -401,10 +431,10 @@ def test_save_refuses_a_non_empty_directory(tmp_path: Path) -> None:
     ],
 )
 def test_user_metadata_must_round_trip_through_json(
-    tmp_path: Path, user_metadata: Any, message: str
+    tmp_path: Path, user_metadata: Any, message: str, make_plane: PlaneFactory
 ) -> None:
     async def main() -> None:
-        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        plane = make_plane(DataPlaneMutationCut())
         await plane.put(TRAIN_PARTITION, {"k": sample_row(1)})
         with pytest.raises(DataPlaneValidationError, match=message):
             await plane.save_checkpoint(tmp_path / "dp", user_metadata)
@@ -414,10 +444,10 @@ def test_user_metadata_must_round_trip_through_json(
 
 
 def test_a_full_filesystem_fails_the_write_with_an_oserror(
-    small_filesystem: Callable[[int], Path],
+    small_filesystem: Callable[[int], Path], make_plane: PlaneFactory
 ) -> None:
     big: dict[str, Row] = {f"g{i}_g0": {"x": np.arange(50_000, dtype=np.int64)} for i in range(4)}
     rows = {TRAIN_PARTITION: big}
     with pytest.raises(OSError, match="No space left on device") as caught:
-        save(small_filesystem(1 << 20) / "checkpoint", rows)
+        save(make_plane, small_filesystem(1 << 20) / "checkpoint", rows)
     assert caught.value.errno == errno.ENOSPC

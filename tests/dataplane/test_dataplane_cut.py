@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import dataplane_stores
 import pytest
-from dataplane_helpers import assert_rows_identical, sample_row
+from dataplane_helpers import PlaneFactory, assert_rows_identical, sample_row
 
 from rollvault.cut import CheckpointInsideMutationError, DataPlaneMutationCut
 from rollvault.dataplane import (
@@ -14,14 +15,15 @@ from rollvault.dataplane import (
     TRAIN_PARTITION,
     DataPlaneCapture,
     DataPlaneKeyError,
-    EmbeddedDataPlane,
 )
 
+make_plane = dataplane_stores.make_plane  # the fixture: every test runs on every store
 
-def test_put_and_clear_wait_while_a_checkpoint_holds_the_cut() -> None:
+
+def test_put_and_clear_wait_while_a_checkpoint_holds_the_cut(make_plane: PlaneFactory) -> None:
     async def main() -> None:
         cut = DataPlaneMutationCut()
-        plane = EmbeddedDataPlane(cut)
+        plane = make_plane(cut)
         held, release = asyncio.Event(), asyncio.Event()
         put_started, clear_started = asyncio.Event(), asyncio.Event()
 
@@ -60,10 +62,10 @@ def test_put_and_clear_wait_while_a_checkpoint_holds_the_cut() -> None:
     asyncio.run(main())
 
 
-def test_each_put_and_clear_is_one_mutation() -> None:
+def test_each_put_and_clear_is_one_mutation(make_plane: PlaneFactory) -> None:
     async def main() -> None:
         cut = DataPlaneMutationCut()
-        plane = EmbeddedDataPlane(cut)
+        plane = make_plane(cut)
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1), "b": sample_row(2)})
         assert cut.mutation_version == 1
         await plane.put(STAGING_PARTITION, {"x/0": sample_row(3)})
@@ -80,10 +82,10 @@ def test_each_put_and_clear_is_one_mutation() -> None:
     asyncio.run(main())
 
 
-def test_the_checkpoint_holder_may_mutate_without_deadlock() -> None:
+def test_the_checkpoint_holder_may_mutate_without_deadlock(make_plane: PlaneFactory) -> None:
     async def main() -> None:
         cut = DataPlaneMutationCut()
-        plane = EmbeddedDataPlane(cut)
+        plane = make_plane(cut)
         async with cut.checkpoint():
             await plane.put(TRAIN_PARTITION, {"a": sample_row(1)})
             await plane.clear(TRAIN_PARTITION, ["a"])
@@ -92,10 +94,10 @@ def test_the_checkpoint_holder_may_mutate_without_deadlock() -> None:
     asyncio.run(main())
 
 
-def test_a_failed_put_leaves_the_cut_usable() -> None:
+def test_a_failed_put_leaves_the_cut_usable(make_plane: PlaneFactory) -> None:
     async def main() -> None:
         cut = DataPlaneMutationCut()
-        plane = EmbeddedDataPlane(cut)
+        plane = make_plane(cut)
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1)})
         with pytest.raises(Exception, match="already holds a different row"):
             await plane.put(TRAIN_PARTITION, {"a": sample_row(2)})
@@ -107,10 +109,10 @@ def test_a_failed_put_leaves_the_cut_usable() -> None:
     asyncio.run(main())
 
 
-def test_capture_is_isolated_from_later_puts_and_clears() -> None:
+def test_capture_is_isolated_from_later_puts_and_clears(make_plane: PlaneFactory) -> None:
     async def main() -> DataPlaneCapture:
         cut = DataPlaneMutationCut()
-        plane = EmbeddedDataPlane(cut)
+        plane = make_plane(cut)
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1), "b": sample_row(2)})
         await plane.put(STAGING_PARTITION, {"s/0": sample_row(3)})
         async with cut.checkpoint():
@@ -135,10 +137,12 @@ def test_capture_is_isolated_from_later_puts_and_clears() -> None:
         capture.rows("extra")
 
 
-def test_saving_an_old_capture_writes_the_old_row_set(tmp_path: Path) -> None:
+def test_saving_an_old_capture_writes_the_old_row_set(
+    tmp_path: Path, make_plane: PlaneFactory
+) -> None:
     async def main() -> None:
         cut = DataPlaneMutationCut()
-        plane = EmbeddedDataPlane(cut)
+        plane = make_plane(cut)
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1), "b": sample_row(2)})
         async with cut.checkpoint():
             capture = plane.capture()
@@ -147,7 +151,7 @@ def test_saving_an_old_capture_writes_the_old_row_set(tmp_path: Path) -> None:
         info = await plane.save_checkpoint(tmp_path / "dp", {}, capture)
         assert info.row_counts == {TRAIN_PARTITION: 2}
 
-        restored = EmbeddedDataPlane(DataPlaneMutationCut())
+        restored = make_plane(DataPlaneMutationCut())
         await restored.load_checkpoint(tmp_path / "dp")
         assert restored.keys(TRAIN_PARTITION) == ["a", "b"]
         rows = await restored.get(TRAIN_PARTITION, ["a", "b"])
@@ -158,11 +162,11 @@ def test_saving_an_old_capture_writes_the_old_row_set(tmp_path: Path) -> None:
 
 
 def test_save_without_capture_takes_one_under_the_cut_and_refuses_inside_a_mutation(
-    tmp_path: Path,
+    tmp_path: Path, make_plane: PlaneFactory
 ) -> None:
     async def main() -> None:
         cut = DataPlaneMutationCut()
-        plane = EmbeddedDataPlane(cut)
+        plane = make_plane(cut)
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1)})
         info = await plane.save_checkpoint(tmp_path / "one", {})
         assert info.row_counts == {TRAIN_PARTITION: 1}

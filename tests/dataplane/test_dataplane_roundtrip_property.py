@@ -1,4 +1,4 @@
-"""Property: any valid set of rows survives save and load exactly."""
+"""Property, for every store: any valid set of rows survives save and load exactly."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import dataplane_stores
 import numpy as np
-from dataplane_helpers import assert_rows_identical
-from hypothesis import given, settings
+from dataplane_helpers import Plane, PlaneFactory, assert_rows_identical
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from rollvault.cut import DataPlaneMutationCut
-from rollvault.dataplane import EmbeddedDataPlane, Row, RowDtype
+from rollvault.dataplane import Row, RowDtype
+
+make_plane = dataplane_stores.make_plane  # the fixture: every test runs on every store
 
 names = st.text(min_size=1, max_size=6)
 partition_names = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,12}", fullmatch=True)
@@ -46,24 +49,30 @@ user_metadata = st.dictionaries(st.text(max_size=5), json_values, max_size=3)
 
 
 async def round_trip(
-    content: dict[str, dict[str, Row]], metadata: dict[str, Any], directory: Path
-) -> tuple[EmbeddedDataPlane, dict[str, Any]]:
-    source = EmbeddedDataPlane(DataPlaneMutationCut())
+    make_plane: PlaneFactory,
+    content: dict[str, dict[str, Row]],
+    metadata: dict[str, Any],
+    directory: Path,
+) -> tuple[Plane, dict[str, Any]]:
+    source = make_plane(DataPlaneMutationCut())
     for partition, partition_rows in content.items():
         await source.put(partition, partition_rows)
     await source.save_checkpoint(directory, metadata)
-    target = EmbeddedDataPlane(DataPlaneMutationCut())
+    target = make_plane(DataPlaneMutationCut())
     return target, await target.load_checkpoint(directory)
 
 
-@settings(max_examples=60, deadline=None)
+# ``make_plane`` is a constructor, the same for every example.
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(content=partitions, metadata=user_metadata)
 def test_any_rows_round_trip_exactly(
-    content: dict[str, dict[str, Row]], metadata: dict[str, Any]
+    make_plane: PlaneFactory, content: dict[str, dict[str, Row]], metadata: dict[str, Any]
 ) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         target, loaded_metadata = asyncio.run(
-            round_trip(content, metadata, Path(scratch) / "data_plane")
+            round_trip(make_plane, content, metadata, Path(scratch) / "data_plane")
         )
         assert loaded_metadata == metadata
         assert target.partitions() == sorted(content)

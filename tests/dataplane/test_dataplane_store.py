@@ -1,4 +1,4 @@
-"""Put/get/keys/clear semantics and row validation of the embedded data plane."""
+"""Put/get/keys/clear semantics and row validation, for every store (``make_plane``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import dataplane_stores
 import numpy as np
 import pytest
-from dataplane_helpers import assert_rows_identical, sample_row
+from dataplane_helpers import Plane, PlaneFactory, assert_rows_identical, sample_row
 
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane import (
@@ -18,42 +19,43 @@ from rollvault.dataplane import (
     DataPlaneFieldError,
     DataPlaneKeyError,
     DataPlaneValidationError,
-    EmbeddedDataPlane,
 )
 
+make_plane = dataplane_stores.make_plane  # the fixture: every test runs on every store
 
-def run(scenario: Callable[[EmbeddedDataPlane], Awaitable[Any]]) -> Any:
+
+def run(make_plane: PlaneFactory, scenario: Callable[[Plane], Awaitable[Any]]) -> Any:
     async def main() -> Any:
-        return await scenario(EmbeddedDataPlane(DataPlaneMutationCut()))
+        return await scenario(make_plane(DataPlaneMutationCut()))
 
     return asyncio.run(main())
 
 
-def test_put_then_get_returns_identical_rows_with_all_fields() -> None:
+def test_put_then_get_returns_identical_rows_with_all_fields(make_plane: PlaneFactory) -> None:
     rows = {"g1_g0": sample_row(1), "g1_g1": sample_row(2, length=0)}
 
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+    async def scenario(plane: Plane) -> None:
         await plane.put(TRAIN_PARTITION, rows)
         got = await plane.get(TRAIN_PARTITION, ["g1_g1", "g1_g0"])
         assert list(got) == ["g1_g1", "g1_g0"]
         for key, row in rows.items():
             assert_rows_identical(got[key], row)
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_get_selects_fields() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_get_selects_fields(make_plane: PlaneFactory) -> None:
+    async def scenario(plane: Plane) -> None:
         await plane.put(TRAIN_PARTITION, {"k": sample_row(3)})
         got = await plane.get(TRAIN_PARTITION, ["k"], fields=["reward", "input_ids"])
         assert set(got["k"]) == {"reward", "input_ids"}
         assert got["k"]["reward"] == 0.75
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_get_missing_key_and_field_name_partition_key_and_field() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_get_missing_key_and_field_name_partition_key_and_field(make_plane: PlaneFactory) -> None:
+    async def scenario(plane: Plane) -> None:
         await plane.put(TRAIN_PARTITION, {"k": sample_row(3)})
         with pytest.raises(DataPlaneKeyError, match=r"partition 'train' has no key 'absent'"):
             await plane.get(TRAIN_PARTITION, ["k", "absent"])
@@ -64,11 +66,11 @@ def test_get_missing_key_and_field_name_partition_key_and_field() -> None:
         ):
             await plane.get(TRAIN_PARTITION, ["k"], fields=["reward", "nope"])
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_a_bare_string_is_not_taken_for_a_list_of_keys() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_a_bare_string_is_not_taken_for_a_list_of_keys(make_plane: PlaneFactory) -> None:
+    async def scenario(plane: Plane) -> None:
         await plane.put(TRAIN_PARTITION, {"k": sample_row(3)})
         with pytest.raises(DataPlaneValidationError, match="sequence of str"):
             await plane.clear(TRAIN_PARTITION, "k")
@@ -78,11 +80,11 @@ def test_a_bare_string_is_not_taken_for_a_list_of_keys() -> None:
             await plane.get(TRAIN_PARTITION, ["k"], fields="reward")
         assert plane.has(TRAIN_PARTITION, "k")
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_keys_has_partitions_and_row_count() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_keys_has_partitions_and_row_count(make_plane: PlaneFactory) -> None:
+    async def scenario(plane: Plane) -> None:
         assert plane.partitions() == []
         assert plane.keys(TRAIN_PARTITION) == []
         await plane.put(TRAIN_PARTITION, {"b": sample_row(1), "a": sample_row(2)})
@@ -94,11 +96,11 @@ def test_keys_has_partitions_and_row_count() -> None:
         assert plane.row_count() == 3
         assert plane.row_count(TRAIN_PARTITION) == 2
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_clear_removes_keys_and_counts_absent_ones() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_clear_removes_keys_and_counts_absent_ones(make_plane: PlaneFactory) -> None:
+    async def scenario(plane: Plane) -> None:
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1), "b": sample_row(2)})
         await plane.clear(TRAIN_PARTITION, iter(["a", "never-there"]))
         await plane.clear("unknown_partition", ["z"])
@@ -109,11 +111,13 @@ def test_clear_removes_keys_and_counts_absent_ones() -> None:
         assert plane.partitions() == [TRAIN_PARTITION]
         assert plane.row_count() == 0
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_identical_put_is_idempotent_and_conflicting_put_changes_nothing() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_identical_put_is_idempotent_and_conflicting_put_changes_nothing(
+    make_plane: PlaneFactory,
+) -> None:
+    async def scenario(plane: Plane) -> None:
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1)})
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1), "b": sample_row(2)})
         assert plane.keys(TRAIN_PARTITION) == ["a", "b"]
@@ -129,7 +133,7 @@ def test_identical_put_is_idempotent_and_conflicting_put_changes_nothing() -> No
         assert plane.keys(TRAIN_PARTITION) == ["a", "b"]
         assert_rows_identical((await plane.get(TRAIN_PARTITION, ["a"]))["a"], sample_row(1))
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
 @pytest.mark.parametrize(
@@ -143,24 +147,26 @@ def test_identical_put_is_idempotent_and_conflicting_put_changes_nothing() -> No
         ({"length": np.arange(6)}, "int stored, ndarray new"),
     ],
 )
-def test_conflicts_say_what_differs(change: dict[str, Any], problem: str) -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_conflicts_say_what_differs(
+    change: dict[str, Any], problem: str, make_plane: PlaneFactory
+) -> None:
+    async def scenario(plane: Plane) -> None:
         await plane.put(TRAIN_PARTITION, {"a": sample_row(1)})
         with pytest.raises(DataPlaneConflictError, match=problem):
             await plane.put(TRAIN_PARTITION, {"a": {**sample_row(1), **change}})
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_negative_zero_and_nan_payloads_compare_bitwise() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_negative_zero_and_nan_payloads_compare_bitwise(make_plane: PlaneFactory) -> None:
+    async def scenario(plane: Plane) -> None:
         nan_row = {"x": np.array([np.nan, 1.0])}
         await plane.put(TRAIN_PARTITION, {"nan": nan_row, "zero": {"s": 0.0}})
         await plane.put(TRAIN_PARTITION, {"nan": {"x": np.array([np.nan, 1.0])}})
         with pytest.raises(DataPlaneConflictError, match="field 's'"):
             await plane.put(TRAIN_PARTITION, {"zero": {"s": -0.0}})
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
 @pytest.mark.parametrize(
@@ -201,18 +207,20 @@ def test_negative_zero_and_nan_payloads_compare_bitwise() -> None:
     ],
 )
 def test_put_rejects_malformed_input_naming_where(
-    partition: str, key: str, row: Any, message: str
+    partition: str, key: str, row: Any, message: str, make_plane: PlaneFactory
 ) -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+    async def scenario(plane: Plane) -> None:
         with pytest.raises(DataPlaneValidationError, match=message):
             await plane.put(partition, {key: row, "good": sample_row(1)})
         assert plane.row_count() == 0
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_numpy_scalars_are_stored_as_python_scalars_and_big_endian_arrays_as_native() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_numpy_scalars_are_stored_as_python_scalars_and_big_endian_arrays_as_native(
+    make_plane: PlaneFactory,
+) -> None:
+    async def scenario(plane: Plane) -> None:
         big_endian = np.arange(4, dtype=">i4")
         await plane.put(
             TRAIN_PARTITION,
@@ -233,11 +241,11 @@ def test_numpy_scalars_are_stored_as_python_scalars_and_big_endian_arrays_as_nat
         assert ids.dtype == np.dtype("int32") and ids.dtype.isnative
         assert ids.tolist() == [0, 1, 2, 3]
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_stored_arrays_are_read_only_copies() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_stored_arrays_are_read_only_copies(make_plane: PlaneFactory) -> None:
+    async def scenario(plane: Plane) -> None:
         source = np.arange(5, dtype=np.int64)
         await plane.put(TRAIN_PARTITION, {"k": {"ids": source}})
         source[0] = 99  # the caller's buffer stays theirs
@@ -248,24 +256,24 @@ def test_stored_arrays_are_read_only_copies() -> None:
             ids[0] = 7
         assert source.flags.writeable
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_mutating_a_returned_row_dict_does_not_change_the_store() -> None:
-    async def scenario(plane: EmbeddedDataPlane) -> None:
+def test_mutating_a_returned_row_dict_does_not_change_the_store(make_plane: PlaneFactory) -> None:
+    async def scenario(plane: Plane) -> None:
         await plane.put(TRAIN_PARTITION, {"k": sample_row(1)})
         row = (await plane.get(TRAIN_PARTITION, ["k"]))["k"]
         row["reward"] = 100.0
         del row["input_ids"]
         assert_rows_identical((await plane.get(TRAIN_PARTITION, ["k"]))["k"], sample_row(1))
 
-    run(scenario)
+    run(make_plane, scenario)
 
 
-def test_capture_without_drops_only_the_named_keys() -> None:
+def test_capture_without_drops_only_the_named_keys(make_plane: PlaneFactory) -> None:
     async def main() -> None:
         cut = DataPlaneMutationCut()
-        store = EmbeddedDataPlane(cut)
+        store = make_plane(cut)
         row = {"input_ids": np.arange(3, dtype=np.int64)}
         await store.put("train", {"a": row, "b": row})
         await store.put("rollout_staging", {"a": row})

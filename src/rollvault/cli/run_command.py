@@ -40,6 +40,7 @@ from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLog
 from rollvault.controller.loop.shutdown import Shutdown
 from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
+from rollvault.dataplane.errors import DataPlaneStartError
 from rollvault.durable.errors import (
     IncompatibleRunError,
     NoUsableSnapshotError,
@@ -83,6 +84,7 @@ def run_command(config: RunConfig) -> int:
                 RestoreError,
                 ModelDirError,
                 SnapshotManifestError,  # a damaged anchor file: named, never overwritten
+                DataPlaneStartError,  # TransferQueue (or Ray) did not start, or is not installed
             ) as error:
                 _say(console, f"rollvault run: cannot start: {error}")
                 return 2

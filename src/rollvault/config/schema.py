@@ -15,6 +15,8 @@ from rollvault.ledger.statuses import RecoveryGranularity
 __all__ = [
     "DEFAULT_ALPHABET",
     "CheckpointingConfig",
+    "DataPlaneConfig",
+    "DataPlaneKind",
     "DatasetConfig",
     "FILE_DATASET_KINDS",
     "GateConfig",
@@ -36,6 +38,7 @@ __all__ = [
     "SimulatedGateConfig",
     "TrainerConfig",
     "TrainerKind",
+    "TransferQueueConfig",
     "WarmupConfig",
 ]
 
@@ -73,6 +76,13 @@ class GateKind(enum.StrEnum):
 
     SIMULATED = "simulated"
     LOCAL_MODEL = "local_model"
+
+
+class DataPlaneKind(enum.StrEnum):
+    """Which store holds the token rows."""
+
+    EMBEDDED = "embedded"
+    TRANSFER_QUEUE = "transfer_queue"
 
 
 class TrainerKind(enum.StrEnum):
@@ -371,6 +381,32 @@ class RolloutCheckpointingConfig(_Section, frozen=True):
     shutdown_grace_s: PositiveFloat = 20.0
 
 
+class TransferQueueConfig(_Section, frozen=True):
+    """TransferQueue on Ray, used with ``dataplane.kind: transfer_queue`` (the ``[tq]`` extra)."""
+
+    # Storage actors holding the rows. TransferQueue's controller and each unit
+    # take one Ray CPU: on a small machine keep this at 1 (its default of 2 hangs
+    # ``transfer_queue.init`` on a 2-CPU Ray).
+    num_storage_units: PositiveInt = 1
+    # Seconds ``transfer_queue.init`` may take before the start fails with a
+    # message naming Ray's CPUs (it hangs, rather than fails, when they are too few).
+    init_timeout_s: PositiveFloat = 180.0
+    # Logical CPUs of the private local Ray started when no Ray is running yet;
+    # null: what TransferQueue's actors take, plus 2. Logical: more than the
+    # machine's cores is fine.
+    ray_num_cpus: PositiveInt | None = None
+
+
+class DataPlaneConfig(_Section, frozen=True):
+    """The store of token rows: where the gate's and finalizer's rows live."""
+
+    # embedded: in the controller's process. transfer_queue: TransferQueue's
+    # storage actors on Ray; snapshots are the same files either way, so a run
+    # may resume on the other store.
+    kind: DataPlaneKind = DataPlaneKind.EMBEDDED
+    transfer_queue: TransferQueueConfig = msgspec.field(default_factory=TransferQueueConfig)
+
+
 class RunConfig(_Section, frozen=True):
     """The whole run config."""
 
@@ -389,3 +425,4 @@ class RunConfig(_Section, frozen=True):
     rollout_checkpointing: RolloutCheckpointingConfig = msgspec.field(
         default_factory=RolloutCheckpointingConfig
     )
+    dataplane: DataPlaneConfig = msgspec.field(default_factory=DataPlaneConfig)

@@ -27,6 +27,7 @@ from rollvault.dataplane.errors import (
     DataPlaneFieldError,
     DataPlaneKeyError,
     DataPlaneNotEmptyError,
+    DataPlaneStartError,
     DataPlaneValidationError,
 )
 from rollvault.dataplane.interface import (
@@ -55,6 +56,7 @@ __all__ = [
     "DataPlaneFieldError",
     "DataPlaneKeyError",
     "DataPlaneNotEmptyError",
+    "DataPlaneStartError",
     "DataPlaneValidationError",
     "EmbeddedDataPlane",
     "LoadedCheckpoint",

@@ -30,7 +30,8 @@ from rollvault.dataplane.rows import (
 )
 
 
-def _string_sequence(values: object, what: str) -> list[str]:
+def string_sequence(values: object, what: str) -> list[str]:
+    """``values`` as a list of keys or fields; a bare ``str`` is refused, naming ``what``."""
     # A bare str is iterable too; taking it for a list of one-letter keys would
     # silently clear or fetch the wrong rows.
     if isinstance(values, str | bytes):
@@ -86,8 +87,8 @@ class EmbeddedDataPlane(DataPlane):
         self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None
     ) -> dict[str, Row]:
         """Rows of ``keys``, all fields or only ``fields``; missing ones raise ``KeyError``s."""
-        wanted_keys = _string_sequence(keys, f"partition {partition!r}: keys")
-        wanted_fields = None if fields is None else _string_sequence(fields, "fields")
+        wanted_keys = string_sequence(keys, f"partition {partition!r}: keys")
+        wanted_fields = None if fields is None else string_sequence(fields, "fields")
         stored = self._partitions.get(partition, {})
         result: dict[str, Row] = {}
         for key in wanted_keys:
@@ -126,7 +127,7 @@ class EmbeddedDataPlane(DataPlane):
         check_partition_name(partition)
         doomed = [
             check_key(partition, key)
-            for key in _string_sequence(keys, f"partition {partition!r}: keys")
+            for key in string_sequence(keys, f"partition {partition!r}: keys")
         ]
         async with self._cut.mutation():
             stored = self._partitions.get(partition, {})

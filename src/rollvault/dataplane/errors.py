@@ -33,6 +33,10 @@ class DataPlaneFieldError(DataPlaneKeyError):
     """A requested field is not in a row."""
 
 
+class DataPlaneStartError(DataPlaneError):
+    """The data plane's services (TransferQueue, Ray) could not be started."""
+
+
 class DataPlaneNotEmptyError(DataPlaneError):
     """A checkpoint was loaded into a data plane that still holds rows."""
 

@@ -63,6 +63,10 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
             "stops, not what it computes"
         ),
         "**.restore_mode": "how this start resumes, not what the run computes",
+        "dataplane": (
+            "which store holds the token rows (embedded or TransferQueue) and how it is "
+            "started: the rows and their snapshot files are the same"
+        ),
         "gate.simulated.latency_per_token_s": "simulated generation speed: timing, not tokens",
         "grpo.max_num_steps": (
             "when the run stops, not what a step computes: a finished run can be extended"

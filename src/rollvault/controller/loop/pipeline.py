@@ -38,6 +38,7 @@ from rollvault.controller.data.replay_index import ReplayBufferIndex
 from rollvault.controller.data.sampler import build_sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
 from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.data_plane import build_data_plane, data_plane_services
 from rollvault.controller.loop.dispatch_journal import DISPATCH_JOURNAL_DIRNAME, DispatchJournal
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import FailureKind, Gate
@@ -67,7 +68,6 @@ from rollvault.controller.snapshots.resume import (
     run_fingerprint,
 )
 from rollvault.cut import DataPlaneMutationCut
-from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
 from rollvault.durable.fsync import atomic_write_bytes
 from rollvault.ledger.ledger import RolloutRecoveryLedger
@@ -122,7 +122,7 @@ def build_parts(config: RunConfig, *, dataset: PromptDataset) -> RolloutParts:
         config=config,
         cut=cut,
         ledger=RolloutRecoveryLedger(),
-        data_plane=EmbeddedDataPlane(cut),
+        data_plane=build_data_plane(config.dataplane, cut),
         dataset=dataset,
         dataloader=PromptDataLoader(dataset, shuffle=config.sampler.shuffle, seed=config.seed),
         sampler=build_sampler(
@@ -176,17 +176,18 @@ async def run(
     resume = prepare_checkpoint_dir(config, dataset=dataset)
     if before_start is not None:
         before_start(resume)
-    parts = build_parts(config, dataset=dataset)
-    with _long_lived_objects_frozen():
-        return await run_pipeline(
-            parts,
-            gate_factory=gate_factory,
-            trainer=trainer,
-            on_step=on_step,
-            resume=resume,
-            fingerprint=run_fingerprint(config),
-            shutdown=shutdown,
-        )
+    with data_plane_services(config.dataplane):
+        parts = build_parts(config, dataset=dataset)
+        with _long_lived_objects_frozen():
+            return await run_pipeline(
+                parts,
+                gate_factory=gate_factory,
+                trainer=trainer,
+                on_step=on_step,
+                resume=resume,
+                fingerprint=run_fingerprint(config),
+                shutdown=shutdown,
+            )
 
 
 @contextlib.contextmanager
