@@ -48,6 +48,7 @@ from rollvault.durable.errors import (
 from rollvault.durable.run_lock import RunLockedError, acquire_run_lock
 from rollvault.gates.errors import ModelDirError
 from rollvault.recipes.async_grpo import PreparedRun, prepare, train, version_zero_policy_path
+from rollvault.recipes.ray_runtime import ray_runtime
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,12 @@ def run_command(config: RunConfig) -> int:
             try:
                 # One process owns a checkpoint directory for the whole run: from
                 # the policy's warm-up and saves to the last snapshot (invariant 9).
-                with acquire_run_lock(Path(config.checkpointing.checkpoint_dir)):
+                with (
+                    acquire_run_lock(Path(config.checkpointing.checkpoint_dir)),
+                    # A private Ray (ray.address: local) lives as long as the run; a
+                    # killed start's leftovers are cleared first, under the lock.
+                    ray_runtime(config),
+                ):
                     prepared = _prepare(config, console)
                     trained = asyncio.run(_train(prepared, console))
             except (

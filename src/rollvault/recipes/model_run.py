@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.config.schema import RunConfig
+from rollvault.config.schema import GateKind, RunConfig
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
@@ -82,10 +82,30 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
     gates: list[CountingGate] = []
 
     def local_model_gate(data_plane: DataPlane) -> LocalModelGate:
+        if config.gate.kind is GateKind.RAY:
+            return ray_pool_gate(data_plane)
         gate = LocalModelGate(
             config.gate.local_model,
             data_plane,
             environment,
+            model_path=model_path,
+            weights_provider=trainer.weights_for_gate,
+            seed=config.seed,
+            prompt_format=prompt_format,
+            dtype=config.model.dtype,
+        )
+        gates.append(gate)
+        return gate
+
+    def ray_pool_gate(data_plane: DataPlane) -> LocalModelGate:
+        # Imported only for the Ray gate: it imports ray.
+        from rollvault.gates.ray_pool import RayPoolGate
+
+        gate = RayPoolGate(
+            config.gate.local_model,
+            data_plane,
+            environment,
+            pool=config.gate.ray,
             model_path=model_path,
             weights_provider=trainer.weights_for_gate,
             seed=config.seed,
