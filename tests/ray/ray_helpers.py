@@ -17,6 +17,7 @@ def ray_config(run_dir: Path, *overrides: str) -> RunConfig:
         None,
         [
             "gate.kind=ray",
+            "trainer.kind=grpo",
             f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
             f"logging.log_dir={run_dir / 'logs'}",
             *overrides,

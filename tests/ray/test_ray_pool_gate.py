@@ -15,6 +15,10 @@ import torch
 from ray_helpers import private_ray
 from safetensors.torch import save
 
+import rollvault
+from rollvault.checkpoint_tools.chaos.checks import check_finished_run
+from rollvault.checkpoint_tools.chaos.plan import CHAOS_OVERRIDES
+from rollvault.config.loading import load_run_config
 from rollvault.config.schema import LocalModelGateConfig, RayGateConfig
 from rollvault.controller.loop.gate import (
     AttemptOutcome,
@@ -23,12 +27,15 @@ from rollvault.controller.loop.gate import (
     GateAttemptError,
     staged_row_digest,
 )
+from rollvault.controller.loop.parts import RolloutParts
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.ray_pool import ActorHealth, RayPoolGate
 from rollvault.ledger.receipts import validate_receipt
+from rollvault.ledger.statuses import RolloutAttemptStatus
+from rollvault.recipes.async_grpo import prepare, train
 from rollvault.recipes.ray_processes import marked_processes
 from rollvault.recipes.ray_runtime import RaySession
 from rollvault.tasks.addition.dataset import AdditionPromptDataset
@@ -212,3 +219,44 @@ def test_a_killed_actor_fails_its_batch_as_infra_and_comes_back_on_the_current_v
             await pool.close()
 
     asyncio.run(main())
+
+
+RAY_RECIPE = Path(rollvault.__file__).parent / "configs" / "grpo_addition_ray.yaml"
+
+
+def test_a_run_whose_actor_is_killed_mid_run_trains_every_prompt_exactly_once(
+    ray_session: RaySession, model_dir: Path, tmp_path: Path
+) -> None:
+    config = load_run_config(
+        RAY_RECIPE,
+        [
+            *CHAOS_OVERRIDES,
+            "grpo.max_num_epochs=1",
+            "trainer.warmup.steps=0",
+            f"model.path={model_dir}",
+            f"logging.log_dir={tmp_path / 'logs'}",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
+        ],
+    )
+    prepared = prepare(config)
+    killed: list[int] = []
+
+    def kill_an_actor(parts: RolloutParts, metrics: dict[str, float]) -> None:
+        gate = prepared.gates[0]
+        assert isinstance(gate, RayPoolGate)
+        pid = gate.actor_pids["generation-actor-0"]
+        if not killed and pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    summary = asyncio.run(train(prepared, on_step=kill_an_actor))
+    assert killed and summary.trainer_version == 12
+    check = check_finished_run(config)
+    assert check.problems == []
+    assert all(a.trained == a.expected and a.pending == 0 for a in check.epochs)
+    # The kill failed attempts as infra (retried elsewhere), and nothing was dropped.
+    failed = [a for a in check.history.attempts if a.status is RolloutAttemptStatus.FAILED]
+    assert failed and all("generation-actor-0" in (a.reason or "") for a in failed)
+    assert check.history.drops == []
