@@ -38,6 +38,7 @@ from rollvault.controller.loop.io_failures import RunStoppedByIOError
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
 from rollvault.controller.loop.shutdown import Shutdown
+from rollvault.controller.loop.trainer import TrainerLostError
 from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.durable.errors import (
@@ -62,6 +63,9 @@ class _Trained:
 
 IO_STOP_EXIT_STATUS = 3
 """The run stopped on writes it could not make (disk full, I/O error); see the README."""
+
+TRAINER_LOST_EXIT_STATUS = 4
+"""The trainer's Ray actor died (trainer.placement: ray); a restart resumes the run."""
 
 
 def run_command(config: RunConfig) -> int:
@@ -95,6 +99,9 @@ def run_command(config: RunConfig) -> int:
             except RunStoppedByIOError as error:
                 _say(console, f"rollvault run: cannot continue: {error}")
                 return IO_STOP_EXIT_STATUS
+            except TrainerLostError as error:
+                _say(console, f"rollvault run: cannot continue: {error}")
+                return TRAINER_LOST_EXIT_STATUS
             if trained.summary.shutdown is not None:
                 grace_s = config.rollout_checkpointing.shutdown_grace_s
                 _say(console, stop_message(trained.summary.shutdown, grace_s=grace_s))

@@ -9,8 +9,8 @@ live on. The next start of the same run (it holds the run lock, so that
 driver is gone) first kills exactly those processes, found by the marker
 its Ray inherited (:mod:`rollvault.recipes.ray_processes`), and the old
 session files, then starts a fresh Ray. ``owner.json`` in the temp dir names
-the driver that started the Ray there; a start refuses to touch a Ray whose
-driver is still running.
+the driver that started the Ray there and the processes Ray started for it; a
+start refuses to touch a Ray whose driver is still running.
 
 ``ray.address: auto`` (the cluster of ``ray start --head`` on this machine)
 or ``ray://host:port`` joins a cluster the user runs: the run only
@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,10 @@ from rollvault.config.schema import GateKind, RunConfig, TrainerPlacement
 from rollvault.durable.fsync import atomic_write_bytes
 from rollvault.recipes.ray_processes import (
     MARKER_ENV,
+    ProcessId,
+    descendants,
     process_start_time,
-    reap_marked,
+    reap,
 )
 
 __all__ = [
@@ -62,10 +65,11 @@ class RayInUseError(ConfigError):
 
 
 class _Owner(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Who started the private Ray in a temp dir."""
+    """Who started the private Ray in a temp dir, and the processes Ray started for it."""
 
     pid: int
     start_time: int | None
+    ray_processes: list[ProcessId] = msgspec.field(default_factory=list)
 
 
 @dataclass
@@ -124,8 +128,14 @@ def _start(config: RunConfig) -> RaySession:
         return RaySession(address=address, temp_dir=None, reaped=[])
     temp_dir = private_temp_dir(config)
     reaped = _clear_dead_drivers_ray(temp_dir)
+    if reaped:
+        print(
+            f"rollvault: killed {len(reaped)} processes of the private Ray a killed start "
+            f"left in {temp_dir}",
+            file=sys.stderr,
+        )
     temp_dir.mkdir(parents=True, exist_ok=True)
-    _write_owner(temp_dir)
+    _write_owner(temp_dir, [])
     # Inherited by Ray's processes (not by this driver's other children: it is
     # removed again once Ray has started), so a later start can find them.
     previous = os.environ.get(MARKER_ENV)
@@ -140,6 +150,8 @@ def _start(config: RunConfig) -> RaySession:
         )
     finally:
         _restore_env(previous)
+    # Nothing else descends from the driver yet: these are Ray's processes.
+    _write_owner(temp_dir, descendants(os.getpid()))
     return RaySession(address=LOCAL_ADDRESS, temp_dir=temp_dir, reaped=reaped)
 
 
@@ -150,25 +162,24 @@ def _stop(session: RaySession) -> None:
     if session.temp_dir is not None:
         # ray.shutdown stops what it started; a process that outlived it (a worker
         # still exiting) is killed, so the run leaves nothing behind.
-        reap_marked(str(session.temp_dir))
+        reap(str(session.temp_dir), _read_owner(session.temp_dir / OWNER_FILENAME).ray_processes)
         (session.temp_dir / OWNER_FILENAME).unlink(missing_ok=True)
 
 
 def _clear_dead_drivers_ray(temp_dir: Path) -> list[int]:
     """Kill the Ray a dead driver of this run left in ``temp_dir``; drop its session files."""
     owner_path = temp_dir / OWNER_FILENAME
+    recorded: list[ProcessId] = []
     if owner_path.is_file():
-        try:
-            owner = msgspec.json.decode(owner_path.read_bytes(), type=_Owner)
-        except msgspec.DecodeError as error:
-            raise ConfigError(f"{owner_path}: not a Ray owner record ({error})") from error
+        owner = _read_owner(owner_path)
         alive = owner.pid != os.getpid() and process_start_time(owner.pid) == owner.start_time
         if alive and owner.start_time is not None:
             raise RayInUseError(
                 f"the private Ray in {temp_dir} belongs to driver pid {owner.pid}, which is "
                 "still running (another start of this run?)"
             )
-    reaped = reap_marked(str(temp_dir))
+        recorded = owner.ray_processes
+    reaped = reap(str(temp_dir), recorded)
     for session in temp_dir.glob("session_*"):
         if session.is_symlink():
             session.unlink()
@@ -178,9 +189,20 @@ def _clear_dead_drivers_ray(temp_dir: Path) -> list[int]:
     return reaped
 
 
-def _write_owner(temp_dir: Path) -> None:
-    owner = _Owner(pid=os.getpid(), start_time=process_start_time(os.getpid()))
+def _write_owner(temp_dir: Path, ray_processes: list[ProcessId]) -> None:
+    owner = _Owner(
+        pid=os.getpid(), start_time=process_start_time(os.getpid()), ray_processes=ray_processes
+    )
     atomic_write_bytes(temp_dir / OWNER_FILENAME, msgspec.json.encode(owner))
+
+
+def _read_owner(path: Path) -> _Owner:
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=_Owner)
+    except FileNotFoundError:
+        return _Owner(pid=-1, start_time=None)
+    except msgspec.DecodeError as error:
+        raise ConfigError(f"{path}: not a Ray owner record ({error})") from error
 
 
 def _restore_env(previous: str | None) -> None:
