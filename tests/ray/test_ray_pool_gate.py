@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 from ray_helpers import private_ray
 from safetensors.torch import save
@@ -19,7 +20,7 @@ import rollvault
 from rollvault.checkpoint_tools.chaos.checks import check_finished_run
 from rollvault.checkpoint_tools.chaos.plan import CHAOS_OVERRIDES
 from rollvault.config.loading import load_run_config
-from rollvault.config.schema import LocalModelGateConfig, RayGateConfig
+from rollvault.config.schema import LocalModelGateConfig, RayGateConfig, TrainerPlacement
 from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
@@ -28,6 +29,7 @@ from rollvault.controller.loop.gate import (
     staged_row_digest,
 )
 from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.trainer import TrainerLostError
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION
@@ -41,6 +43,7 @@ from rollvault.recipes.ray_runtime import RaySession
 from rollvault.tasks.addition.dataset import AdditionPromptDataset
 from rollvault.tasks.addition.environment import AdditionEnvironment
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
+from rollvault.training.ray_trainer import RayTrainer
 
 pytestmark = pytest.mark.slow
 
@@ -224,7 +227,7 @@ def test_a_killed_actor_fails_its_batch_as_infra_and_comes_back_on_the_current_v
 RAY_RECIPE = Path(rollvault.__file__).parent / "configs" / "grpo_addition_ray.yaml"
 
 
-def test_a_run_whose_actor_is_killed_mid_run_trains_every_prompt_exactly_once(
+def test_a_run_survives_a_killed_generation_actor_and_resumes_after_its_trainer_actor_died(
     ray_session: RaySession, model_dir: Path, tmp_path: Path
 ) -> None:
     config = load_run_config(
@@ -240,23 +243,32 @@ def test_a_run_whose_actor_is_killed_mid_run_trains_every_prompt_exactly_once(
             f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
         ],
     )
+    assert config.trainer.placement is TrainerPlacement.RAY
     prepared = prepare(config)
+    assert isinstance(prepared.trainer, RayTrainer)
     killed: list[int] = []
 
-    def kill_an_actor(parts: RolloutParts, metrics: dict[str, float]) -> None:
+    def kill_actors(parts: RolloutParts, metrics: dict[str, float]) -> None:
         gate = prepared.gates[0]
         assert isinstance(gate, RayPoolGate)
         pid = gate.actor_pids["generation-actor-0"]
         if not killed and pid is not None:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)  # the generation actor's process, mid-run
             killed.append(pid)
+        elif parts.trainer_version >= 6 and isinstance(prepared.trainer, RayTrainer):
+            ray.kill(prepared.trainer.actor, no_restart=True)
 
-    summary = asyncio.run(train(prepared, on_step=kill_an_actor))
-    assert killed and summary.trainer_version == 12
+    with pytest.raises(TrainerLostError, match="trainer actor died"):
+        asyncio.run(train(prepared, on_step=kill_actors))
+    assert killed
+    # The restart (a new trainer actor) resumes from the snapshots and finishes.
+    again = prepare(config)
+    summary = asyncio.run(train(again))
+    assert summary.trainer_version == 12
     check = check_finished_run(config)
     assert check.problems == []
     assert all(a.trained == a.expected and a.pending == 0 for a in check.epochs)
-    # The kill failed attempts as infra (retried elsewhere), and nothing was dropped.
+    assert check.history.restores and check.history.drops == []
+    # The kill failed attempts as infra (retried elsewhere).
     failed = [a for a in check.history.attempts if a.status is RolloutAttemptStatus.FAILED]
     assert failed and all("generation-actor-0" in (a.reason or "") for a in failed)
-    assert check.history.drops == []
