@@ -155,6 +155,13 @@ class ActorLane:
                 self._fail_queued(error)
                 self._on_change()
                 return
+            except Exception as error:
+                # A bug, not a lost actor: every attempt waiting here and every later one
+                # fails with it (the run stops with this message) instead of hanging.
+                self.fatal = WorkerStartError(f"{self.name}: dispatcher failed: {error!r}")
+                self._fail_queued(self.fatal)
+                self._on_change()
+                raise
 
     def _transition(self, new: ActorHealth) -> None:
         self.health = check_transition(self.name, self.health, new)
@@ -211,6 +218,10 @@ class ActorLane:
             error = WorkerLostError(str(lost))
             for pending in batch:
                 _fail(pending, error)
+            raise
+        except Exception as unexpected:
+            for pending in batch:
+                _fail(pending, unexpected)
             raise
         finally:
             self._running = 0
