@@ -57,6 +57,7 @@ def test_the_default_model_is_built_with_the_configured_alphabet(tmp_path: Path)
     assert prepared.policy is not None
     tokenizer = prepared.policy.tokenizer
     assert tokenizer.decode(tokenizer("1 + 2 = ab").input_ids) == "1 + 2 = ab"
+    assert isinstance(prepared.policy.trainer, GrpoTrainer)  # trainer.placement=local
     assert prepared.policy.trainer.model.config.vocab_size == 3 + 15
 
 

@@ -17,6 +17,7 @@ from rollvault.recipes.async_grpo import (
     prepare,
     version_zero_policy_path,
 )
+from rollvault.training.grpo_trainer import GrpoTrainer
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.policy_dirs import DamagedPolicyError, publish_policy
 
@@ -70,6 +71,7 @@ def test_a_restart_before_a_trainer_checkpoint_takes_the_saved_policy(tmp_path: 
     prepared = prepare(config)
     assert prepared.warmup is None
     assert prepared.policy is not None and prepared.policy.start is PolicyStart.SAVED
+    assert isinstance(prepared.policy.trainer, GrpoTrainer)  # trainer.placement=local
     loaded = prepared.policy.trainer.model.state_dict()
     for name, tensor in saved.items():
         assert torch.equal(loaded[name], tensor), name

@@ -38,6 +38,7 @@ from rollvault.controller.loop.io_failures import RunStoppedByIOError
 from rollvault.controller.loop.pipeline import RunSummary
 from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
 from rollvault.controller.loop.shutdown import Shutdown
+from rollvault.controller.loop.trainer import TrainerLostError
 from rollvault.controller.snapshots.restorer import RestoreError
 from rollvault.controller.snapshots.resume import RunExistsError
 from rollvault.dataplane.errors import DataPlaneStartError
@@ -49,6 +50,7 @@ from rollvault.durable.errors import (
 from rollvault.durable.run_lock import RunLockedError, acquire_run_lock
 from rollvault.gates.errors import ModelDirError
 from rollvault.recipes.async_grpo import PreparedRun, prepare, train, version_zero_policy_path
+from rollvault.recipes.ray_runtime import ray_runtime
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class _Trained:
 IO_STOP_EXIT_STATUS = 3
 """The run stopped on writes it could not make (disk full, I/O error); see the README."""
 
+TRAINER_LOST_EXIT_STATUS = 4
+"""The trainer's Ray actor died (trainer.placement: ray); a restart resumes the run."""
+
 
 def run_command(config: RunConfig) -> int:
     console = Console(stderr=True)
@@ -72,7 +77,12 @@ def run_command(config: RunConfig) -> int:
             try:
                 # One process owns a checkpoint directory for the whole run: from
                 # the policy's warm-up and saves to the last snapshot (invariant 9).
-                with acquire_run_lock(Path(config.checkpointing.checkpoint_dir)):
+                with (
+                    acquire_run_lock(Path(config.checkpointing.checkpoint_dir)),
+                    # A private Ray (ray.address: local) lives as long as the run; a
+                    # killed start's leftovers are cleared first, under the lock.
+                    ray_runtime(config),
+                ):
                     prepared = _prepare(config, console)
                     trained = asyncio.run(_train(prepared, console))
             except (
@@ -91,6 +101,9 @@ def run_command(config: RunConfig) -> int:
             except RunStoppedByIOError as error:
                 _say(console, f"rollvault run: cannot continue: {error}")
                 return IO_STOP_EXIT_STATUS
+            except TrainerLostError as error:
+                _say(console, f"rollvault run: cannot continue: {error}")
+                return TRAINER_LOST_EXIT_STATUS
             if trained.summary.shutdown is not None:
                 grace_s = config.rollout_checkpointing.shutdown_grace_s
                 _say(console, stop_message(trained.summary.shutdown, grace_s=grace_s))

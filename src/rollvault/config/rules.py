@@ -63,15 +63,15 @@ def _gate_problems(gate: SimulatedGateConfig) -> list[str]:
 
 
 def _kind_problems(config: RunConfig) -> list[str]:
-    """The local model gate and the GRPO trainer only make sense together."""
+    """A model gate (local_model, ray) and the GRPO trainer only make sense together."""
     problems = []
-    local = config.gate.kind is GateKind.LOCAL_MODEL
+    model_gate = config.gate.kind in (GateKind.LOCAL_MODEL, GateKind.RAY)
     grpo = config.trainer.kind is TrainerKind.GRPO
-    if local != grpo:
+    if model_gate != grpo:
         problems.append(
             f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
-            "do not fit: the grpo trainer trains the model the local_model gate generates with "
-            "(use both, or simulated with recording)"
+            "do not fit: the grpo trainer trains the model a model gate (local_model, ray) "
+            "generates with (use both, or simulated with recording)"
         )
     return problems
 

@@ -31,6 +31,8 @@ __all__ = [
     "RestoreMode",
     "RewardConfig",
     "RolloutCheckpointingConfig",
+    "RayConfig",
+    "RayGateConfig",
     "RolloutConfig",
     "RunConfig",
     "SamplerConfig",
@@ -39,6 +41,7 @@ __all__ = [
     "TrainerConfig",
     "TrainerKind",
     "TransferQueueConfig",
+    "TrainerPlacement",
     "WarmupConfig",
 ]
 
@@ -76,6 +79,8 @@ class GateKind(enum.StrEnum):
 
     SIMULATED = "simulated"
     LOCAL_MODEL = "local_model"
+    RAY = "ray"
+    """A pool of Ray actors, each hosting the local model's generation engine."""
 
 
 class DataPlaneKind(enum.StrEnum):
@@ -92,6 +97,16 @@ class TrainerKind(enum.StrEnum):
     """Checks and records batches, trains nothing (tests, the simulated run)."""
     GRPO = "grpo"
     """Trains the model of ``model.path`` with the clipped GRPO surrogate."""
+
+
+class TrainerPlacement(enum.StrEnum):
+    """Where the GRPO trainer runs."""
+
+    LOCAL = "local"
+    """In the controller's process."""
+    RAY = "ray"
+    """In a Ray actor (on any node of the cluster); the controller keeps the ledger and
+    the snapshots and sends it batches and checkpoint paths."""
 
 
 class ModelDType(enum.StrEnum):
@@ -236,12 +251,28 @@ class LocalModelGateConfig(_Section, frozen=True):
     max_batch_size: PositiveInt = 64
 
 
+class RayGateConfig(_Section, frozen=True):
+    """The Ray generation actor pool (gate.kind: ray); sampling follows gate.local_model."""
+
+    # Generation actors, each holding a copy of the policy.
+    num_actors: PositiveInt = 2
+    # Ray resources each actor asks for (it is placed where they are free).
+    num_cpus_per_actor: NonNegativeFloat = 1.0
+    num_gpus_per_actor: NonNegativeFloat = 0.0
+    # Times a dead actor is restarted before the pool gives it up.
+    max_actor_restarts: NonNegativeInt = 8
+    # Seconds one actor call may take ((re)start and model load, a weight load, one
+    # batch) before the actor counts as lost and is restarted.
+    actor_call_timeout_s: PositiveFloat = 120.0
+
+
 class GateConfig(_Section, frozen=True):
     """Which gate runs attempts, and its settings."""
 
     kind: GateKind = GateKind.SIMULATED
     simulated: SimulatedGateConfig = msgspec.field(default_factory=SimulatedGateConfig)
     local_model: LocalModelGateConfig = msgspec.field(default_factory=LocalModelGateConfig)
+    ray: RayGateConfig = msgspec.field(default_factory=RayGateConfig)
 
 
 class ModelConfig(_Section, frozen=True):
@@ -298,6 +329,11 @@ class TrainerConfig(_Section, frozen=True):
     # step. null: the whole step's batch in one pass. Lower it when a step runs out of memory.
     micro_batch_size: PositiveInt | None = None
     warmup: WarmupConfig = msgspec.field(default_factory=WarmupConfig)
+    # local: the trainer runs in the controller's process; ray: in a Ray actor (grpo only).
+    placement: TrainerPlacement = TrainerPlacement.LOCAL
+    # Ray resources of the trainer actor (placement: ray).
+    ray_num_cpus: NonNegativeFloat = 1.0
+    ray_num_gpus: NonNegativeFloat = 0.0
 
 
 class DatasetConfig(_Section, frozen=True):
@@ -391,9 +427,9 @@ class TransferQueueConfig(_Section, frozen=True):
     # Seconds ``transfer_queue.init`` may take before the start fails with a
     # message naming Ray's CPUs (it hangs, rather than fails, when they are too few).
     init_timeout_s: PositiveFloat = 180.0
-    # Logical CPUs of the private local Ray started when no Ray is running yet;
-    # null: what TransferQueue's actors take, plus 2. Logical: more than the
-    # machine's cores is fine.
+    # Logical CPUs of a Ray the data plane starts itself, when a pipeline runs
+    # outside `rollvault run` (tests, benchmarks; `rollvault run` starts the run's
+    # Ray per ray.*, with room for TransferQueue); null: TQ's actors' CPUs plus 2.
     ray_num_cpus: PositiveInt | None = None
 
 
@@ -405,6 +441,20 @@ class DataPlaneConfig(_Section, frozen=True):
     # may resume on the other store.
     kind: DataPlaneKind = DataPlaneKind.EMBEDDED
     transfer_queue: TransferQueueConfig = msgspec.field(default_factory=TransferQueueConfig)
+
+
+class RayConfig(_Section, frozen=True):
+    """Where Ray runs, for gate.kind: ray, trainer.placement: ray and the TransferQueue store."""
+
+    # local: start a private Ray for this run and shut it down at its end; auto: join
+    # the cluster of `ray start --head` on this machine; ray://host:port: a remote one.
+    address: NonEmptyStr = "local"
+    # address local: logical CPUs the private Ray offers (null: the machine's count,
+    # plus one per TransferQueue actor with dataplane.kind: transfer_queue).
+    num_cpus: PositiveInt | None = None
+    # address local: the private Ray's temp dir is <temp_root>/rvray_<run hash>; keep it
+    # short (Ray's socket paths must stay under 107 characters).
+    temp_root: NonEmptyStr = "/tmp"
 
 
 class RunConfig(_Section, frozen=True):
@@ -426,3 +476,4 @@ class RunConfig(_Section, frozen=True):
         default_factory=RolloutCheckpointingConfig
     )
     dataplane: DataPlaneConfig = msgspec.field(default_factory=DataPlaneConfig)
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)

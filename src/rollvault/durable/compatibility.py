@@ -79,6 +79,14 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
             "identity, not by what runs beside it"
         ),
         "**.max_batch_size": "how many attempts a generation engine batches: throughput",
+        "ray": "where Ray runs (a private local Ray or a cluster): placement, not computation",
+        "gate.ray": (
+            "how many generation actors there are and where Ray places them: throughput; "
+            "every attempt is seeded by its identity, not by the actor that runs it"
+        ),
+        "trainer.placement": "whether the trainer runs in the controller or a Ray actor",
+        "trainer.ray_num_cpus": "Ray resources of the trainer actor: placement",
+        "trainer.ray_num_gpus": "Ray resources of the trainer actor: placement",
         "trainer.micro_batch_size": (
             "how many sequences a trainer forward pass holds (memory): the accumulated "
             "gradient is the whole batch's, up to float rounding"

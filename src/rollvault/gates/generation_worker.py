@@ -45,7 +45,7 @@ from rollvault.gates.worker_protocol import (
     encode,
 )
 
-__all__ = ["worker_main"]
+__all__ = ["GenerationEngine", "worker_main"]
 
 
 def worker_main(connection: Connection, settings_bytes: bytes) -> None:
@@ -55,16 +55,52 @@ def worker_main(connection: Connection, settings_bytes: bytes) -> None:
     settings = decode_settings(settings_bytes)
     torch.set_num_threads(settings.torch_threads)
     try:
-        model = load_causal_lm(Path(settings.model_path), dtype=settings.dtype)
+        engine = GenerationEngine(settings)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
         connection.send_bytes(encode(WorkerFailed(message=f"cannot load model: {exc!r}")))
         return
-    connection.send_bytes(encode(Ready(pid=os.getpid(), dtype=str(model.dtype))))
-    _serve(connection, model, settings)
+    connection.send_bytes(encode(engine.ready()))
+    _serve(connection, engine)
 
 
-def _serve(connection: Connection, model: PreTrainedModel, settings: WorkerSettings) -> None:
-    version: int | None = None
+class GenerationEngine:
+    """The policy copy a worker samples with, and the weight version it holds.
+
+    The worker process above serves it over a pipe; a Ray generation actor
+    (:mod:`rollvault.gates.ray_pool.actor`) hosts the same engine, so both
+    generate identically and report the same replies.
+    """
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.model: PreTrainedModel = load_causal_lm(
+            Path(settings.model_path), dtype=settings.dtype
+        )
+        self.weight_version: int | None = None
+        """The weights it holds (None: the model directory's own)."""
+
+    def ready(self) -> Ready:
+        return Ready(pid=os.getpid(), dtype=str(self.model.dtype))
+
+    def load_weights(self, command: LoadWeights) -> WeightsLoaded:
+        self.model.load_state_dict(load_safetensors(command.weights), strict=True)
+        self.weight_version = command.version
+        return WeightsLoaded(version=command.version)
+
+    def generate(self, command: Generate) -> Generated:
+        return _generate(self.model, command, self.settings, self.weight_version)
+
+    def execute(self, command: LoadWeights | Generate) -> WorkerReply:
+        """Run one command; a failure inside it is the reply, never an exception."""
+        try:
+            if isinstance(command, LoadWeights):
+                return self.load_weights(command)
+            return self.generate(command)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller with the command
+            return WorkerFailed(message=f"{type(command).__name__} failed: {exc!r}")
+
+
+def _serve(connection: Connection, engine: GenerationEngine) -> None:
     while True:
         try:
             raw = connection.recv_bytes()
@@ -77,17 +113,7 @@ def _serve(connection: Connection, model: PreTrainedModel, settings: WorkerSetti
             continue
         if isinstance(command, Shutdown):
             return
-        reply: WorkerReply
-        try:
-            if isinstance(command, LoadWeights):
-                model.load_state_dict(load_safetensors(command.weights), strict=True)
-                version = command.version
-                reply = WeightsLoaded(version=version)
-            else:
-                reply = _generate(model, command, settings, version)
-        except Exception as exc:  # noqa: BLE001 - reported to the parent with the command
-            reply = WorkerFailed(message=f"{type(command).__name__} failed: {exc!r}")
-        connection.send_bytes(encode(reply))
+        connection.send_bytes(encode(engine.execute(command)))
 
 
 def _generate(

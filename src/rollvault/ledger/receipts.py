@@ -8,6 +8,7 @@ A receipt is a small JSON-safe dict. Its one documented shape::
         "row_digests": [{"length": 812, "digest": "<hex>"}, ...],   # optional
         "reward": 1.0,                                              # optional
         "weight_version": 3,                                        # optional
+        "worker_id": "generation-actor-1",                          # optional
     }
 
 - ``staging_keys``: the data-plane keys of the attempt's token rows in the
@@ -22,6 +23,8 @@ A receipt is a small JSON-safe dict. Its one documented shape::
   tokens. Optional so that receipts of older versions (which did not record
   it) still load; the rollout pump uses it to keep a ``prompt_group``
   group's siblings on one version.
+- ``worker_id``: which generation worker (a Ray actor of the pool gate)
+  generated the tokens; for the record only.
 
 No other field is accepted: a receipt is persisted in the ledger sidecar,
 whose schema is strict.
@@ -56,6 +59,7 @@ class GateReceipt(
     row_digests: list[StagedRowDigest] | None = None
     reward: float | None = None
     weight_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    worker_id: _NonEmptyStr | None = None
 
 
 def validate_receipt(receipt: object, *, where: str = "receipt") -> GateReceipt:

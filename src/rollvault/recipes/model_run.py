@@ -8,12 +8,13 @@ The one part of a run that needs torch and transformers; the composition
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.config.schema import RunConfig
+from rollvault.config.schema import GateKind, RunConfig, TrainerPlacement
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
@@ -33,6 +34,9 @@ from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.policy_dirs import DamagedPolicyError, load_policy
 from rollvault.training.warmup import supervised_warmup
+
+if TYPE_CHECKING:
+    from rollvault.training.ray_trainer import RayTrainer
 
 __all__ = ["prepare_model_run"]
 
@@ -69,7 +73,7 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
             seed=config.seed,
             renderer=renderer,
         )
-    trainer = GrpoTrainer(
+    local_trainer = GrpoTrainer(
         model,
         pad_token_id=int(tokenizer.pad_token_id),
         settings=GrpoSettings.from_config(
@@ -79,13 +83,36 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
             top_k=config.gate.local_model.top_k,
         ),
     )
+    trainer: GrpoTrainer | RayTrainer = local_trainer
+    if config.trainer.placement is TrainerPlacement.RAY:
+        trainer = _trainer_actor(config, local_trainer, model_path, int(tokenizer.pad_token_id))
     gates: list[CountingGate] = []
 
     def local_model_gate(data_plane: DataPlane) -> LocalModelGate:
+        if config.gate.kind is GateKind.RAY:
+            return ray_pool_gate(data_plane)
         gate = LocalModelGate(
             config.gate.local_model,
             data_plane,
             environment,
+            model_path=model_path,
+            weights_provider=trainer.weights_for_gate,
+            seed=config.seed,
+            prompt_format=prompt_format,
+            dtype=config.model.dtype,
+        )
+        gates.append(gate)
+        return gate
+
+    def ray_pool_gate(data_plane: DataPlane) -> LocalModelGate:
+        # Imported only for the Ray gate: it imports ray.
+        from rollvault.gates.ray_pool import RayPoolGate
+
+        gate = RayPoolGate(
+            config.gate.local_model,
+            data_plane,
+            environment,
+            pool=config.gate.ray,
             model_path=model_path,
             weights_provider=trainer.weights_for_gate,
             seed=config.seed,
@@ -104,6 +131,24 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
         warmup=warmup,
         gates=gates,
         policy=Policy(trainer=trainer, tokenizer=tokenizer, start=start),
+    )
+
+
+def _trainer_actor(
+    config: RunConfig, trainer: GrpoTrainer, model_path: Path, pad_token_id: int
+) -> RayTrainer:
+    """The trainer moved into a Ray actor, starting from ``trainer``'s current weights."""
+    # Imported only for trainer.placement=ray: it imports ray.
+    from rollvault.training.ray_trainer import RayTrainer
+
+    return RayTrainer(
+        trainer,
+        model_path=model_path,
+        dtype=config.model.dtype,
+        pad_token_id=pad_token_id,
+        settings=trainer.settings,
+        num_cpus=config.trainer.ray_num_cpus,
+        num_gpus=config.trainer.ray_num_gpus,
     )
 
 

@@ -128,6 +128,10 @@ class GrpoTrainer:
     def model(self) -> PreTrainedModel:
         return self._model
 
+    @property
+    def settings(self) -> GrpoSettings:
+        return self._settings
+
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on ``batch``, run off the event loop."""
         return await asyncio.to_thread(self._locked_step, batch)

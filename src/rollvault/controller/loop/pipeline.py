@@ -59,7 +59,7 @@ from rollvault.controller.loop.run_logs import (
 )
 from rollvault.controller.loop.shutdown import Shutdown, record_shutdown
 from rollvault.controller.loop.train_pump import TrainPump
-from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.loop.trainer import Trainer, TrainerLostError
 from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import (
@@ -280,6 +280,9 @@ async def run_pipeline(
                 except* RunStoppedByIOError as io_stop:
                     # Out of the TaskGroup as itself, so the command can name its cause.
                     raise first_stop(io_stop) from None
+                except* TrainerLostError as lost:
+                    # The same: a trainer actor that died ends the run with its own message.
+                    raise _first_leaf(lost) from None
         except TimeoutError:
             if not grace.expired():
                 raise
@@ -311,6 +314,14 @@ async def run_pipeline(
         shutdown=stopped,
         pending=pending,
     )
+
+
+def _first_leaf(group: BaseExceptionGroup[TrainerLostError]) -> BaseException:
+    """The first exception of a (possibly nested) exception group."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 class _Pumps:

@@ -51,5 +51,9 @@ class TrainBatchError(ValueError):
     """A batch is not what the train pump promised."""
 
 
+class TrainerLostError(RuntimeError):
+    """The trainer is gone (its Ray actor died): the run stops; a restart resumes it."""
+
+
 class TrainerCheckpointError(ValueError):
     """A trainer checkpoint is missing, damaged or of an unknown schema."""
