@@ -63,16 +63,19 @@ def _gate_problems(gate: SimulatedGateConfig) -> list[str]:
 
 
 def _kind_problems(config: RunConfig) -> list[str]:
-    """The local model gate and the GRPO trainer only make sense together."""
+    """A model gate (local_model, vllm) and the GRPO trainer only make sense together."""
     problems = []
-    local = config.gate.kind is GateKind.LOCAL_MODEL
+    model_gate = config.gate.kind in (GateKind.LOCAL_MODEL, GateKind.VLLM)
     grpo = config.trainer.kind is TrainerKind.GRPO
-    if local != grpo:
+    if model_gate != grpo:
         problems.append(
             f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
-            "do not fit: the grpo trainer trains the model the local_model gate generates with "
-            "(use both, or simulated with recording)"
+            "do not fit: the grpo trainer trains the model the local_model or vllm gate "
+            "generates with (use both, or simulated with recording)"
         )
+    vllm = config.gate.vllm
+    if config.gate.kind is GateKind.VLLM and not vllm.launch and not vllm.urls:
+        problems.append("gate.vllm.launch is false, so gate.vllm.urls must name the servers")
     return problems
 
 

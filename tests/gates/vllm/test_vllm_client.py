@@ -1,0 +1,288 @@
+"""The vLLM client and gate against a small fake server: failure kinds, parsing, routing.
+
+The fake (an aiohttp app in this process) answers ``/v1/completions`` and the
+RL endpoints like vLLM does, or fails on purpose; nothing here needs vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from rollvault.config.schema import VllmGateConfig
+from rollvault.controller.loop.gate import AttemptRequest, FailureKind, GateAttemptError
+from rollvault.cut import DataPlaneMutationCut
+from rollvault.dataplane.embedded import EmbeddedDataPlane
+from rollvault.dataplane.interface import STAGING_PARTITION
+from rollvault.gates.vllm.client import ServerDataError, ServerInfraError, VllmClient
+from rollvault.gates.vllm.completions import (
+    MalformedCompletionError,
+    SamplingSettings,
+    completion_body,
+    parse_completion,
+)
+from rollvault.gates.vllm.gate import VllmGate
+from rollvault.gates.vllm.health import ServerHealth
+from rollvault.gates.vllm.weight_dirs import WEIGHTS_FILENAME, WeightDirs
+from rollvault.tasks.addition.environment import AdditionEnvironment
+from rollvault.training.model_store import ensure_model_dir
+
+SETTINGS = SamplingSettings(temperature=0.7, max_new_tokens=4, stop_token_ids=[1])
+
+
+def _answer(tokens: list[int], finish: str = "stop") -> dict[str, Any]:
+    return {
+        "choices": [
+            {
+                "text": "",
+                "logprobs": {
+                    "tokens": [f"token_id:{t}" for t in tokens],
+                    "token_logprobs": [-0.5] * len(tokens),
+                },
+                "finish_reason": finish,
+            }
+        ]
+    }
+
+
+class FakeServer:
+    """What a test wants the next completions to be; records every call."""
+
+    def __init__(self) -> None:
+        self.respond: Callable[[dict[str, Any]], web.StreamResponse] = lambda body: (
+            web.json_response(_answer([5, 6, 1]))
+        )
+        self.delay_s = 0.0
+        self.calls: list[str] = []
+        self.version = "default"
+        self.reloaded: list[str] = []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_get("/health", self._ok)
+        app.router.add_post("/pause", self._ok)
+        app.router.add_post("/resume", self._ok)
+        app.router.add_post("/collective_rpc", self._rpc)
+        app.router.add_post("/update_weight_version", self._set_version)
+        app.router.add_get("/weight_info", self._info)
+        return app
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.calls.append("complete")
+        body = await request.json()
+        await asyncio.sleep(self.delay_s)
+        return self.respond(body)
+
+    async def _ok(self, request: web.Request) -> web.StreamResponse:
+        self.calls.append(request.path)
+        return web.json_response({})
+
+    async def _rpc(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.reloaded.append(body["kwargs"]["weights_path"])
+        return web.json_response({"results": [None]})
+
+    async def _set_version(self, request: web.Request) -> web.StreamResponse:
+        self.version = (await request.json())["new_version"]
+        return web.json_response({"success": True})
+
+    async def _info(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"weight_version": self.version})
+
+
+@asynccontextmanager
+async def _serving(fake: FakeServer) -> AsyncIterator[str]:
+    runner = web.AppRunner(fake.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def test_the_request_is_token_ids_in_token_ids_out() -> None:
+    body = completion_body("m", [3, 4], SETTINGS, seed=7)
+    assert body["prompt"] == [3, 4] and body["seed"] == 7 and body["n"] == 1
+    assert body["return_tokens_as_token_ids"] is True and body["logprobs"] == 0
+    assert body["top_k"] == -1  # vLLM's spelling of off
+    assert body["stop_token_ids"] == [1] and body["include_stop_str_in_output"] is True
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ({"choices": []}, "expected 1 choice"),
+        ({"choices": [{"logprobs": None, "finish_reason": "stop"}]}, "logprobs is missing"),
+        (_answer([5], "abort"), "finish_reason 'abort'"),
+        (_answer([]), "no token"),
+        (
+            {
+                "choices": [
+                    {
+                        "logprobs": {"tokens": ["5"], "token_logprobs": [-1.0]},
+                        "finish_reason": "stop",
+                    }
+                ]
+            },
+            r"tokens\[0\] is '5', not token_id:N",
+        ),
+        (
+            {
+                "choices": [
+                    {
+                        "logprobs": {"tokens": ["token_id:5"], "token_logprobs": []},
+                        "finish_reason": "stop",
+                    }
+                ]
+            },
+            "1 tokens but 0 logprobs",
+        ),
+        ({"nothing": 1}, "completion answer"),
+    ],
+)
+def test_a_malformed_answer_is_refused_naming_what_is_wrong(
+    answer: dict[str, Any], message: str
+) -> None:
+    import json
+
+    with pytest.raises(MalformedCompletionError, match=message):
+        parse_completion(json.dumps(answer).encode(), request_id=1)
+
+
+def test_failures_are_infra_for_the_server_and_data_for_the_request() -> None:
+    fake = FakeServer()
+
+    async def main() -> None:
+        async with _serving(fake) as url:
+            client = VllmClient(url, model="m", timeout_s=0.5)
+            try:
+                result = await client.complete([2], SETTINGS, seed=1, request_id=9)
+                assert (result.token_ids, result.finished) == ([5, 6, 1], True)
+                fake.respond = lambda body: web.json_response({"error": "x"}, status=503)
+                with pytest.raises(ServerInfraError, match="HTTP 503"):
+                    await client.complete([2], SETTINGS, seed=1, request_id=9)
+                fake.respond = lambda body: web.json_response({"error": "bad"}, status=400)
+                with pytest.raises(ServerDataError, match="HTTP 400"):
+                    await client.complete([2], SETTINGS, seed=1, request_id=9)
+                fake.respond = lambda body: web.json_response({"choices": []})
+                with pytest.raises(ServerDataError, match="expected 1 choice"):
+                    await client.complete([2], SETTINGS, seed=1, request_id=9)
+                fake.respond = lambda body: web.json_response(_answer([1]))
+                fake.delay_s = 2.0
+                with pytest.raises(ServerInfraError, match="timed out"):
+                    await client.complete([2], SETTINGS, seed=1, request_id=9)
+            finally:
+                await client.close()
+            down = VllmClient(url.rsplit(":", 1)[0] + ":1", model="m", timeout_s=0.5)
+            try:
+                with pytest.raises(ServerInfraError, match="ClientConnectorError"):
+                    await down.complete([2], SETTINGS, seed=1, request_id=9)
+                assert not await down.healthy()
+            finally:
+                await down.close()
+
+    asyncio.run(main())
+
+
+def test_weight_dirs_publish_whole_versions_and_keep_the_newest(tmp_path: Path) -> None:
+    dirs = WeightDirs(tmp_path / "w", keep=2)
+    for version in range(4):
+        path = dirs.publish(version, f"weights {version}".encode())
+        assert (path / WEIGHTS_FILENAME).read_bytes() == f"weights {version}".encode()
+    assert dirs.versions() == [2, 3]
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v00000002", "v00000003"]
+
+
+def _request(index: int, group: str) -> AttemptRequest:
+    return AttemptRequest(
+        group_id=group,
+        generation_index=index,
+        gate_rollout_id=f"{group}_g{index}_a{index}",
+        prompt={"idx": index, "prompt_text": "12+34=", "extra_env_info": {"answer": "46"}},
+        weight_version=0,
+    )
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+@pytest.mark.slow
+def test_the_gate_routes_sticky_least_loaded_and_sorts_failures(tmp_path: Path) -> None:
+    model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
+    fakes = [FakeServer(), FakeServer()]
+
+    async def main() -> None:
+        async with _serving(fakes[0]) as url_a, _serving(fakes[1]) as url_b:
+            config = VllmGateConfig(
+                launch=False,
+                urls=[url_a, url_b],
+                weights_dir=str(tmp_path / "vllm"),
+                request_timeout_s=2.0,
+                startup_timeout_s=5.0,
+            )
+            data_plane = EmbeddedDataPlane(DataPlaneMutationCut())
+            gate = VllmGate(
+                config,
+                data_plane,
+                AdditionEnvironment(),
+                model_path=model_dir,
+                weights_provider=lambda: b"not really safetensors",
+                weight_version=3,
+            )
+            try:
+                outcome = await gate.run_attempt(_request(0, "g"))
+                await _until(lambda: not gate.fleet.health.in_state(ServerHealth.STALE))
+                # Both servers were refitted to version 3 before taking work.
+                assert [f.version for f in fakes] == ["3", "3"]
+                assert all(f.reloaded[0].endswith("v00000003") for f in fakes)
+                assert outcome.weight_version == 3 and outcome.receipt["weight_version"] == 3
+                staged = await data_plane.get(STAGING_PARTITION, outcome.receipt["staging_keys"])
+                row = next(iter(staged.values()))
+                assert (
+                    np.asarray(row["input_ids"])[-3:].tolist() == [5, 6, 1]
+                    and bool(row["correct"]) is False
+                )
+                # Siblings of a group stay on its server; other groups spread out.
+                fakes[0].delay_s = fakes[1].delay_s = 0.2
+                await asyncio.gather(*(gate.run_attempt(_request(i, "g")) for i in range(1, 5)))
+                sticky = [f.calls.count("complete") for f in fakes]
+                assert sorted(sticky) == [0, 5]
+                await asyncio.gather(*(gate.run_attempt(_request(0, f"h{i}")) for i in range(4)))
+                assert all(
+                    f.calls.count("complete") > s for f, s in zip(fakes, sticky, strict=True)
+                )
+                # A 4xx is the request's fault (data); a 5xx the server's (infra, suspect).
+                busy = 0 if sticky[0] else 1
+                fakes[busy].respond = lambda body: web.json_response({}, status=400)
+                with pytest.raises(GateAttemptError) as data_error:
+                    await gate.run_attempt(_request(9, "g"))
+                assert data_error.value.kind is FailureKind.DATA
+                fakes[busy].respond = lambda body: web.json_response({}, status=500)
+                with pytest.raises(GateAttemptError) as infra_error:
+                    await gate.run_attempt(_request(10, "g"))
+                assert infra_error.value.kind is FailureKind.INFRA
+                names = [s.name for s in gate.fleet.servers]
+                # /health still answers: the suspect server is cleared again.
+                await _until(lambda: gate.fleet.health.state(names[busy]) is ServerHealth.HEALTHY)
+                assert gate.fleet.health.state(names[busy]) is ServerHealth.HEALTHY
+                assert ServerHealth.SUSPECT in [h[3] for h in gate.fleet.health.history]
+            finally:
+                await gate.close()
+
+    asyncio.run(main())
