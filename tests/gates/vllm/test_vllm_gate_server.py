@@ -1,15 +1,13 @@
 """The vLLM gate against a real vLLM server: rows, logprob agreement, seeds, weight sync, faults.
 
-Every test here talks to the session's one server (see ``conftest.py``); the
-fault test comes last in the file, because it kills that server and waits for
-the gate to restart it.
+Every test here talks to the session's one server (see ``conftest.py``). The
+fault test (a SIGKILLed server, restarted and refitted) is a whole run:
+``test_vllm_run.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,8 +22,6 @@ from rollvault.config.schema import VllmGateConfig
 from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
-    FailureKind,
-    GateAttemptError,
     staged_row_digest,
 )
 from rollvault.cut import DataPlaneMutationCut
@@ -218,49 +214,5 @@ def test_weight_sync_changes_outputs_and_weight_info_after_a_trainer_step(
             assert await client.weight_version() == "2"
         finally:
             await gate.close()
-
-    asyncio.run(main())
-
-
-def test_a_killed_server_fails_its_attempts_as_infra_and_is_restarted_and_refitted(
-    vllm_server: ManagedServer, vllm_model_dir: Path, tmp_path: Path
-) -> None:
-    torch.set_num_threads(1)
-    model, tokenizer = load_model_dir(vllm_model_dir)
-    weights = _Weights(model)
-
-    async def main() -> None:
-        data_plane = EmbeddedDataPlane(DataPlaneMutationCut())
-        gate = _gate(vllm_server, vllm_model_dir, weights, data_plane, tmp_path, managed=True)
-        server = gate.fleet.servers[0]
-        try:
-            await gate.run_attempt(_request(0, "warm"))
-            _train_step(model, tokenizer)
-            await gate.update_weights(1)
-            pid = vllm_server.pid
-            assert pid is not None
-            os.kill(pid, signal.SIGKILL)
-            results = await asyncio.gather(
-                *(gate.run_attempt(_request(i, "k")) for i in range(4)), return_exceptions=True
-            )
-            failures = [r for r in results if isinstance(r, GateAttemptError)]
-            assert failures and all(f.kind is FailureKind.INFRA for f in failures)
-            assert gate.fleet.health.state(server.name) is not ServerHealth.HEALTHY
-            # The next attempt waits for the restarted, refitted server.
-            outcome = await gate.run_attempt(_request(5, "after"))
-            assert outcome.weight_version == 1
-            assert vllm_server.pid != pid and server.restarts == 1
-            assert await server.client.weight_version() == "1"
-            assert gate.fleet.health.state(server.name) is ServerHealth.HEALTHY
-            await _check_rows([outcome], data_plane, model, int(tokenizer.pad_token_id))
-            states = [after for _, _, _, after in gate.fleet.health.history]
-            assert states[-3:] == [
-                ServerHealth.RESTARTING,
-                ServerHealth.STALE,
-                ServerHealth.HEALTHY,
-            ]
-        finally:
-            # The session's server lives on: only the gate's connections close here.
-            await server.client.close()
 
     asyncio.run(main())

@@ -52,6 +52,8 @@ class Server:
 
     client: VllmClient
     managed: ManagedServer | None = None
+    stop_on_close: bool = True
+    """Whether closing the fleet stops a managed server (False: someone else owns it)."""
     incarnation: int = 0
     inflight: int = 0
     restarts_in_a_row: int = 0
@@ -103,7 +105,7 @@ class Fleet:
                 with contextlib.suppress(asyncio.CancelledError):
                     await server.recovery
             await server.client.close()
-            if server.managed is not None:
+            if server.managed is not None and server.stop_on_close:
                 await asyncio.to_thread(server.managed.stop)
 
     # -- routing --------------------------------------------------------------------------
@@ -222,7 +224,7 @@ class Fleet:
         if managed is not None:
             if not managed.alive() or server.incarnation > 1:
                 await asyncio.to_thread(managed.stop)
-                await asyncio.to_thread(managed.start)
+                managed.start()  # on the loop thread: PDEATHSIG follows the thread that forks
             if server.incarnation > 1:
                 server.restarts += 1
         await self.wait_healthy(server)

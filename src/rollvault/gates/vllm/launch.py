@@ -10,12 +10,16 @@ and logs to a file beside the weight directories.
 It is started in a session of its own, so that a Ctrl-C in the terminal does
 not reach it (the gate stops it in order) and so that stopping it reaches the
 engine processes it spawns: :meth:`ManagedServer.stop` signals that process
-group, which this process created, and nothing else.
+group, which this process created, and nothing else. On Linux it also gets
+``PR_SET_PDEATHSIG``: when the run is killed (SIGKILL leaves no time to stop
+anything), the kernel kills the server too, and vLLM's engine processes
+follow their parent; a server never outlives the run that started it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -128,6 +132,7 @@ class ManagedServer:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self.starts += 1
 
@@ -180,6 +185,16 @@ class ManagedServer:
             str(self.port),
             *s.extra_args,
         ]
+
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends SIGKILL when the parent dies (Linux)."""
+    if os.uname().sysname == "Linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
