@@ -60,6 +60,7 @@ class FakeServer:
             web.json_response(_answer([5, 6, 1]))
         )
         self.delay_s = 0.0
+        self.health_ok = True
         self.calls: list[str] = []
         self.version = "default"
         self.reloaded: list[str] = []
@@ -67,7 +68,7 @@ class FakeServer:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/completions", self._complete)
-        app.router.add_get("/health", self._ok)
+        app.router.add_get("/health", self._health)
         app.router.add_post("/pause", self._ok)
         app.router.add_post("/resume", self._ok)
         app.router.add_post("/collective_rpc", self._rpc)
@@ -84,6 +85,9 @@ class FakeServer:
     async def _ok(self, request: web.Request) -> web.StreamResponse:
         self.calls.append(request.path)
         return web.json_response({})
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({}, status=200 if self.health_ok else 503)
 
     async def _rpc(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -282,6 +286,60 @@ def test_the_gate_routes_sticky_least_loaded_and_sorts_failures(tmp_path: Path) 
                 await _until(lambda: gate.fleet.health.state(names[busy]) is ServerHealth.HEALTHY)
                 assert gate.fleet.health.state(names[busy]) is ServerHealth.HEALTHY
                 assert ServerHealth.SUSPECT in [h[3] for h in gate.fleet.health.history]
+            finally:
+                await gate.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_an_external_server_that_goes_down_is_probed_refitted_and_used_again(
+    tmp_path: Path,
+) -> None:
+    model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
+    fake = FakeServer()
+
+    async def main() -> None:
+        async with _serving(fake) as url:
+            config = VllmGateConfig(
+                launch=False,
+                urls=[url],
+                weights_dir=str(tmp_path / "vllm"),
+                request_timeout_s=2.0,
+                startup_timeout_s=10.0,
+            )
+            gate = VllmGate(
+                config,
+                EmbeddedDataPlane(DataPlaneMutationCut()),
+                AdditionEnvironment(),
+                model_path=model_dir,
+                weights_provider=lambda: b"weights",
+            )
+            name = gate.fleet.servers[0].name
+            try:
+                await gate.run_attempt(_request(0, "g"))
+                await gate.update_weights(1)
+                # Down: 5xx and no /health. The attempt fails as infra; the check finds
+                # the server dead; probing finds it back; it is refitted to version 1.
+                fake.health_ok = False
+                fake.respond = lambda body: web.json_response({}, status=502)
+                with pytest.raises(GateAttemptError) as error:
+                    await gate.run_attempt(_request(1, "g"))
+                assert error.value.kind is FailureKind.INFRA
+                await _until(lambda: gate.fleet.health.state(name) is ServerHealth.RESTARTING)
+                fake.version = "default"  # what a restarted server reports
+                fake.health_ok = True
+                fake.respond = lambda body: web.json_response(_answer([5, 1]))
+                outcome = await gate.run_attempt(_request(2, "g"))
+                assert outcome.weight_version == 1 and fake.version == "1"
+                states = [to for _, _, _, to in gate.fleet.health.history]
+                assert states[-5:] == [
+                    ServerHealth.SUSPECT,
+                    ServerHealth.DEAD,
+                    ServerHealth.RESTARTING,
+                    ServerHealth.STALE,
+                    ServerHealth.HEALTHY,
+                ]
             finally:
                 await gate.close()
 

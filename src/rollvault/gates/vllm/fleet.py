@@ -185,12 +185,15 @@ class Fleet:
         ok = await server.client.healthy()
         if server.managed is not None and not server.managed.alive():
             ok = False
-        if self.health.state(server.name) is not ServerHealth.SUSPECT:
-            return
-        if ok:
-            self.health.move(server.name, HealthEvent.CHECKED_OK)
-        else:
+        if self.health.state(server.name) is ServerHealth.SUSPECT:
+            if ok:
+                self.health.move(server.name, HealthEvent.CHECKED_OK)
+                self._notify()
+                return
             self.health.move(server.name, HealthEvent.FAILED)
+        # Dead, by this check or by a failure reported while it ran (whose recovery
+        # could not start while this task held the slot): recover it now.
+        if self.health.state(server.name) is ServerHealth.DEAD:
             server.recovery = None
             self._start_recovery(server)
         self._notify()

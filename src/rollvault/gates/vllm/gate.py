@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 from pathlib import Path
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -155,6 +156,8 @@ class VllmGate:
         self.tokens_generated = 0
         """Response tokens of every finished generation, including attempts that failed later."""
         self.weight_syncs = 0
+        self.update_seconds = 0.0
+        """Wall time in update_weights: draining attempts, writing weights, refitting servers."""
 
     @property
     def weight_version(self) -> int:
@@ -182,6 +185,7 @@ class VllmGate:
             self._version = weight_version
             await self.start()
             return
+        started = time.perf_counter()
         self._open.clear()
         try:
             await self.fleet.drained()
@@ -191,6 +195,7 @@ class VllmGate:
             self.weight_syncs += 1
         finally:
             self._open.set()
+            self.update_seconds += time.perf_counter() - started
 
     async def close(self) -> None:
         """Stop the managed servers and close every connection; no attempt runs after this."""
