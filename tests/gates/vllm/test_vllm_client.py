@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from rollvault.config.schema import VllmGateConfig
+import rollvault
+from rollvault.config.loading import load_run_config
+from rollvault.config.schema import GateKind, VllmGateConfig
 from rollvault.controller.loop.gate import AttemptRequest, FailureKind, GateAttemptError
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
@@ -169,7 +171,7 @@ def test_failures_are_infra_for_the_server_and_data_for_the_request() -> None:
 
     async def main() -> None:
         async with _serving(fake) as url:
-            client = VllmClient(url, model="m", timeout_s=0.5)
+            client = VllmClient(url, model="m", timeout_s=0.2)
             try:
                 result = await client.complete([2], SETTINGS, seed=1, request_id=9)
                 assert (result.token_ids, result.finished) == ([5, 6, 1], True)
@@ -183,7 +185,7 @@ def test_failures_are_infra_for_the_server_and_data_for_the_request() -> None:
                 with pytest.raises(ServerDataError, match="expected 1 choice"):
                     await client.complete([2], SETTINGS, seed=1, request_id=9)
                 fake.respond = lambda body: web.json_response(_answer([1]))
-                fake.delay_s = 2.0
+                fake.delay_s = 0.5
                 with pytest.raises(ServerInfraError, match="timed out"):
                     await client.complete([2], SETTINGS, seed=1, request_id=9)
             finally:
@@ -344,3 +346,17 @@ def test_an_external_server_that_goes_down_is_probed_refitted_and_used_again(
                 await gate.close()
 
     asyncio.run(main())
+
+
+def test_the_vllm_recipe_is_the_addition_recipe_on_the_vllm_gate() -> None:
+    configs = Path(rollvault.__file__).parent / "configs"
+    vllm = load_run_config(configs / "grpo_addition_vllm.yaml", [])
+    local = load_run_config(configs / "grpo_addition.yaml", [])
+    assert vllm.gate.kind is GateKind.VLLM and vllm.gate.vllm.launch
+    sampled = ("temperature", "top_p", "top_k", "max_new_tokens")
+    assert [getattr(vllm.gate.vllm, f) for f in sampled] == [
+        getattr(local.gate.local_model, f) for f in sampled
+    ]
+    # Everything but the gate and the run's own paths is the same, so the two compare.
+    for section in ("grpo", "sampler", "rollout", "reward", "dataset", "trainer"):
+        assert getattr(vllm, section) == getattr(local, section), section
