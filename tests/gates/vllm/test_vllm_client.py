@@ -30,6 +30,7 @@ from rollvault.gates.vllm.completions import (
     completion_body,
     parse_completion,
 )
+from rollvault.gates.vllm.fleet import WeightSyncError
 from rollvault.gates.vllm.gate import VllmGate
 from rollvault.gates.vllm.health import ServerHealth
 from rollvault.gates.vllm.weight_dirs import WEIGHTS_FILENAME, WeightDirs
@@ -62,6 +63,8 @@ class FakeServer:
             web.json_response(_answer([5, 6, 1]))
         )
         self.delay_s = 0.0
+        self.model = ""
+        """The model name /v1/models lists; the tests set the gate's."""
         self.health_ok = True
         self.calls: list[str] = []
         self.version = "default"
@@ -76,6 +79,7 @@ class FakeServer:
         app.router.add_post("/collective_rpc", self._rpc)
         app.router.add_post("/update_weight_version", self._set_version)
         app.router.add_get("/weight_info", self._info)
+        app.router.add_get("/v1/models", self._models)
         return app
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
@@ -99,6 +103,9 @@ class FakeServer:
     async def _set_version(self, request: web.Request) -> web.StreamResponse:
         self.version = (await request.json())["new_version"]
         return web.json_response({"success": True})
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"data": [{"id": self.model}]})
 
     async def _info(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"weight_version": self.version})
@@ -232,6 +239,8 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 def test_the_gate_routes_sticky_least_loaded_and_sorts_failures(tmp_path: Path) -> None:
     model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
     fakes = [FakeServer(), FakeServer()]
+    for fake in fakes:
+        fake.model = str(model_dir.resolve())
 
     async def main() -> None:
         async with _serving(fakes[0]) as url_a, _serving(fakes[1]) as url_b:
@@ -300,6 +309,7 @@ def test_an_external_server_that_goes_down_is_probed_refitted_and_used_again(
 ) -> None:
     model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
     fake = FakeServer()
+    fake.model = str(model_dir.resolve())
 
     async def main() -> None:
         async with _serving(fake) as url:
@@ -360,3 +370,29 @@ def test_the_vllm_recipe_is_the_addition_recipe_on_the_vllm_gate() -> None:
     # Everything but the gate and the run's own paths is the same, so the two compare.
     for section in ("grpo", "sampler", "rollout", "reward", "dataset", "trainer"):
         assert getattr(vllm, section) == getattr(local, section), section
+
+
+@pytest.mark.slow
+def test_a_server_of_another_model_is_refused_naming_what_it_serves(tmp_path: Path) -> None:
+    model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
+    fake = FakeServer()
+    fake.model = "some/other-model"
+
+    async def main() -> None:
+        async with _serving(fake) as url:
+            config = VllmGateConfig(launch=False, urls=[url], weights_dir=str(tmp_path / "v"))
+            gate = VllmGate(
+                config,
+                EmbeddedDataPlane(DataPlaneMutationCut()),
+                AdditionEnvironment(),
+                model_path=model_dir,
+                weights_provider=lambda: b"weights",
+            )
+            try:
+                with pytest.raises(WeightSyncError, match=r"serves \['some/other-model'\], not"):
+                    await gate.run_attempt(_request(0, "g"))
+                assert fake.calls.count("complete") == 0
+            finally:
+                await gate.close()
+
+    asyncio.run(main())

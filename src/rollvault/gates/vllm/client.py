@@ -49,6 +49,14 @@ class _WeightInfo(msgspec.Struct, frozen=True):
     weight_version: str | None
 
 
+class _ModelCard(msgspec.Struct, frozen=True):
+    id: str
+
+
+class _ModelList(msgspec.Struct, frozen=True):
+    data: list[_ModelCard]
+
+
 class VllmClient:
     """Calls one server at ``url`` (``http://host:port``); one aiohttp session, reused."""
 
@@ -107,6 +115,14 @@ class VllmClient:
 
     async def set_weight_version(self, version: str) -> None:
         await self._call("POST", "/update_weight_version", json={"new_version": version})
+
+    async def served_models(self) -> list[str]:
+        """The model names ``/v1/models`` lists (a completion must name one of them)."""
+        raw = await self._call("GET", "/v1/models")
+        try:
+            return [card.id for card in msgspec.json.decode(raw, type=_ModelList).data]
+        except msgspec.DecodeError as error:
+            raise ServerDataError(f"{self.url}/v1/models: {error}") from error
 
     async def weight_version(self) -> str | None:
         """The version ``/weight_info`` reports (None before any was set)."""

@@ -231,6 +231,7 @@ class Fleet:
             if server.incarnation > 1:
                 server.restarts += 1
         await self.wait_healthy(server)
+        await self._check_model(server)
         self.health.move(server.name, HealthEvent.UP)
         async with self._weights_lock:
             await self._refit(server)
@@ -249,6 +250,18 @@ class Fleet:
                     f"{self._startup_timeout_s} s"
                 )
             await asyncio.sleep(_POLL_S)
+
+    async def _check_model(self, server: Server) -> None:
+        """Refuse a server that does not serve the gate's model (every request would 404)."""
+        try:
+            served = await server.client.served_models()
+        except ServerDataError as error:
+            raise WeightSyncError(f"vLLM server {server.name}: {error}") from error
+        if server.client.model not in served:
+            raise WeightSyncError(
+                f"vLLM server {server.name} serves {served}, not {server.client.model!r} "
+                "(start it with --model at model.path's absolute path)"
+            )
 
     # -- weights --------------------------------------------------------------------------
 

@@ -76,10 +76,12 @@ def build_servers(config: VllmGateConfig, *, model_path: Path) -> list[Server]:
     if config.api_key_env and not api_key:
         raise ValueError(f"gate.vllm.api_key_env: ${config.api_key_env} is not set")
 
+    # Managed servers serve model.path by its absolute path, and so must external ones:
+    # a completion names its model, and this is the name.
+    model = str(model_path.resolve())
+
     def client(url: str) -> VllmClient:
-        return VllmClient(
-            url, model=str(model_path), timeout_s=config.request_timeout_s, api_key=api_key
-        )
+        return VllmClient(url, model=model, timeout_s=config.request_timeout_s, api_key=api_key)
 
     if not config.launch:
         if not config.urls:
