@@ -243,8 +243,9 @@ class VllmGateConfig(_Section, frozen=True):
     launch: bool = True
     num_servers: PositiveInt = 1
     # External servers (launch: false), e.g. ["http://10.0.0.5:8000"]. They must run with
-    # VLLM_SERVER_DEV_MODE=1 and --logprobs-mode processed_logprobs, serve model.path,
-    # read weights_dir at the same path, and be unreachable from untrusted networks.
+    # VLLM_SERVER_DEV_MODE=1 and --logprobs-mode processed_logprobs, serve model.path
+    # (--model at its absolute path), read weights_dir at the same path, and be
+    # unreachable from untrusted networks.
     urls: list[NonEmptyStr] = msgspec.field(default_factory=list)
     # The Python that starts managed servers; null: $ROLLVAULT_VLLM_PYTHON, else
     # .venv-vllm/bin/python (created by make vllm-venv).
