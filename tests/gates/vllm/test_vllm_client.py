@@ -7,6 +7,9 @@ RL endpoints like vLLM does, or fails on purpose; nothing here needs vLLM.
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,6 +36,7 @@ from rollvault.gates.vllm.completions import (
 from rollvault.gates.vllm.fleet import WeightSyncError
 from rollvault.gates.vllm.gate import VllmGate
 from rollvault.gates.vllm.health import ServerHealth
+from rollvault.gates.vllm.launch import _kill_leftover_group
 from rollvault.gates.vllm.weight_dirs import WEIGHTS_FILENAME, WeightDirs
 from rollvault.tasks.addition.environment import AdditionEnvironment
 from rollvault.training.model_store import ensure_model_dir
@@ -396,3 +400,25 @@ def test_a_server_of_another_model_is_refused_naming_what_it_serves(tmp_path: Pa
                 await gate.close()
 
     asyncio.run(main())
+
+
+def test_a_killed_runs_leftover_vllm_processes_are_killed_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    # A stand-in for an orphaned engine process: its own group, "vllm" in its command line.
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    leftover = subprocess.Popen([*sleeper, "VLLM::EngineCore"], start_new_session=True)
+    other = subprocess.Popen([*sleeper, "not-a-server"], start_new_session=True)
+    try:
+        record = tmp_path / "server_0.log.pgid"
+        record.write_text(str(leftover.pid))
+        _kill_leftover_group(record)
+        assert leftover.wait(timeout=10) == -signal.SIGKILL
+        assert not record.exists()
+        record.write_text(str(other.pid))  # a group that is not vLLM's is left alone
+        _kill_leftover_group(record)
+        assert other.poll() is None
+    finally:
+        for process in (leftover, other):
+            process.kill()
+            process.wait()

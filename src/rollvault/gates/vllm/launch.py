@@ -12,8 +12,11 @@ not reach it (the gate stops it in order) and so that stopping it reaches the
 engine processes it spawns: :meth:`ManagedServer.stop` signals that process
 group, which this process created, and nothing else. On Linux it also gets
 ``PR_SET_PDEATHSIG``: when the run is killed (SIGKILL leaves no time to stop
-anything), the kernel kills the server too, and vLLM's engine processes
-follow their parent; a server never outlives the run that started it.
+anything), the kernel kills the API server too. vLLM's engine process does not
+inherit that and can outlive it, so the group id is also recorded beside the
+log (``server_<i>.log.pgid``), and the next start of the same server (the
+restarted run) first kills what is left of that group: only processes of
+that group whose command line is vLLM's, so a recycled id is never hit.
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class ManagedServer:
         if self.alive():
             return
         self.stop()
+        _kill_leftover_group(self._pgid_path)
         settings = self.settings
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
@@ -135,6 +139,11 @@ class ManagedServer:
             preexec_fn=_die_with_parent,
         )
         self.starts += 1
+        self._pgid_path.write_text(str(self._process.pid))
+
+    @property
+    def _pgid_path(self) -> Path:
+        return self.log_path.with_name(self.log_path.name + ".pgid")
 
     def exit_message(self) -> str | None:
         """Why the process is not running (exit code and the log's tail); None if it runs."""
@@ -157,6 +166,7 @@ class ManagedServer:
         process, self._process = self._process, None
         if process is not None:
             _stop_group(process)
+            self._pgid_path.unlink(missing_ok=True)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -195,6 +205,29 @@ def _die_with_parent() -> None:
     if os.uname().sysname == "Linux":
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _kill_leftover_group(pgid_path: Path) -> None:
+    """SIGKILL the vLLM processes left in the group a killed run recorded at ``pgid_path``."""
+    try:
+        pgid = int(pgid_path.read_text())
+    except (OSError, ValueError):
+        return  # no record (a clean stop removed it), or an unreadable one: nothing known
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _in_vllm_group(entry, pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+    pgid_path.unlink(missing_ok=True)
+
+
+def _in_vllm_group(proc: Path, pgid: int) -> bool:
+    try:
+        # Field 5 of stat, after the parenthesised command name (which may hold spaces).
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        cmdline = (proc / "cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False  # exited meanwhile, or not ours to read
+    return int(fields[2]) == pgid and (b"vllm" in cmdline or b"VLLM" in cmdline)
 
 
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
