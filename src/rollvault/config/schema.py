@@ -42,6 +42,7 @@ __all__ = [
     "TrainerKind",
     "TransferQueueConfig",
     "TrainerPlacement",
+    "VllmGateConfig",
     "WarmupConfig",
 ]
 
@@ -81,6 +82,8 @@ class GateKind(enum.StrEnum):
     LOCAL_MODEL = "local_model"
     RAY = "ray"
     """A pool of Ray actors, each hosting the local model's generation engine."""
+    VLLM = "vllm"
+    """OpenAI-compatible vLLM servers, started by the run or run by someone else."""
 
 
 class DataPlaneKind(enum.StrEnum):
@@ -266,6 +269,51 @@ class RayGateConfig(_Section, frozen=True):
     actor_call_timeout_s: PositiveFloat = 120.0
 
 
+class VllmGateConfig(_Section, frozen=True):
+    """The vLLM gate: OpenAI-compatible vLLM servers, started by the run or run by someone else."""
+
+    # Sampling, as in local_model: the server's logprobs (processed_logprobs) and the
+    # trainer's recomputation use the same temperature, top_p and top_k.
+    temperature: PositiveFloat = 1.0
+    top_p: UnitFraction = 1.0
+    top_k: NonNegativeInt = 0
+    # A response that has not ended with a stop token after this many tokens is cut.
+    max_new_tokens: PositiveInt = 8
+    # true: start num_servers servers as child processes (127.0.0.1 only) and restart
+    # any that dies; false: use the servers of urls, run by someone else.
+    launch: bool = True
+    num_servers: PositiveInt = 1
+    # External servers (launch: false), e.g. ["http://10.0.0.5:8000"]. They must run with
+    # VLLM_SERVER_DEV_MODE=1 and --logprobs-mode processed_logprobs, serve model.path
+    # (--model at its absolute path), read weights_dir at the same path, and be
+    # unreachable from untrusted networks.
+    urls: list[NonEmptyStr] = msgspec.field(default_factory=list)
+    # The Python that starts managed servers; null: $ROLLVAULT_VLLM_PYTHON, else
+    # .venv-vllm/bin/python (created by make vllm-venv).
+    python: NonEmptyStr | None = None
+    # Port of the first managed server (the next ones count up); 0: any free port.
+    base_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    # Managed servers' --max-model-len, --gpu-memory-utilization, VLLM_CPU_KVCACHE_SPACE (GB).
+    max_model_len: PositiveInt = 128
+    gpu_memory_utilization: UnitFraction = 0.2
+    kv_cache_space_gb: PositiveInt = 1
+    # Further arguments for managed servers' api_server command line.
+    extra_args: list[str] = msgspec.field(default_factory=list)
+    # Where each weight version is written (model.safetensors) for servers to reload;
+    # also holds the managed servers' logs.
+    weights_dir: NonEmptyStr = "runs/default/vllm"
+    # Weight versions kept in weights_dir (the newest ones).
+    keep_weight_versions: PositiveInt = 2
+    # Seconds one HTTP call may take before it fails as an infra failure.
+    request_timeout_s: PositiveFloat = 60.0
+    # Seconds a server may take to answer /health after a (re)start.
+    startup_timeout_s: PositiveFloat = 300.0
+    # Restarts (or reconnection probes) of one server in a row before it stays dead.
+    max_restarts: NonNegativeInt = 3
+    # Environment variable holding the servers' API key (sent as a Bearer token); null: none.
+    api_key_env: NonEmptyStr | None = None
+
+
 class GateConfig(_Section, frozen=True):
     """Which gate runs attempts, and its settings."""
 
@@ -273,6 +321,7 @@ class GateConfig(_Section, frozen=True):
     simulated: SimulatedGateConfig = msgspec.field(default_factory=SimulatedGateConfig)
     local_model: LocalModelGateConfig = msgspec.field(default_factory=LocalModelGateConfig)
     ray: RayGateConfig = msgspec.field(default_factory=RayGateConfig)
+    vllm: VllmGateConfig = msgspec.field(default_factory=VllmGateConfig)
 
 
 class ModelConfig(_Section, frozen=True):

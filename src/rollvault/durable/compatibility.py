@@ -109,6 +109,19 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
         "**.num_nodes": "machine count: changes speed, not results",
         "**.gpus_per_node": "accelerators per machine: changes speed, not results",
         "**.num_workers": "process and actor counts: change speed, not results",
+        "gate.vllm.launch": "who runs the vLLM servers (the run or someone else): placement",
+        "gate.vllm.num_servers": "how many vLLM servers generate: speed, not results",
+        "gate.vllm.urls": "where the vLLM servers are: placement",
+        "gate.vllm.python": "which Python starts the vLLM servers: placement",
+        "gate.vllm.base_port": "network ports of the vLLM servers",
+        "gate.vllm.gpu_memory_utilization": "memory the vLLM servers take: capacity",
+        "gate.vllm.kv_cache_space_gb": "KV cache the vLLM servers take: capacity",
+        "gate.vllm.weights_dir": "where weight versions are written for the servers to reload",
+        "gate.vllm.keep_weight_versions": "how many old weight versions stay on disk",
+        "gate.vllm.request_timeout_s": "when a hung request counts as an infra failure: timing",
+        "gate.vllm.startup_timeout_s": "how long a starting server may take: timing",
+        "gate.vllm.max_restarts": "when a dying server is given up: when the run stops",
+        "gate.vllm.api_key_env": "which variable holds the servers' key: access, not results",
     }
 )
 _BOOTSTRAP_FINGERPRINT_EXCLUDED_PATHS: Final = frozenset(_EXCLUDED_PATH_REASONS)

@@ -77,7 +77,7 @@ def prepare(config: RunConfig) -> PreparedRun:
     names no task or the task does not fit the gate or the warm-up.
     """
     task = get_task(config.dataset.kind)
-    if config.gate.kind in (GateKind.LOCAL_MODEL, GateKind.RAY):
+    if config.gate.kind in (GateKind.LOCAL_MODEL, GateKind.RAY, GateKind.VLLM):
         # Imported here, not at the top: torch and transformers cost about five
         # CPU-seconds to import, which the simulated run never needs.
         from rollvault.recipes.model_run import prepare_model_run

@@ -1,8 +1,8 @@
-"""A run on a causal LM: generation in a worker process, text scoring, GRPO training.
+"""A run on a causal LM: generation in a worker process or on vLLM servers, text scoring, GRPO.
 
 The one part of a run that needs torch and transformers; the composition
 (:func:`rollvault.recipes.async_grpo.prepare`) imports it only for
-``gate.kind=local_model``.
+``gate.kind=local_model`` and ``gate.kind=vllm``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from rollvault.config.schema import GateKind, RunConfig, TrainerPlacement
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
+from rollvault.gates.vllm.gate import VllmGate
 from rollvault.recipes.run_parts import (
     CountingGate,
     Policy,
@@ -73,20 +74,36 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
             seed=config.seed,
             renderer=renderer,
         )
+    # The trainer recomputes logprobs under the distribution the gate samples from.
+    vllm = config.gate.kind is GateKind.VLLM
+    sampling = config.gate.vllm if vllm else config.gate.local_model
     local_trainer = GrpoTrainer(
         model,
         pad_token_id=int(tokenizer.pad_token_id),
         settings=GrpoSettings.from_config(
             config.trainer,
-            temperature=config.gate.local_model.temperature,
-            top_p=config.gate.local_model.top_p,
-            top_k=config.gate.local_model.top_k,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
         ),
     )
     trainer: GrpoTrainer | RayTrainer = local_trainer
     if config.trainer.placement is TrainerPlacement.RAY:
         trainer = _trainer_actor(config, local_trainer, model_path, int(tokenizer.pad_token_id))
     gates: list[CountingGate] = []
+
+    def vllm_gate(data_plane: DataPlane) -> VllmGate:
+        gate = VllmGate(
+            config.gate.vllm,
+            data_plane,
+            environment,
+            model_path=model_path,
+            weights_provider=trainer.weights_for_gate,
+            seed=config.seed,
+            prompt_format=prompt_format,
+        )
+        gates.append(gate)
+        return gate
 
     def local_model_gate(data_plane: DataPlane) -> LocalModelGate:
         if config.gate.kind is GateKind.RAY:
@@ -127,7 +144,7 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
         task=task,
         dataset=dataset,
         trainer=trainer,
-        gate_factory=local_model_gate,
+        gate_factory=vllm_gate if vllm else local_model_gate,
         warmup=warmup,
         gates=gates,
         policy=Policy(trainer=trainer, tokenizer=tokenizer, start=start),

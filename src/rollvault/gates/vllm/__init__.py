@@ -1,0 +1,1 @@
+"""The vLLM gate: OpenAI-compatible vLLM servers as the generation engine."""
