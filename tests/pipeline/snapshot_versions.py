@@ -22,16 +22,41 @@ from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import AttemptFailureKind
 
 V3: Final = 3
+V4: Final = 4
 _METADATA: Final = "metadata.json"
 
 
+def downgrade_sidecar_to_v4(state: dict[str, Any]) -> dict[str, Any]:
+    """A version 5 sidecar (builtins) as the version 4 writer wrote it.
+
+    Version 5 adds ``turn_keys`` and ``env_state_revision`` to attempts;
+    refuses an attempt with committed turns (version 4 had none).
+    """
+    if state["schema_version"] != 5:
+        raise ValueError(f"expected a version 5 sidecar, got {state['schema_version']}")
+    old = json.loads(json.dumps(state))
+    old["schema_version"] = V4
+    old["ledger"]["schema_version"] = V4
+    for group in old["ledger"]["groups"]:
+        for sibling in group["siblings"]:
+            for attempt in sibling["attempts"]:
+                if attempt["turn_keys"]:
+                    raise ValueError(
+                        f"group {group['group_id']}: committed turns have no version 4 form"
+                    )
+                del attempt["turn_keys"], attempt["env_state_revision"]
+    return old
+
+
 def downgrade_sidecar_to_v3(state: dict[str, Any]) -> dict[str, Any]:
-    """A version 4 sidecar (builtins) as the version 3 writer wrote it.
+    """A version 5 or 4 sidecar (builtins) as the version 3 writer wrote it.
 
     Refuses an attempt failed as ``interrupted``: version 3 had no such kind
     (its reasons start with ``infra:`` or ``data:``), so no version 3 sidecar
     can hold one.
     """
+    if state["schema_version"] == 5:
+        state = downgrade_sidecar_to_v4(state)
     if state["schema_version"] != 4:
         raise ValueError(f"expected a version 4 sidecar, got {state['schema_version']}")
     old = json.loads(json.dumps(state))

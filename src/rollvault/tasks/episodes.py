@@ -210,7 +210,7 @@ def as_episode(
     if hasattr(environment, "score_text"):
         return SingleTurnTextEpisode(cast(TextEnvironment, environment))
     if hasattr(environment, "score"):
-        return SingleTurnEpisode(cast(Environment, environment))
+        return SingleTurnEpisode(environment)
     raise TypeError(
         f"{type(environment).__name__} is no environment: give it score(), score_text(), "
         "or reset()/step() with restore_class and max_turns"
