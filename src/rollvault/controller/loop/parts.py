@@ -21,6 +21,7 @@ from rollvault.controller.data.replay_index import ReplayBufferIndex, ReplayEntr
 from rollvault.controller.data.sampler import Sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
 from rollvault.controller.loop.dispatch_journal import DispatchJournal, LostGroupInterruption
+from rollvault.controller.loop.episodes import EpisodeTable
 from rollvault.controller.loop.io_failures import LogWriteError
 from rollvault.controller.loop.run_logs import (
     AttemptLogRecord,
@@ -196,6 +197,8 @@ class RolloutParts:
     """The dispatch journal (None: rollout checkpointing is off, nothing is restored)."""
     lost_interruptions: list[LostGroupInterruption] = field(default_factory=list)
     """Interrupted attempts of groups a restore lost, until their prompts are reserved again."""
+    episodes: EpisodeTable = field(default_factory=EpisodeTable)
+    """In-flight episodes' environment state at their last committed turn."""
 
     async def notify(self) -> None:
         """Wake every task waiting on ``changed``."""
