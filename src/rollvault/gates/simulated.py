@@ -89,7 +89,7 @@ class SimulatedGate:
             request,
             self._environment(),
             prompt_ids=[int(t) for t in request.prompt.get("prompt_token_ids", [])],
-            generate=lambda prompt, turn: self._generate(rollout_id, turn),
+            generate=lambda prompt, turn: self._generate(rollout_id, prompt, turn),
             codec=_ByteCodec(self._config.vocab_size),
             data_plane=self._data_plane,
             sink=current_turn_sink(self._data_plane),
@@ -115,8 +115,12 @@ class SimulatedGate:
             checks=episode.checks,
         )
 
-    async def _generate(self, rollout_id: str, turn: int) -> Generation:
-        """One simulated model call; turn 0 draws exactly what a one-call attempt did."""
+    async def _generate(self, rollout_id: str, prompt_ids: list[int], turn: int) -> Generation:
+        """One simulated model call; turn 0 draws exactly what a one-call attempt did.
+
+        The draw depends on the attempt and the turn, not on ``prompt_ids`` (the
+        episode's token history so far), which subclasses may inspect.
+        """
         call_id = rollout_id if turn == 0 else f"{rollout_id}:t{turn}"
         weight_version = self._weight_version
         response = self._response_tokens(call_id)

@@ -130,4 +130,6 @@ def owned_entries(
 
 def _owns(attempt: RolloutAttemptRecord, entry: EpisodeState) -> bool:
     live = attempt.status in (RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED)
-    return live and bool(attempt.turn_keys) and attempt.env_state_revision == entry.env_state_revision
+    return (
+        live and bool(attempt.turn_keys) and attempt.env_state_revision == entry.env_state_revision
+    )

@@ -112,6 +112,12 @@ class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     """Attempts in flight when the previous start died (0 in logs of older versions)."""
     skipped: list[str] = msgspec.field(default_factory=list)
     """Newer trainer checkpoints this start could not use, each ``path: why``."""
+    turns_resumed: int = 0
+    """Committed turns of interrupted episodes that restore continues from."""
+    episodes_resumed: list[str] = msgspec.field(default_factory=list)
+    """Siblings (logical rollout ids) whose episode continues at its last committed turn."""
+    episodes_restarted: list[str] = msgspec.field(default_factory=list)
+    """Episodes restarted from their first turn, each ``logical id: why``."""
     seq: int = 0
 
 
