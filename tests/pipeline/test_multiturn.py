@@ -16,14 +16,22 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from pipeline_helpers import BatchKeepingTrainer, dataset_of, small_config
 
+from rollvault.checkpoint_tools.inventory import read_snapshot_contents
 from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.pipeline import run
 from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
 from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.controller.snapshots.snapshot_files import ENV_ROLLOUTS_FILENAME
+from rollvault.controller.snapshots.verification import (
+    ProblemKind,
+    VerificationLevel,
+    verify_snapshot,
+)
+from rollvault.dataplane.checkpoint_format import decode_metadata, encode_metadata, sha256_hex
 from rollvault.dataplane.checkpoint_io import read_checkpoint
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
 from rollvault.dataplane.rows import RowView
@@ -223,3 +231,52 @@ def test_a_restart_continues_each_interrupted_episode_at_its_last_committed_turn
         assert len(trained) == 1, f"{logical} trained {len(trained)} times"
         ids = np.asarray(trained[0][logical]["input_ids"]).tolist()
         assert ids[: len(history)] == history, group_id + index
+
+
+def test_verify_checks_the_env_state_sidecar_and_inspect_counts_committed_turns(
+    tmp_path: Path,
+) -> None:
+    config = multiturn_config(tmp_path, "grpo.max_num_epochs=1")
+    _stop_when_episodes_in_flight(config, at_least=2)
+    root = snapshots_root(Path(config.checkpointing.checkpoint_dir) / BOOTSTRAP_DIRNAME)
+    newest = committed_snapshot_paths(root)[-1]
+    prefixes = _committed_prefixes(newest)
+    full = VerificationLevel.FULL
+    assert verify_snapshot(newest, generations_per_group=4, level=full).problems == ()
+    siblings = read_snapshot_contents(newest).siblings
+    assert siblings.mid_episode == len(prefixes) >= 2
+    assert siblings.turns_committed == sum(len(rows) for rows in prefixes.values())
+
+    # The sidecar's revision no longer matches the ledger's committed turns: named.
+    sidecar = newest / ENV_ROLLOUTS_FILENAME
+    state = json.loads(sidecar.read_bytes())
+    logical = sorted(state["episodes"])[0]
+    state["episodes"][logical]["env_state_revision"] += 1
+    data = json.dumps(state, sort_keys=True).encode()
+    sidecar.write_bytes(data)
+    assert any(
+        p.path == sidecar
+        for p in verify_snapshot(newest, generations_per_group=4, level=full).problems
+    )
+    advertise(newest, ENV_ROLLOUTS_FILENAME, data)
+    problems = verify_snapshot(newest, generations_per_group=4, level=full).problems
+    assert [(p.path, p.kind) for p in problems] == [(sidecar, ProblemKind.INCONSISTENT)]
+    assert logical in problems[0].problem and "revision" in problems[0].problem
+
+    # A flipped byte is caught by the checksum the data plane's metadata advertises.
+    raw = bytearray(data)
+    raw[len(raw) // 2] ^= 0x01
+    sidecar.write_bytes(bytes(raw))
+    problems = verify_snapshot(newest, generations_per_group=4, level=full).problems
+    assert any(p.path == sidecar and p.kind is ProblemKind.DAMAGED for p in problems)
+
+
+def advertise(snapshot: Path, name: str, data: bytes) -> None:
+    """Make the data plane's metadata advertise ``data`` as the sidecar ``name``."""
+    metadata_path = snapshot / "data_plane" / "metadata.json"
+    content = decode_metadata(metadata_path.read_bytes(), metadata_path)
+    user_metadata = json.loads(json.dumps(content.user_metadata))
+    user_metadata["sidecars"][name]["sha256"] = sha256_hex(data)
+    metadata_path.write_bytes(
+        encode_metadata(msgspec.structs.replace(content, user_metadata=user_metadata))
+    )
