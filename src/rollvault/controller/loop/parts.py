@@ -31,6 +31,7 @@ from rollvault.controller.loop.run_logs import (
     PendingLogRecord,
     RestoreLogRecord,
     TrainLogRecord,
+    TurnLogRecord,
 )
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.interface import DataPlane
@@ -129,6 +130,8 @@ class RunLogs:
     restores: JsonlWriter[RestoreLogRecord]
     pending: JsonlWriter[PendingLogRecord]
     """Prompts left untrained when the run ends by the step budget."""
+    turns: JsonlWriter[TurnLogRecord]
+    """Committed turns of attempts (multi-turn evidence)."""
     sequence: LogSequence
     incarnation: int
 
@@ -152,7 +155,14 @@ class RunLogs:
 
     def failure(self) -> LogWriteError | None:
         """Why a log refuses lines, if one does: the state may then be ahead of the logs."""
-        for writer in (self.train, self.attempts, self.drops, self.restores, self.pending):
+        for writer in (
+            self.train,
+            self.attempts,
+            self.drops,
+            self.restores,
+            self.pending,
+            self.turns,
+        ):
             if writer.failure is not None:
                 return writer.failure
         return None
@@ -163,6 +173,7 @@ class RunLogs:
         self.drops.close()
         self.restores.close()
         self.pending.close()
+        self.turns.close()
 
 
 @dataclass

@@ -402,6 +402,7 @@ class RolloutPump:
             None,
             reward=outcome.reward,
             checks=outcome.checks,
+            staging_keys=list(validate_receipt(outcome.receipt).staging_keys),
         )
 
     def _journal_returned(self, request: AttemptRequest) -> None:
@@ -491,6 +492,7 @@ class RolloutPump:
         *,
         reward: float | None = None,
         checks: dict[str, bool | float] | None = None,
+        staging_keys: list[str] | None = None,
     ) -> None:
         self._parts.logs.attempts.write(
             AttemptLogRecord(
@@ -503,6 +505,7 @@ class RolloutPump:
                 reason=reason,
                 reward=reward,
                 checks=checks,
+                staging_keys=staging_keys,
             )
         )
 

@@ -7,6 +7,8 @@ one mutation section, so a snapshot sees a turn wholly committed or not at all.
 
 from __future__ import annotations
 
+import numpy as np
+
 from rollvault.controller.loop.episodes import EpisodeState, logical_id
 from rollvault.controller.loop.gate import (
     AttemptRequest,
@@ -15,6 +17,7 @@ from rollvault.controller.loop.gate import (
     GateAttemptError,
 )
 from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.run_logs import TurnLogRecord
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.ledger.errors import LedgerError
 
@@ -59,5 +62,16 @@ class TurnCommitter:
                     env_state=turn.env_state,
                     env_state_revision=revision,
                 ),
+            )
+            parts.logs.turns.write(
+                TurnLogRecord(
+                    gate_rollout_id=request.gate_rollout_id,
+                    group_id=request.group_id,
+                    generation_index=request.generation_index,
+                    turn_index=turn.turn_index,
+                    staging_key=turn.key,
+                    num_tokens=int(np.asarray(turn.row["token_mask"]).sum()),
+                    incarnation=parts.logs.incarnation,
+                )
             )
             self.turns_committed += 1

@@ -81,7 +81,7 @@ class RestoreCounts:
     """Attempts in flight when the process died, charged to their siblings' budgets."""
     turns_resumed: int = 0
     """Committed turns that interrupted episodes continue from."""
-    episodes_resumed: list[str] = dataclasses.field(default_factory=list)
+    episodes_resumed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     episodes_restarted: list[str] = dataclasses.field(default_factory=list)
     """``logical id: why`` of each episode restarted from its first turn."""
 
@@ -286,7 +286,7 @@ class RolloutRestorer:
                 resume, why_not = parts.episodes.resume_for(key, attempt)
                 if resume is not None:
                     self.counts.turns_resumed += len(resume.turn_keys)
-                    self.counts.episodes_resumed.append(key)
+                    self.counts.episodes_resumed[key] = list(resume.turn_keys)
                     continue
                 parts.ledger.restart_episode(
                     parts.cut, record.group_id, generation_index=sibling.generation_index
@@ -552,7 +552,7 @@ class RolloutRestorer:
                 seconds=seconds,
                 attempts_interrupted=counts.attempts_interrupted,
                 turns_resumed=counts.turns_resumed,
-                episodes_resumed=list(counts.episodes_resumed),
+                episodes_resumed=dict(counts.episodes_resumed),
                 episodes_restarted=list(counts.episodes_restarted),
                 skipped=[f"{path}: {reason}" for path, reason in self._resume.skipped],
             )
