@@ -284,6 +284,8 @@ class RolloutRestorer:
                     continue
                 key = logical_id(record.group_id, sibling.generation_index)
                 resume, why_not = parts.episodes.resume_for(key, attempt)
+                if not parts.config.rollout.turn_level_restore:
+                    resume, why_not = None, "rollout.turn_level_restore is false"
                 if resume is not None:
                     self.counts.turns_resumed += len(resume.turn_keys)
                     self.counts.episodes_resumed[key] = list(resume.turn_keys)
