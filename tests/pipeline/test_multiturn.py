@@ -15,6 +15,7 @@ import contextlib
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import ClassVar
 
 import msgspec
 import numpy as np
@@ -40,6 +41,7 @@ from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_
 from rollvault.gates.episode_runner import Generation
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
+from rollvault.tasks.episodes import Action, RestoreClass, StepResult, idempotency_key
 from rollvault.tasks.guess.environment import GuessEnvironment
 
 MULTITURN = (
@@ -57,6 +59,21 @@ def multiturn_config(tmp_path: Path, *overrides: str) -> RunConfig:
     return small_config(tmp_path, *MULTITURN, *overrides)
 
 
+class ReplayedGuess(GuessEnvironment):
+    """The game as a replayable environment; records every step's idempotency key."""
+
+    restore_class = RestoreClass.REPLAYABLE
+    keys: ClassVar[list[str]] = []
+
+    async def step(self, action: Action, *, idempotency_key: str) -> StepResult:
+        ReplayedGuess.keys.append(idempotency_key)
+        return await super().step(action, idempotency_key=idempotency_key)
+
+
+class RestartedGuess(GuessEnvironment):
+    restore_class = RestoreClass.RESTART_ONLY
+
+
 class RecordingGate(SimulatedGate):
     """Records every model call: (logical rollout id, turn, prompt ids); may stall turns.
 
@@ -70,8 +87,9 @@ class RecordingGate(SimulatedGate):
         *,
         stall_turn: int | None = None,
         stall_index: int = 0,
+        environment: type[GuessEnvironment] = GuessEnvironment,
     ) -> None:
-        super().__init__(config.gate.simulated, data_plane, GuessEnvironment, seed=config.seed)
+        super().__init__(config.gate.simulated, data_plane, environment, seed=config.seed)
         self.calls: list[tuple[str, str, int, list[int]]] = []
         self._stall = stall_turn
         self._stall_index = stall_index
@@ -144,13 +162,18 @@ def _newest_with_episodes(root: Path, at_least: int) -> Path | None:
     return None
 
 
-def _stop_when_episodes_in_flight(config: RunConfig, *, at_least: int) -> RecordingGate:
+def _stop_when_episodes_in_flight(
+    config: RunConfig,
+    *,
+    at_least: int,
+    environment: type[GuessEnvironment] = GuessEnvironment,
+) -> RecordingGate:
     """Run with every sibling 0 stalled at turn 1 until a snapshot holds episodes in flight."""
     root = snapshots_root(Path(config.checkpointing.checkpoint_dir) / BOOTSTRAP_DIRNAME)
     gates: list[RecordingGate] = []
 
     def gate(data_plane: DataPlane) -> RecordingGate:
-        gates.append(RecordingGate(config, data_plane, stall_turn=1))
+        gates.append(RecordingGate(config, data_plane, stall_turn=1, environment=environment))
         return gates[-1]
 
     async def main() -> None:
@@ -280,3 +303,55 @@ def advertise(snapshot: Path, name: str, data: bytes) -> None:
     metadata_path.write_bytes(
         encode_metadata(msgspec.structs.replace(content, user_metadata=user_metadata))
     )
+
+
+def _restart(config: RunConfig, environment: type[GuessEnvironment]) -> RecordingGate:
+    gates: list[RecordingGate] = []
+
+    def gate(data_plane: DataPlane) -> RecordingGate:
+        gates.append(RecordingGate(config, data_plane, environment=environment))
+        return gates[-1]
+
+    asyncio.run(
+        run(config, gate_factory=gate, trainer=BatchKeepingTrainer(), dataset=dataset_of(config))
+    )
+    return gates[0]
+
+
+def test_a_replayable_episode_is_rebuilt_by_replaying_its_actions_under_their_keys(
+    tmp_path: Path,
+) -> None:
+    config = multiturn_config(tmp_path, "grpo.max_num_epochs=1")
+    ReplayedGuess.keys.clear()
+    _stop_when_episodes_in_flight(config, at_least=2, environment=ReplayedGuess)
+    root = snapshots_root(Path(config.checkpointing.checkpoint_dir) / BOOTSTRAP_DIRNAME)
+    prefixes = _committed_prefixes(committed_snapshot_paths(root)[-1])
+    before = list(ReplayedGuess.keys)
+    ReplayedGuess.keys.clear()
+    second = _restart(config, ReplayedGuess)
+    restore = read_jsonl(Path(config.logging.log_dir) / RESTORES_LOG_FILENAME, RestoreLogRecord)[-1]
+    assert sorted(restore.episodes_resumed) == sorted(prefixes)
+    # Replaying a committed turn passes the key its first application had: an effect
+    # keyed by it cannot apply twice.
+    replayed = {idempotency_key(k) for keys in restore.episodes_resumed.values() for k in keys}
+    assert replayed <= set(before) and replayed <= set(ReplayedGuess.keys)
+    for logical, rows in prefixes.items():
+        turns = [turn for name, _, turn, _ in second.calls if name == logical]
+        assert all(turn >= len(rows) for turn in turns)
+
+
+def test_a_restart_only_episode_restarts_from_its_first_turn_and_says_so(
+    tmp_path: Path,
+) -> None:
+    config = multiturn_config(tmp_path, "grpo.max_num_epochs=1")
+    _stop_when_episodes_in_flight(config, at_least=2, environment=RestartedGuess)
+    root = snapshots_root(Path(config.checkpointing.checkpoint_dir) / BOOTSTRAP_DIRNAME)
+    prefixes = _committed_prefixes(committed_snapshot_paths(root)[-1])
+    second = _restart(config, RestartedGuess)
+    restore = read_jsonl(Path(config.logging.log_dir) / RESTORES_LOG_FILENAME, RestoreLogRecord)[-1]
+    assert restore.episodes_resumed == {} and restore.turns_resumed == 0
+    assert sorted(line.split(":")[0] for line in restore.episodes_restarted) == sorted(prefixes)
+    assert all("restart_only" in line for line in restore.episodes_restarted)
+    for logical in prefixes:
+        turns = [turn for name, _, turn, _ in second.calls if name == logical]
+        assert turns[0] == 0
