@@ -13,15 +13,20 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import msgspec
+import numpy as np
 import pytest
 
-from rollvault.checkpoint_tools.chaos.checks import check_finished_run
+from rollvault.checkpoint_tools.chaos.checks import check_finished_run, loss_mask_problems
 from rollvault.checkpoint_tools.chaos.plan import ChaosPlan, chaos_config
 from rollvault.checkpoint_tools.chaos.report import ChaosReport, StartOutcome
 from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
 from rollvault.controller.loop.run_logs import TURNS_LOG_FILENAME, TurnLogRecord, read_jsonl
+from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
+from rollvault.dataplane.interface import TRAIN_PARTITION
 
 KILLS = 6
 MULTITURN = (
@@ -83,3 +88,26 @@ def test_the_check_catches_a_committed_turn_generated_twice(
         f"group {turn.group_id} sibling {turn.generation_index}: trained turns" in p
         for p in problems
     ), problems
+
+
+def test_the_check_catches_a_loss_mask_on_tokens_the_model_did_not_generate(
+    tmp_path: Path,
+) -> None:
+    ids = np.arange(6, dtype=np.int64)
+    versions = np.asarray([-1, 0, 0, -1, 1, 1], dtype=np.int64)  # -1: prompt, observation
+    good = {
+        "input_ids": ids,
+        "token_mask": (versions >= 0).astype(np.int8),
+        "weight_versions": versions,
+    }
+    bad = dict(good, token_mask=np.ones(6, dtype=np.int8))
+    snapshot = cast(
+        LoadedSnapshot,
+        SimpleNamespace(
+            path=tmp_path,
+            data_plane=SimpleNamespace(partitions={TRAIN_PARTITION: {"g_g0": good, "g_g1": bad}}),
+        ),
+    )
+    assert loss_mask_problems(snapshot) == [
+        f"{tmp_path}: train row g_g1 has 2 loss-masked tokens that the model did not generate"
+    ]
