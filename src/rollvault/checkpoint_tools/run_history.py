@@ -236,8 +236,14 @@ def check_turn_lineage(history: RunHistory) -> list[str]:
     regenerated turn is one more line), and an episode a restore continued
     kept its committed prefix (the prefix is in its receipt). Each restore's
     resumed prefix must begin the trained episode too. Valid with ``sibling``
-    granularity and no simulated failures (a failed attempt's turns are redone).
+    granularity and no simulated failures (a failed attempt's turns are redone);
+    an episode a restore restarted from its first turn (``restart_only``, or
+    ``rollout.turn_level_restore=false``) regenerates its turns by design and is
+    left out.
     """
+    restarted = {
+        line.split(":", 1)[0] for restore in history.restores for line in restore.episodes_restarted
+    }
     sealed = {
         a.gate_rollout_id: a
         for a in history.attempts
@@ -256,8 +262,9 @@ def check_turn_lineage(history: RunHistory) -> list[str]:
                 if attempt is None or attempt.staging_keys is None:
                     continue  # a line of an older version: nothing to compare
                 keys = committed.get((record.group_id, index), [])
-                trained[f"{record.group_id}_g{index}"] = attempt.staging_keys
-                if keys and keys != attempt.staging_keys:
+                logical = f"{record.group_id}_g{index}"
+                trained[logical] = attempt.staging_keys
+                if keys and keys != attempt.staging_keys and logical not in restarted:
                     problems.append(
                         f"group {record.group_id} sibling {index}: trained turns "
                         f"{attempt.staging_keys} but committed {keys} (a turn generated twice, "
