@@ -12,8 +12,13 @@ check, the turn-level ones included.
 Work is counted in model tokens from ``turns.jsonl``, which logs every
 committed turn of every start (rolled-back starts too): *generated* is all of
 them, *trained* those of the turns the trained episodes consist of, and
-*lost* the difference. Tokens of a turn still being generated at a kill are
-never committed, so they are not counted in either mode (the same for both).
+*lost* the difference, split into *rolled back* (turns committed after the
+snapshot a restore used: lost in both modes, by the same mechanism, their
+amount set by where the kills land) and *committed* (turns a snapshot held:
+what turn-level restore keeps, lost anyway when their group is given up after
+too many interruptions; the restart baseline regenerates them). Tokens of a
+turn still being generated at a kill are never committed, so they are not
+counted in either mode (the same for both).
 
 Usage: python benchmarks/bench_multiturn_restore.py [--seeds 0,1] [--kills 10]
        [--workdir DIR] [--keep] [--json]
@@ -26,13 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from rollvault.checkpoint_tools.chaos.plan import ChaosPlan
 from rollvault.checkpoint_tools.chaos.report import ChaosReport
 from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
+from rollvault.checkpoint_tools.run_history import RunHistory
 from rollvault.ledger.statuses import RolloutAttemptStatus
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / ".bench_tmp" / "multiturn"
@@ -52,29 +57,49 @@ def figures(report: ChaosReport) -> dict[str, Any]:
     if report.problems:
         raise SystemExit("a run failed its checks:\n" + "\n".join(report.problems))
     assert report.check is not None
-    history = report.check.history
+    return history_figures(report.check.history, report.kills_delivered)
+
+
+def history_figures(history: RunHistory, kills: int) -> dict[str, Any]:
+    """The figures of one run's effective history (see the module docstring)."""
     tokens = {turn.staging_key: turn.num_tokens for turn in history.turns}
     generated = sum(tokens.values())
+    # Every sealed line, rolled back or not: a seal the dispatch journal restored
+    # trains although its attempts.jsonl line came after the snapshot.
     sealed = {
         a.gate_rollout_id: a.staging_keys or []
         for a in history.attempts
-        if a.status is RolloutAttemptStatus.SEALED and not history.is_void(a.incarnation, a.seq)
+        if a.status is RolloutAttemptStatus.SEALED
     }
-    trained = 0
-    for records in history.steps.values():
-        for record in records:
-            for gate_rollout_id in record.gate_rollout_ids:
-                trained += sum(tokens.get(key, 0) for key in sealed.get(gate_rollout_id, []))
-    turns_by_start: dict[int, int] = defaultdict(int)
+    trained_keys = {
+        key
+        for records in history.steps.values()
+        for record in records
+        for gate_rollout_id in record.gate_rollout_ids
+        for key in sealed.get(gate_rollout_id, [])
+    }
+    trained = sum(tokens.get(key, 0) for key in trained_keys)
+    # Lost work, split by where it was: turns committed after the snapshot a restore
+    # used (rolled back: the same in both modes, up to timing), and turns that a
+    # snapshot held (what turn-level restore keeps; lost anyway when their group
+    # is given up after too many interruptions).
+    lost_rolled_back = lost_committed = 0
     for turn in history.turns:
-        turns_by_start[turn.incarnation] += 1
-    kills = report.kills_delivered
+        if turn.staging_key in trained_keys:
+            continue
+        if history.is_void(turn.incarnation, turn.seq):
+            lost_rolled_back += turn.num_tokens
+        else:
+            lost_committed += turn.num_tokens
     return {
         "kills": kills,
         "generated_tokens": generated,
         "trained_tokens": trained,
         "lost_tokens": generated - trained,
         "lost_tokens_per_kill": (generated - trained) / kills if kills else 0.0,
+        "lost_rolled_back_tokens": lost_rolled_back,
+        "lost_committed_tokens": lost_committed,
+        "lost_committed_per_kill": lost_committed / kills if kills else 0.0,
         "turns_resumed": sum(r.turns_resumed for r in history.restores),
         "episodes_resumed": sum(len(r.episodes_resumed) for r in history.restores),
         "episodes_restarted": sum(len(r.episodes_restarted) for r in history.restores),
@@ -114,12 +139,13 @@ def main() -> None:
         return
     print(
         f"{'run':<18} {'kills':>5} {'generated':>10} {'trained':>8} {'lost':>7} "
-        f"{'lost/kill':>9} {'resumed':>8} {'restarted':>9}"
+        f"{'lost/kill':>9} {'rolled back':>11} {'committed':>9} {'resumed':>8} {'restarted':>9}"
     )
     for name, r in results.items():
         print(
             f"{name:<18} {r['kills']:>5} {r['generated_tokens']:>10} {r['trained_tokens']:>8} "
             f"{r['lost_tokens']:>7} {r['lost_tokens_per_kill']:>9.1f} "
+            f"{r['lost_rolled_back_tokens']:>11} {r['lost_committed_tokens']:>9} "
             f"{r['episodes_resumed']:>8} {r['episodes_restarted']:>9}"
         )
 
