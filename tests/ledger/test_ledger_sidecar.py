@@ -71,7 +71,7 @@ def test_filename_is_json_never_pickle() -> None:
 def test_build_leaves_canonical_groups_out_and_is_json_safe(ledger: Harness) -> None:
     state = build(ledger)
     assert set(state) == _SIDECAR_STATE_FIELDS
-    assert state["schema_version"] == 4 and state["ledger"]["schema_version"] == 4
+    assert state["schema_version"] == 5 and state["ledger"]["schema_version"] == 5
     assert [group["group_id"] for group in state["ledger"]["groups"]] == ["ready", "generating"]
     assert state["batch_shortfall"] == {"3": 0, "7": 2}
     assert json.loads(json.dumps(state)) == state
@@ -412,7 +412,7 @@ def test_an_empty_ledger_round_trips(harness: Harness) -> None:
         harness.ledger, batch_shortfall={}, sampler_stamps_target_steps=False
     )
     parsed = decode_rollout_recovery_state(encode_rollout_recovery_state(state))
-    assert parsed.ledger_state == {"schema_version": 4, "groups": []}
+    assert parsed.ledger_state == {"schema_version": 5, "groups": []}
     assert (
         parsed.finalizer_metrics_by_group,
         parsed.finalizer_rewards_by_group,
@@ -424,14 +424,36 @@ def test_an_empty_ledger_round_trips(harness: Harness) -> None:
 
 
 def as_version_3(state: dict[str, Any]) -> dict[str, Any]:
-    """A current sidecar as schema version 3 wrote it: no attempt failure kinds."""
+    """A current sidecar as schema version 3 wrote it: no attempt failure kinds, no turns."""
     old = copy.deepcopy(state)
     old["schema_version"] = old["ledger"]["schema_version"] = 3
     for group in old["ledger"]["groups"]:
         for sibling in group["siblings"]:
             for attempt in sibling["attempts"]:
-                del attempt["failure_kind"]
+                del attempt["failure_kind"], attempt["turn_keys"], attempt["env_state_revision"]
     return old
+
+
+def as_version_4(state: dict[str, Any]) -> dict[str, Any]:
+    """A current sidecar as schema version 4 wrote it: no committed turns."""
+    old = copy.deepcopy(state)
+    old["schema_version"] = old["ledger"]["schema_version"] = 4
+    for group in old["ledger"]["groups"]:
+        for sibling in group["siblings"]:
+            for attempt in sibling["attempts"]:
+                del attempt["turn_keys"], attempt["env_state_revision"]
+    return old
+
+
+def test_a_version_4_sidecar_loads_with_no_committed_turns(failing: Harness) -> None:
+    current = build(failing)
+    old = as_version_4(current)
+    assert "turn_keys" not in json.dumps(old)
+    parsed = decode_rollout_recovery_state(json.dumps(old).encode())
+    assert parsed.ledger_state == parse_rollout_recovery_state(current).ledger_state
+    old["ledger"]["groups"][0]["siblings"][0]["attempts"][0]["turn_keys"] = []
+    with pytest.raises(LedgerStateError, match="unknown field 'turn_keys' in schema version 4"):
+        parse_rollout_recovery_state(old)
 
 
 @pytest.fixture
@@ -463,7 +485,7 @@ def test_a_version_3_sidecar_still_loads_with_kinds_read_from_the_reasons(
         decode_rollout_recovery_state(json.dumps(old).encode()),
     ):
         assert parsed.ledger_state == parse_rollout_recovery_state(current).ledger_state
-        assert parsed.ledger_state["schema_version"] == 4
+        assert parsed.ledger_state["schema_version"] == 5
         restored = RolloutRecoveryLedger.from_state_dict(parsed.ledger_state)
         kinds = [s.current_attempt.failure_kind for s in restored.get_group("failing").siblings]
         assert kinds == [AttemptFailureKind.DATA, AttemptFailureKind.INFRA]
@@ -501,5 +523,5 @@ def test_a_version_4_failure_needs_its_kind(failing: Harness) -> None:
 def test_the_ledger_part_has_the_envelope_version(failing: Harness) -> None:
     state = build(failing)
     state["ledger"]["schema_version"] = 3
-    with pytest.raises(LedgerStateError, match="3 differs from the envelope's schema version 4"):
+    with pytest.raises(LedgerStateError, match="3 differs from the envelope's schema version 5"):
         decode_rollout_recovery_state(json.dumps(state).encode())

@@ -68,8 +68,8 @@ def rich(harness: Harness) -> Iterator[Harness]:
 
 def test_state_dict_is_json_safe_versioned_and_round_trips_exactly(rich: Harness) -> None:
     state = rich.ledger.state_dict()
-    assert state["schema_version"] == ROLLOUT_RECOVERY_SCHEMA_VERSION == 4
-    assert frozenset({3, 4}) == SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS
+    assert state["schema_version"] == ROLLOUT_RECOVERY_SCHEMA_VERSION == 5
+    assert frozenset({3, 4, 5}) == SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS
     assert json.loads(json.dumps(state)) == state
     assert [group["group_id"] for group in state["groups"]] == [
         "mixed",
@@ -239,9 +239,9 @@ REJECTIONS: dict[str, tuple[Edit, type[Exception], list[str]]] = {
         ["unsupported rollout recovery schema version 2", "reads: 3"],
     ),
     "newer version with new fields": (
-        lambda s: s.update(schema_version=5, shards=[]),
+        lambda s: s.update(schema_version=6, shards=[]),
         UnsupportedSchemaVersionError,
-        ["version 5"],
+        ["version 6"],
     ),
     "version as string": (
         lambda s: s.__setitem__("schema_version", "3"),
@@ -405,7 +405,7 @@ def test_reject_unknown_fields_names_them_all() -> None:
     _reject_unknown_fields({"a": 1}, expected=frozenset({"a", "b"}), context="ctx")
     with pytest.raises(
         LedgerStateError,
-        match=r"ctx: unknown field\(s\) 'x', 'y'; schema version 4 has exactly: a, b",
+        match=r"ctx: unknown field\(s\) 'x', 'y'; schema version 5 has exactly: a, b",
     ):
         _reject_unknown_fields(
             {"a": 1, "y": 2, "x": 3}, expected=frozenset({"a", "b"}), context="ctx"

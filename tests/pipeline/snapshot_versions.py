@@ -16,22 +16,50 @@ from typing import Any, Final
 
 import msgspec
 
-from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, SIDECARS_METADATA_KEY
+from rollvault.controller.snapshots.snapshot_files import (
+    DATA_PLANE_DIRNAME,
+    ENV_ROLLOUTS_FILENAME,
+    ENV_ROLLOUTS_SCHEMA_VERSION,
+    SIDECARS_METADATA_KEY,
+    empty_env_rollouts,
+)
 from rollvault.dataplane.checkpoint_format import decode_metadata, encode_metadata, sha256_hex
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import AttemptFailureKind
 
 V3: Final = 3
+V4: Final = 4
 _METADATA: Final = "metadata.json"
 
 
+def downgrade_sidecar_to_v4(state: dict[str, Any]) -> dict[str, Any]:
+    """A version 5 sidecar (builtins) as the version 4 writer wrote it.
+
+    Version 5 adds ``turn_keys`` and ``env_state_revision`` to attempts. A
+    version 4 writer staged the same rows without committing them, so the
+    turns simply go (a restore of version 4 redoes an unsealed attempt whole).
+    """
+    if state["schema_version"] != 5:
+        raise ValueError(f"expected a version 5 sidecar, got {state['schema_version']}")
+    old = json.loads(json.dumps(state))
+    old["schema_version"] = V4
+    old["ledger"]["schema_version"] = V4
+    for group in old["ledger"]["groups"]:
+        for sibling in group["siblings"]:
+            for attempt in sibling["attempts"]:
+                del attempt["turn_keys"], attempt["env_state_revision"]
+    return old
+
+
 def downgrade_sidecar_to_v3(state: dict[str, Any]) -> dict[str, Any]:
-    """A version 4 sidecar (builtins) as the version 3 writer wrote it.
+    """A version 5 or 4 sidecar (builtins) as the version 3 writer wrote it.
 
     Refuses an attempt failed as ``interrupted``: version 3 had no such kind
     (its reasons start with ``infra:`` or ``data:``), so no version 3 sidecar
     can hold one.
     """
+    if state["schema_version"] == 5:
+        state = downgrade_sidecar_to_v4(state)
     if state["schema_version"] != 4:
         raise ValueError(f"expected a version 4 sidecar, got {state['schema_version']}")
     old = json.loads(json.dumps(state))
@@ -78,3 +106,35 @@ def read_sidecar(snapshot: Path) -> dict[str, Any]:
 def downgrade_snapshot_to_v3(snapshot: Path) -> None:
     """Turn a snapshot today's code wrote into the one a version 3 writer wrote."""
     rewrite_sidecar(snapshot, downgrade_sidecar_to_v3(read_sidecar(snapshot)))
+
+
+def upgrade_snapshot_v4_to_v5(snapshot: Path) -> None:
+    """Turn a version 4 snapshot into the one the version 5 writer wrote of the same state.
+
+    Version 5 attempts carry ``turn_keys`` (none) and ``env_state_revision`` (0),
+    and the snapshot has an ``env_rollouts.json`` with no episode in flight,
+    advertised in the data plane's metadata like every sidecar.
+    """
+    state = read_sidecar(snapshot)
+    if state["schema_version"] != V4:
+        raise ValueError(f"expected a version 4 sidecar, got {state['schema_version']}")
+    state["schema_version"] = state["ledger"]["schema_version"] = 5
+    for group in state["ledger"]["groups"]:
+        for sibling in group["siblings"]:
+            for attempt in sibling["attempts"]:
+                attempt["turn_keys"] = []
+                attempt["env_state_revision"] = 0
+    rewrite_sidecar(snapshot, state)
+    env = msgspec.json.Encoder(order="sorted").encode(empty_env_rollouts())
+    (snapshot / ENV_ROLLOUTS_FILENAME).write_bytes(env)
+    metadata_path = snapshot / DATA_PLANE_DIRNAME / _METADATA
+    content = decode_metadata(metadata_path.read_bytes(), metadata_path)
+    user_metadata = json.loads(json.dumps(content.user_metadata))
+    user_metadata[SIDECARS_METADATA_KEY][ENV_ROLLOUTS_FILENAME] = {
+        "sha256": sha256_hex(env),
+        "schema_version": ENV_ROLLOUTS_SCHEMA_VERSION,
+        "group_count": 0,
+    }
+    metadata_path.write_bytes(
+        encode_metadata(msgspec.structs.replace(content, user_metadata=user_metadata))
+    )

@@ -98,6 +98,10 @@ class SiblingCounts(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Current attempt reserved or dispatched: redispatched by a restore."""
     failed: int
     abandoned: int
+    mid_episode: int = 0
+    """In-flight siblings whose episode has committed turns (restore continues them there)."""
+    turns_committed: int = 0
+    """Committed turns of those episodes: the multi-turn work a restore keeps."""
 
 
 class SnapshotContents(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -410,12 +414,20 @@ def _groups_by_status(ledger: RolloutRecoveryLedger) -> dict[PromptGroupStatus, 
 
 def _sibling_counts(ledger: RolloutRecoveryLedger) -> SiblingCounts:
     counts = dict.fromkeys(RolloutAttemptStatus, 0)
+    live = (RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED)
+    mid_episode = turns = 0
     for record in ledger.groups():
         for sibling in record.siblings:
-            counts[sibling.current_attempt.status] += 1
+            attempt = sibling.current_attempt
+            counts[attempt.status] += 1
+            if attempt.status in live and attempt.turn_keys:
+                mid_episode += 1
+                turns += len(attempt.turn_keys)
     return SiblingCounts(
         sealed=counts[RolloutAttemptStatus.SEALED],
         in_flight=counts[RolloutAttemptStatus.RESERVED] + counts[RolloutAttemptStatus.DISPATCHED],
         failed=counts[RolloutAttemptStatus.FAILED],
         abandoned=counts[RolloutAttemptStatus.ABANDONED],
+        mid_episode=mid_episode,
+        turns_committed=turns,
     )

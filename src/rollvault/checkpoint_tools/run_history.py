@@ -28,11 +28,13 @@ from rollvault.controller.loop.run_logs import (
     PENDING_LOG_FILENAME,
     RESTORES_LOG_FILENAME,
     TRAIN_LOG_FILENAME,
+    TURNS_LOG_FILENAME,
     AttemptLogRecord,
     DropLogRecord,
     PendingLogRecord,
     RestoreLogRecord,
     TrainLogRecord,
+    TurnLogRecord,
     read_jsonl,
 )
 from rollvault.ledger.statuses import RolloutAttemptStatus
@@ -50,6 +52,8 @@ class RunHistory:
     attempts: list[AttemptLogRecord]
     restores: list[RestoreLogRecord]
     pending: list[PendingLogRecord] = field(default_factory=list)
+    turns: list[TurnLogRecord] = field(default_factory=list)
+    """Committed turns of multi-turn attempts (``turns.jsonl``)."""
     steps: dict[int, list[TrainLogRecord]] = field(default_factory=dict)
     """Per step, the groups of the last start that trained it."""
     superseded: dict[int, list[list[TrainLogRecord]]] = field(default_factory=dict)
@@ -71,6 +75,7 @@ def read_run_history(log_dir: Path) -> RunHistory:
         attempts=read_jsonl(log_dir / ATTEMPTS_LOG_FILENAME, AttemptLogRecord),
         restores=read_jsonl(log_dir / RESTORES_LOG_FILENAME, RestoreLogRecord),
         pending=read_jsonl(log_dir / PENDING_LOG_FILENAME, PendingLogRecord),
+        turns=read_jsonl(log_dir / TURNS_LOG_FILENAME, TurnLogRecord),
     )
     by_step: dict[int, dict[int, list[TrainLogRecord]]] = defaultdict(lambda: defaultdict(list))
     for record in history.train:
@@ -218,6 +223,61 @@ def check_sibling_reuse(history: RunHistory) -> list[str]:
                     problems.append(
                         f"group {record.group_id} sibling {index} has {count} effective seals"
                     )
+    return problems
+
+
+def check_turn_lineage(history: RunHistory) -> list[str]:
+    """Each trained episode is exactly its committed turns, each generated once.
+
+    For every sibling of every trained group, the turns its published attempt
+    lists (``attempts.jsonl``: its receipt's keys) must be exactly the turns
+    committed for that sibling on the effective timeline (``turns.jsonl``, void
+    lines left out), in order. So no committed turn was generated twice (a
+    regenerated turn is one more line), and an episode a restore continued
+    kept its committed prefix (the prefix is in its receipt). Each restore's
+    resumed prefix must begin the trained episode too. Valid with ``sibling``
+    granularity and no simulated failures (a failed attempt's turns are redone);
+    an episode a restore restarted from its first turn (``restart_only``, or
+    ``rollout.turn_level_restore=false``) regenerates its turns by design and is
+    left out.
+    """
+    restarted = {
+        line.split(":", 1)[0] for restore in history.restores for line in restore.episodes_restarted
+    }
+    sealed = {
+        a.gate_rollout_id: a
+        for a in history.attempts
+        if a.status is RolloutAttemptStatus.SEALED and not history.is_void(a.incarnation, a.seq)
+    }
+    committed: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for turn in history.turns:
+        if not history.is_void(turn.incarnation, turn.seq):
+            committed[(turn.group_id, turn.generation_index)].append(turn.staging_key)
+    problems = []
+    trained: dict[str, list[str]] = {}
+    for records in history.steps.values():
+        for record in records:
+            for index, gate_rollout_id in enumerate(record.gate_rollout_ids):
+                attempt = sealed.get(gate_rollout_id)
+                if attempt is None or attempt.staging_keys is None:
+                    continue  # a line of an older version: nothing to compare
+                keys = committed.get((record.group_id, index), [])
+                logical = f"{record.group_id}_g{index}"
+                trained[logical] = attempt.staging_keys
+                if keys and keys != attempt.staging_keys and logical not in restarted:
+                    problems.append(
+                        f"group {record.group_id} sibling {index}: trained turns "
+                        f"{attempt.staging_keys} but committed {keys} (a turn generated twice, "
+                        "or a committed prefix lost)"
+                    )
+    for restore in history.restores:
+        for logical, prefix in restore.episodes_resumed.items():
+            episode = trained.get(logical)
+            if episode is not None and episode[: len(prefix)] != prefix:
+                problems.append(
+                    f"start {restore.incarnation} continued {logical} from {prefix}, but it "
+                    f"trained as {episode}"
+                )
     return problems
 
 

@@ -3,7 +3,8 @@
 One table per anchor (``bootstrap`` and each trainer checkpoint ``step_<N>``)
 with a row per snapshot: age, trainer step, mutation version, rolled-back
 groups, ledger groups by status, canonical groups waiting to train, siblings
-sealed and in flight, staged and train rows, bytes. Reads metadata only
+sealed and in flight, turns committed by in-flight episodes ("7 in 3": seven
+turns of three episodes, kept by a restore), staged and train rows, bytes. Reads metadata only
 (see :mod:`rollvault.checkpoint_tools.inventory`); a damaged snapshot is
 shown as such with its problem. ``--json`` prints the same inventory as JSON.
 """
@@ -138,6 +139,7 @@ _COLUMNS: Final[tuple[tuple[str, JustifyMethod], ...]] = (
     ("canonical\ngroups", "right"),
     ("siblings\nsealed", "right"),
     ("siblings\nin flight", "right"),
+    ("turns\ncommitted", "right"),
     ("staged\nrows", "right"),
     ("train\nrows", "right"),
     ("bytes", "right"),
@@ -179,7 +181,7 @@ def _step(manifest: RolloutSnapshotManifest) -> str:
 
 def _content_cells(contents: SnapshotContents | None) -> list[str]:
     if contents is None:
-        return [_NONE] * 6
+        return [_NONE] * 7
     groups = ", ".join(
         f"{count} {_STATUS_LABELS.get(status, status.value)}"
         for status, count in contents.groups_by_status.items()
@@ -193,6 +195,8 @@ def _content_cells(contents: SnapshotContents | None) -> list[str]:
         str(contents.canonical_groups),
         str(siblings.sealed),
         str(siblings.in_flight) + (f" ({', '.join(extra)})" if extra else ""),
+        # Turns kept for in-flight episodes (restore continues there), and how many episodes.
+        f"{siblings.turns_committed} in {siblings.mid_episode}" if siblings.mid_episode else "0",
         str(contents.staged_rows),
         str(contents.train_rows),
     ]

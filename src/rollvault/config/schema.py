@@ -179,6 +179,10 @@ class RolloutConfig(_Section, frozen=True):
     # Size of the replacement reserve pulled ahead from the dataloader, within the
     # current epoch only; an epoch's unused spares train before the next epoch starts.
     num_spare_prompts: NonNegativeInt = 2
+    # Multi-turn episodes interrupted by a kill continue at their last committed turn
+    # (environment state from the snapshot); false restarts them from their first turn
+    # (what other frameworks do; the benchmark's baseline).
+    turn_level_restore: bool = True
 
 
 class RewardConfig(_Section, frozen=True):

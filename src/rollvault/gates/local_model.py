@@ -2,12 +2,14 @@
 
 An attempt renders the prompt into token ids (its ``prompt_text`` as it is,
 or its ``messages`` or text through the tokenizer's chat template: see
-:mod:`rollvault.gates.prompt_rendering`), waits for its turn in the next
-generation batch, decodes the response (without its stop token: see
-:mod:`rollvault.gates.stop_tokens`), scores it with the text
-environment, stages one row per model call (here: one) in the data plane
-exactly as :class:`~rollvault.gates.simulated.SimulatedGate` does, and
-returns a receipt with the row's digest.
+:mod:`rollvault.gates.prompt_rendering`) and runs its episode
+(:mod:`rollvault.gates.episode_runner`): each model call waits for its turn
+in the next generation batch, its response is decoded (without its stop
+token: see :mod:`rollvault.gates.stop_tokens`) for the environment's step,
+and the observation that follows is tokenized and appended; each turn stages
+one row, as :class:`~rollvault.gates.simulated.SimulatedGate` does. A
+single-turn task is the one-turn episode of its text environment. The
+receipt lists the turns' keys with their digests.
 
 Batching: one dispatcher task takes every request waiting at that moment
 (up to ``max_batch_size``) and sends them to the worker as one left-padded
@@ -46,7 +48,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-import numpy as np
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rollvault.config.schema import LocalModelGateConfig, ModelDType
@@ -55,11 +56,12 @@ from rollvault.controller.loop.gate import (
     AttemptRequest,
     FailureKind,
     GateAttemptError,
-    staged_row_digest,
+    current_turn_sink,
 )
-from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key
-from rollvault.dataplane.rows import Row
+from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.causal_lm import load_tokenizer
+from rollvault.gates.episode_runner import Generation, run_episode
+from rollvault.gates.model_episodes import TokenizerCodec, episode_outcome, turn_seed_id
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer, PromptRenderError
 from rollvault.gates.stop_tokens import stop_token_ids
 from rollvault.gates.worker_process import (
@@ -74,8 +76,7 @@ from rollvault.gates.worker_protocol import (
     GenerationResult,
     WorkerSettings,
 )
-from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
-from rollvault.tasks.protocols import PromptEnvironmentError, TextEnvironment, TextScore
+from rollvault.tasks.episodes import EpisodeSource, episode_factory
 
 __all__ = ["GateClosedError", "LocalModelGate", "WeightsProvider", "batch_size"]
 
@@ -103,7 +104,7 @@ class LocalModelGate:
         self,
         config: LocalModelGateConfig,
         data_plane: DataPlane,
-        environment: TextEnvironment,
+        environment: EpisodeSource,
         *,
         model_path: Path,
         weights_provider: WeightsProvider,
@@ -114,7 +115,7 @@ class LocalModelGate:
     ) -> None:
         self._config = config
         self._data_plane = data_plane
-        self._environment = environment
+        self._environment = episode_factory(environment, where="LocalModelGate")
         self._model_path = model_path
         self._provider = weights_provider
         self._seed = seed
@@ -197,34 +198,16 @@ class LocalModelGate:
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
         rollout_id = request.gate_rollout_id
-        prompt_ids = self._prompt_ids(request)
-        version, result = await self._generate(request.group_id, rollout_id, prompt_ids)
-        self.tokens_generated += len(result.token_ids)
-        score = await self._score(request, result)
-        row = _staged_row(prompt_ids, result, correct=score.correct)
-        key = staging_key(rollout_id, 0)
-        await self._data_plane.put(STAGING_PARTITION, {key: row})
-        length = len(result.token_ids)
-        return AttemptOutcome(
-            receipt={
-                "gate_rollout_id": rollout_id,
-                "staging_keys": [key],
-                "row_digests": [{"length": length, "digest": staged_row_digest(row)}],
-                "weight_version": version,
-            },
-            reward=score.reward,
-            reward_checks=RewardChecks(
-                overlong=not result.finished,
-                format_ok=score.format_ok,
-                finite_logprobs=bool(np.isfinite(row["generation_logprobs"]).all()),
-            ),
-            reward_log_context=RewardLogContext(
-                response_length=length, stop_reason="stop" if result.finished else "length"
-            ),
-            num_tokens=length,
-            weight_version=version,
-            checks=_logged_checks(score),
+        episode = await run_episode(
+            request,
+            self._environment(),
+            prompt_ids=self._prompt_ids(request),
+            generate=lambda prompt, turn: self._call(request.group_id, rollout_id, prompt, turn),
+            codec=TokenizerCodec(self._tokenizer),
+            data_plane=self._data_plane,
+            sink=current_turn_sink(self._data_plane),
         )
+        return episode_outcome(rollout_id, episode)
 
     def _prompt_ids(self, request: AttemptRequest) -> list[int]:
         try:
@@ -232,22 +215,22 @@ class LocalModelGate:
         except PromptRenderError as error:
             raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
 
-    async def _score(self, request: AttemptRequest, result: GenerationResult) -> TextScore:
-        tokens = result.token_ids[:-1] if result.finished else result.token_ids
-        # Special tokens stay in the text (e.g. "<pad>"), so a response made of
-        # them can never pass as well formed.
-        text = self._tokenizer.decode(tokens, skip_special_tokens=False)
-        if not isinstance(text, str):
-            raise TypeError(f"the tokenizer decoded one sequence to {type(text).__name__}")
-        try:
-            return await self._environment.score_text(
-                request.prompt, text, finished=result.finished
-            )
-        except PromptEnvironmentError as error:
-            raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
+    async def _call(
+        self, group_id: str, rollout_id: str, prompt_ids: list[int], turn: int
+    ) -> Generation:
+        """One model call of an attempt; turn 0 samples exactly as a one-call attempt did."""
+        seed_id = turn_seed_id(rollout_id, turn)
+        version, result = await self._generate(group_id, rollout_id, prompt_ids, seed_id=seed_id)
+        self.tokens_generated += len(result.token_ids)
+        return Generation(
+            token_ids=list(result.token_ids),
+            logprobs=list(result.logprobs),
+            weight_version=version,
+            finished=result.finished,
+        )
 
     async def _generate(
-        self, group_id: str, rollout_id: str, prompt_ids: list[int]
+        self, group_id: str, rollout_id: str, prompt_ids: list[int], *, seed_id: str
     ) -> tuple[int, GenerationResult]:
         if self._closed:
             raise GateClosedError(f"attempt {rollout_id} started on a closed LocalModelGate")
@@ -260,7 +243,7 @@ class LocalModelGate:
         request = GenerationRequest(
             request_id=self._next_request_id,
             prompt_ids=prompt_ids,
-            seed=self._sample_seed(rollout_id),
+            seed=self._sample_seed(seed_id),
         )
         self._pending.append(_Pending(group_id=group_id, request=request, future=future))
         self._wakeup.set()
@@ -402,31 +385,3 @@ def batch_size(group_ids: list[str], max_batch_size: int) -> int:
 def _fail(pending: _Pending, error: Exception) -> None:
     if not pending.future.done():
         pending.future.set_exception(error)
-
-
-def _logged_checks(score: TextScore) -> dict[str, bool | float]:
-    """What ``attempts.jsonl`` shows of a score beside its reward."""
-    checks: dict[str, bool | float] = {"format_ok": score.format_ok}
-    if score.correct is not None:
-        checks["correct"] = score.correct
-    checks.update(score.checks)
-    return checks
-
-
-def _staged_row(prompt_ids: list[int], result: GenerationResult, *, correct: bool | None) -> Row:
-    """The attempt's one row; ``correct`` (the environment's verdict) only when it gave one."""
-    prompt_length = len(prompt_ids)
-    response_length = len(result.token_ids)
-    row: Row = {
-        "input_ids": np.asarray(prompt_ids + result.token_ids, dtype=np.int64),
-        "generation_logprobs": np.concatenate(
-            [np.zeros(prompt_length), np.asarray(result.logprobs, dtype=np.float64)]
-        ).astype(np.float32),
-        "token_mask": np.concatenate([np.zeros(prompt_length), np.ones(response_length)]).astype(
-            np.int8
-        ),
-        "prompt_length": prompt_length,
-    }
-    if correct is not None:
-        row["correct"] = correct
-    return row

@@ -4,7 +4,9 @@ Everything an attempt produces is a function of its gate rollout id (tokens,
 logprobs, length, transient failure) or of its prompt (permanent failure), so
 a rerun of the same attempt is identical and a retry (a new attempt UUID) is
 a fresh draw. Output lengths are lognormal and clipped: a long tail, like
-reasoning rollouts. For the chaos tests, an attempt of one chosen prompt can
+reasoning rollouts. Turn ``k > 0`` of a multi-turn episode draws from the
+gate rollout id and ``k``; observations without token ids become their
+UTF-8 bytes below the vocabulary size. For the chaos tests, an attempt of one chosen prompt can
 kill the process outright (``crash_on_prompt_idx``).
 """
 
@@ -14,6 +16,7 @@ import asyncio
 import hashlib
 import os
 import signal
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -23,12 +26,12 @@ from rollvault.controller.loop.gate import (
     AttemptRequest,
     FailureKind,
     GateAttemptError,
-    staged_row_digest,
+    current_turn_sink,
 )
-from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane, staging_key
-from rollvault.dataplane.rows import Row
+from rollvault.dataplane.interface import DataPlane
+from rollvault.gates.episode_runner import Generation, run_episode
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
-from rollvault.tasks.protocols import Environment
+from rollvault.tasks.episodes import EpisodeSource, Observation, episode_factory
 
 
 def _unit_draw(text: str) -> float:
@@ -41,19 +44,19 @@ def _rng(text: str) -> np.random.Generator:
 
 
 class SimulatedGate:
-    """Generates seeded tokens, stages one row per attempt, scores it."""
+    """Generates seeded tokens, runs each attempt's episode, stages one row per turn."""
 
     def __init__(
         self,
         config: SimulatedGateConfig,
         data_plane: DataPlane,
-        environment: Environment,
+        environment: EpisodeSource,
         *,
         seed: int = 0,
     ) -> None:
         self._config = config
         self._data_plane = data_plane
-        self._environment = environment
+        self._environment = episode_factory(environment, where="SimulatedGate")
         self._seed = seed
         self._weight_version = 0
         self.tokens_generated = 0
@@ -82,33 +85,57 @@ class SimulatedGate:
         sample_key = f"{self._seed}:prompt:{request.prompt['idx']}"
         if _unit_draw(sample_key) < self._config.permanent_failure_rate:
             raise GateAttemptError(rollout_id, FailureKind.DATA, "environment rejects this prompt")
-        weight_version = self._weight_version
-        response = self._response_tokens(rollout_id)
-        await asyncio.sleep(self._config.latency_per_token_s * len(response))
-        self.tokens_generated += len(response)
-        if _unit_draw(f"{self._seed}:transient:{rollout_id}") < self._config.transient_failure_rate:
-            raise GateAttemptError(rollout_id, FailureKind.INFRA, "simulated worker loss")
-        row = self._staged_row(request, response)
-        key = staging_key(rollout_id, 0)
-        await self._data_plane.put(STAGING_PARTITION, {key: row})
-        score = self._environment.score(request.prompt, response.tolist())
-        overlong = len(response) >= self._config.max_response_tokens
+        episode = await run_episode(
+            request,
+            self._environment(),
+            prompt_ids=[int(t) for t in request.prompt.get("prompt_token_ids", [])],
+            generate=lambda prompt, turn: self._generate(rollout_id, prompt, turn),
+            codec=_ByteCodec(self._config.vocab_size),
+            data_plane=self._data_plane,
+            sink=current_turn_sink(self._data_plane),
+        )
+        overlong = episode.last_response_length >= self._config.max_response_tokens
         return AttemptOutcome(
             receipt={
                 "gate_rollout_id": rollout_id,
-                "staging_keys": [key],
-                "row_digests": [{"length": len(response), "digest": staged_row_digest(row)}],
-                "weight_version": weight_version,
+                "staging_keys": episode.staging_keys,
+                "row_digests": episode.row_digests,
+                "weight_version": episode.weight_version,
             },
-            reward=score.reward,
+            reward=episode.reward,
             reward_checks=RewardChecks(
-                overlong=overlong, format_ok=score.format_ok, finite_logprobs=True
+                overlong=overlong, format_ok=episode.format_ok, finite_logprobs=True
             ),
             reward_log_context=RewardLogContext(
-                response_length=len(response), stop_reason="length" if overlong else "stop"
+                response_length=episode.last_response_length,
+                stop_reason="length" if overlong else "stop",
             ),
-            num_tokens=len(response),
+            num_tokens=episode.tokens_generated,
+            weight_version=episode.weight_version,
+            checks=episode.checks,
+        )
+
+    async def _generate(self, rollout_id: str, prompt_ids: list[int], turn: int) -> Generation:
+        """One simulated model call; turn 0 draws exactly what a one-call attempt did.
+
+        The draw depends on the attempt and the turn, not on ``prompt_ids`` (the
+        episode's token history so far), which subclasses may inspect.
+        """
+        call_id = rollout_id if turn == 0 else f"{rollout_id}:t{turn}"
+        weight_version = self._weight_version
+        response = self._response_tokens(call_id)
+        await asyncio.sleep(self._config.latency_per_token_s * len(response))
+        self.tokens_generated += len(response)
+        if _unit_draw(f"{self._seed}:transient:{call_id}") < self._config.transient_failure_rate:
+            raise GateAttemptError(rollout_id, FailureKind.INFRA, "simulated worker loss")
+        rng = _rng(f"{self._seed}:logprobs:{call_id}")
+        logprobs = (-rng.exponential(1.0, size=len(response))).astype(np.float32)
+        overlong = len(response) >= self._config.max_response_tokens
+        return Generation(
+            token_ids=response.tolist(),
+            logprobs=logprobs.tolist(),
             weight_version=weight_version,
+            finished=not overlong,
         )
 
     def _response_tokens(self, rollout_id: str) -> np.ndarray:
@@ -118,16 +145,17 @@ class SimulatedGate:
         length = min(max(length, cfg.min_response_tokens), cfg.max_response_tokens)
         return rng.integers(0, cfg.vocab_size, size=length, dtype=np.int64)
 
-    def _staged_row(self, request: AttemptRequest, response: np.ndarray) -> Row:
-        prompt = np.asarray(request.prompt.get("prompt_token_ids", []), dtype=np.int64)
-        rng = _rng(f"{self._seed}:logprobs:{request.gate_rollout_id}")
-        logprobs = np.concatenate(
-            [np.zeros(len(prompt)), -rng.exponential(1.0, size=len(response))]
-        ).astype(np.float32)
-        mask = np.concatenate([np.zeros(len(prompt)), np.ones(len(response))]).astype(np.int8)
-        return {
-            "input_ids": np.concatenate([prompt, response]),
-            "generation_logprobs": logprobs,
-            "token_mask": mask,
-            "prompt_length": len(prompt),
-        }
+
+class _ByteCodec:
+    """Text for a gate without a tokenizer: observations as their UTF-8 bytes."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self._vocab_size = vocab_size
+
+    def action_text(self, generation_ids: Sequence[int], finished: bool) -> str | None:
+        return None
+
+    def observation_ids(self, observation: Observation) -> list[int]:
+        if observation.token_ids is not None:
+            return list(observation.token_ids)
+        return [byte % self._vocab_size for byte in observation.text.encode()]

@@ -91,6 +91,12 @@ from rollvault.ledger.transitions import (
     require_group_status,
     require_phase,
 )
+from rollvault.ledger.turns import (
+    check_receipt_prefix,
+    commit_turn,
+    drop_turn_prefix,
+    live_turn_keys,
+)
 
 _SEALED = RolloutAttemptStatus.SEALED
 _RESERVED = RolloutAttemptStatus.RESERVED
@@ -172,7 +178,9 @@ class RolloutRecoveryLedger:
         return isinstance(group_id, str) and group_id in self._groups
 
     def expected_staging_keys(self) -> set[str]:
-        """Return staged token rows still owned by sealed sibling attempts.
+        """Return staged token rows still owned by sealed or live sibling attempts.
+
+        A live (reserved or dispatched) attempt owns its committed turns' rows.
 
         Only current attempts of groups still in the ledger count: a discarded
         group's rows were cleaned, and a cohort discarded under ``prompt_group``
@@ -184,6 +192,8 @@ class RolloutRecoveryLedger:
                 attempt = sibling.attempts[-1]
                 if attempt.status is _SEALED:
                     keys.update(attempt.staging_keys)
+            # Committed turns of live attempts: the prefix a restore continues from.
+            keys |= live_turn_keys(record)
         return keys
 
     def finalization_inputs(self, group_id: str) -> FinalizationInputs:
@@ -437,6 +447,11 @@ class RolloutRecoveryLedger:
             check_same_seal(record, generation_index, attempt, values)
             return
         self._check_sealable(record, generation_index, attempt)
+        check_receipt_prefix(
+            attempt,
+            values.staging_keys,
+            f"group {group_id!r} sibling {generation_index} attempt {attempt.attempt_id}",
+        )
         apply_seal(attempt, values)
         self._complete_if_all_sealed(record)
 
@@ -522,6 +537,51 @@ class RolloutRecoveryLedger:
         attempt.failure_reason = reason
         attempt.failure_kind = failure_kind
         attempt.status = status
+
+    def commit_turn(
+        self,
+        cut: DataPlaneMutationCut,
+        group_id: str,
+        *,
+        generation_index: int,
+        gate_rollout_id: str,
+        staging_key: str,
+        turn_index: int,
+    ) -> int:
+        """Record one committed turn of the sibling's current, dispatched attempt.
+
+        Not in the reference API. Fenced by ``gate_rollout_id`` like a seal, so
+        a superseded attempt can never commit; turns commit in order
+        (``turn_index`` is the number already committed, the inherited prefix
+        included). The turn's row must already be staged under
+        ``staging_key``, in the same mutation section. Returns the attempt's
+        new environment-state revision.
+        """
+        self._enter(cut, "commit_turn", group_id)
+        record = self._mutable_group(group_id)
+        self._require_sibling(record, generation_index)
+        attempt = commit_turn(
+            record,
+            generation_index,
+            gate_rollout_id=gate_rollout_id,
+            staging_key=staging_key,
+            turn_index=turn_index,
+        )
+        return attempt.env_state_revision
+
+    def restart_episode(
+        self, cut: DataPlaneMutationCut, group_id: str, *, generation_index: int
+    ) -> list[str]:
+        """Drop the committed prefix of a sibling's reserved attempt; return its staging keys.
+
+        Not in the reference API. For an episode that cannot continue where
+        it stopped (``restart_only``, or its environment state is lost): the
+        caller clears the returned rows in the same mutation section.
+        """
+        self._enter(cut, "restart_episode", group_id)
+        record = self._mutable_group(group_id)
+        self._require_sibling(record, generation_index)
+        return drop_turn_prefix(record, generation_index)
 
     def mark_attempt_interrupted(
         self, cut: DataPlaneMutationCut, group_id: str, interrupted: InterruptedAttempt

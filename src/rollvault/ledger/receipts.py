@@ -12,8 +12,10 @@ A receipt is a small JSON-safe dict. Its one documented shape::
     }
 
 - ``staging_keys``: the data-plane keys of the attempt's token rows in the
-  ``rollout_staging`` partition, one per model call, in call order; a
-  non-empty list of distinct non-empty strings.
+  ``rollout_staging`` partition, one per model call (a turn of its episode),
+  in call order; a non-empty list of distinct non-empty strings. An attempt
+  that continues an interrupted episode lists the committed turns it
+  inherited first: their keys name the attempt that generated them.
 - ``row_digests``: when present, entry ``k`` describes the row under
   ``staging_keys[k]`` (token count and content digest); the finalizer checks
   the staged rows against them before publishing canonical rows.

@@ -84,6 +84,13 @@ class RolloutAttemptRecord(msgspec.Struct, kw_only=True):
     failure_reason: str | None = None
     failure_kind: AttemptFailureKind | None = None
     """Whose retry budget the failure spends (rollvault's addition, schema 4)."""
+    turn_keys: list[str] = msgspec.field(default_factory=list)
+    """Staging keys of the episode's committed turns, in order (schema 5). A turn
+    commits while the attempt is ``dispatched`` (``commit_turn``); an attempt
+    that continues an interrupted episode starts with its predecessor's keys
+    (the committed prefix). A sealed attempt's receipt lists them first."""
+    env_state_revision: int = 0
+    """How many environment-state revisions the committed turns produced (one per turn)."""
 
     @property
     def attempt_id(self) -> str:
@@ -239,9 +246,12 @@ def copy_group_record(record: PromptGroupRecoveryRecord) -> PromptGroupRecoveryR
 
 def _copy_attempt(attempt: RolloutAttemptRecord) -> RolloutAttemptRecord:
     if attempt.receipt is None:
-        return msgspec.structs.replace(attempt, staging_keys=list(attempt.staging_keys))
+        return msgspec.structs.replace(
+            attempt, staging_keys=list(attempt.staging_keys), turn_keys=list(attempt.turn_keys)
+        )
     return msgspec.structs.replace(
         attempt,
         staging_keys=list(attempt.staging_keys),
+        turn_keys=list(attempt.turn_keys),
         receipt=copy_receipt(attempt.receipt),
     )

@@ -34,6 +34,7 @@ from rollvault.ledger.transitions import (
     check_attempt_transition,
     require_group_status,
 )
+from rollvault.ledger.turns import inherit_prefix
 
 _COHORT_LIVE_STATUSES = ATTEMPT_TRANSITIONS[AttemptEvent.DISCARD_COHORT].sources
 
@@ -115,7 +116,11 @@ def redo_interrupted(record: PromptGroupRecoveryRecord) -> None:
     is an attempt the restore has just recorded as an interrupted failure
     (:func:`record_interruption`): it stands for work that was in flight.
     Other failed or abandoned current attempts are left for the controller's
-    retry policy (it counts retries against its budget).
+    retry policy (it counts retries against its budget). Under ``sibling``
+    granularity a fresh attempt inherits the committed turns of the attempt it
+    replaces (:func:`~rollvault.ledger.turns.inherit_prefix`), so a multi-turn
+    episode continues at its last committed turn; ``prompt_group`` redoes the
+    group whole.
     """
     redo = [sibling for sibling in record.siblings if _redo_on_restart(sibling.attempts[-1])]
     if not redo:
@@ -125,7 +130,11 @@ def redo_interrupted(record: PromptGroupRecoveryRecord) -> None:
         mint_fresh_attempts(record.siblings)
     else:
         abandon_live_siblings(record)
+        interrupted = [sibling.attempts[-1] for sibling in redo]
         mint_fresh_attempts(redo)
+        # The fresh attempt continues the episode at its last committed turn.
+        for sibling, previous in zip(redo, interrupted, strict=True):
+            inherit_prefix(previous, sibling.attempts[-1])
 
 
 def _redo_on_restart(attempt: RolloutAttemptRecord) -> bool:

@@ -80,6 +80,8 @@ def _attempt_to_state(attempt: RolloutAttemptRecord) -> AttemptState:
         staging_keys=attempt.staging_keys,
         failure_reason=attempt.failure_reason,
         failure_kind=attempt.failure_kind,
+        turn_keys=list(attempt.turn_keys),
+        env_state_revision=attempt.env_state_revision,
     )
 
 
@@ -133,4 +135,6 @@ def _attempt_from_state(state: AttemptState, attempt_uuid: uuid.UUID) -> Rollout
         staging_keys=state.staging_keys,
         failure_reason=state.failure_reason,
         failure_kind=state.failure_kind,
+        turn_keys=list(state.turn_keys),
+        env_state_revision=state.env_state_revision,
     )

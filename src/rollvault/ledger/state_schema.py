@@ -11,7 +11,10 @@ reference system's current version, whose fields it keeps); it adds
 ``failure_reason`` to attempts and stores attempt UUIDs as 32 hex digits.
 4 adds ``failure_kind`` to attempts (``infra``, ``data`` or ``interrupted``;
 set exactly when the attempt failed), so that retry budgets are counted from
-the ledger across restarts. Version 3 is still read: each attempt's kind is
+the ledger across restarts. 5 adds the turn progress of multi-turn episodes
+to attempts: ``turn_keys`` (the committed turns' staging keys) and
+``env_state_revision``. Versions 3 and 4 are still read (their attempts
+committed no turns). Version 3 is read: each attempt's kind is
 inferred from its reason, which the controller prefixed with the kind
 (:mod:`rollvault.ledger.state_upgrade`).
 """
@@ -37,8 +40,8 @@ from rollvault.ledger.statuses import (
     RolloutAttemptStatus,
 )
 
-ROLLOUT_RECOVERY_SCHEMA_VERSION: Final = 4
-SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS: Final = frozenset({3, 4})
+ROLLOUT_RECOVERY_SCHEMA_VERSION: Final = 5
+SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS: Final = frozenset({3, 4, 5})
 
 RolloutRecoveryState: TypeAlias = dict[str, Any]
 """A persisted state as JSON-safe builtins: the ledger part or the whole sidecar."""
@@ -64,6 +67,8 @@ class AttemptState(_Schema):
     staging_keys: list[str]
     failure_reason: str | None
     failure_kind: AttemptFailureKind | None
+    turn_keys: list[_NonEmptyStr]
+    env_state_revision: _NonNegativeInt
 
 
 class SiblingState(_Schema):

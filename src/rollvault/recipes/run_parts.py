@@ -29,11 +29,10 @@ from rollvault.durable.layout import (
 from rollvault.durable.trainer_checkpoints import latest_trainer_checkpoint
 from rollvault.rewards.environment import RewardFunctionEnvironment
 from rollvault.rewards.spec import BUILTIN_REWARD_FUNCTIONS
+from rollvault.tasks.episodes import EpisodeSource
 from rollvault.tasks.protocols import (
-    Environment,
     PromptDataset,
     Task,
-    TextEnvironment,
     WarmupSource,
 )
 
@@ -135,7 +134,7 @@ def prompt_dataset(config: RunConfig, task: Task) -> PromptDataset:
     )
 
 
-def text_environment(config: RunConfig, task: Task) -> TextEnvironment:
+def text_environment(config: RunConfig, task: Task) -> EpisodeSource:
     """The environment a model gate scores ``task`` with; refused if there is none.
 
     ``reward.function``, when set, scores any task with text prompts (imported
@@ -145,6 +144,8 @@ def text_environment(config: RunConfig, task: Task) -> TextEnvironment:
     """
     if config.reward.function is not None:
         return RewardFunctionEnvironment.from_config(config.reward)
+    if task.episode_environment is not None:
+        return task.episode_environment
     if task.text_environment is not None:
         return task.text_environment()
     if task.needs_reward_function:
@@ -159,8 +160,10 @@ def text_environment(config: RunConfig, task: Task) -> TextEnvironment:
     )
 
 
-def token_environment(config: RunConfig, task: Task) -> Environment:
+def token_environment(config: RunConfig, task: Task) -> EpisodeSource:
     """The environment the simulated gate scores ``task`` with; refused if it has none."""
+    if task.episode_environment is not None:
+        return task.episode_environment
     if task.token_environment is None:
         raise ConfigError(
             f"gate.kind={config.gate.kind.value} needs a task with a token environment; "

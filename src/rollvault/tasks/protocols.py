@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
 from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
+
+if TYPE_CHECKING:  # episodes builds on this module's scorers
+    from rollvault.tasks.episodes import EpisodeEnvironment
 
 __all__ = [
     "DatasetBuilder",
@@ -177,6 +180,9 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     build_dataset: DatasetBuilder
     token_environment: Callable[[], Environment] | None = None
     text_environment: Callable[[], TextEnvironment] | None = None
+    episode_environment: Callable[[], EpisodeEnvironment] | None = None
+    """A multi-turn environment (:mod:`rollvault.tasks.episodes`) every gate can run;
+    the one-turn scorers above are the single-turn case of the same protocol."""
     warmup_examples: WarmupSource | None = None
     """None when the task has no supervised warm-up (``trainer.warmup.steps`` must be 0)."""
     needs_reward_function: bool = False
@@ -184,7 +190,11 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     (the file datasets: their rows come with no verifier)."""
 
     def __post_init__(self) -> None:
-        no_environment = self.token_environment is None and self.text_environment is None
+        no_environment = (
+            self.token_environment is None
+            and self.text_environment is None
+            and self.episode_environment is None
+        )
         if no_environment and not self.needs_reward_function:
             raise ValueError(
                 f"task {self.name!r}: give a token_environment or a text_environment, "

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from rollvault.checkpoint_tools.chaos.plan import expected_prompts
 from rollvault.checkpoint_tools.run_history import (
@@ -14,6 +15,7 @@ from rollvault.checkpoint_tools.run_history import (
     WorkAccounting,
     check_exactly_once,
     check_sibling_reuse,
+    check_turn_lineage,
     epoch_accounts,
     read_run_history,
     work_accounting,
@@ -27,6 +29,7 @@ from rollvault.controller.snapshots.verification import (
     VerificationLevel,
     verify_loaded_snapshot,
 )
+from rollvault.dataplane.interface import TRAIN_PARTITION
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 
@@ -69,6 +72,8 @@ def reuse_problems(history: RunHistory, config: RunConfig) -> list[str]:
     # With simulated failures a sibling may legitimately be sealed, discarded and redone.
     if gate.transient_failure_rate == 0.0 and gate.permanent_failure_rate == 0.0:
         problems += check_sibling_reuse(history)
+        if config.rollout.recovery_granularity is RecoveryGranularity.SIBLING:
+            problems += check_turn_lineage(history)
     if config.rollout.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
         problems += [
             f"start {r.incarnation} reused {r.siblings_reused} siblings under prompt_group"
@@ -124,7 +129,28 @@ def snapshot_problems(snapshot: LoadedSnapshot, generations_per_group: int) -> l
     problems = verify_loaded_snapshot(
         snapshot, generations_per_group=generations_per_group, level=VerificationLevel.FINISHED
     )
-    return [line for problem in problems for line in _problem_lines(snapshot.path, problem)]
+    lines = [line for problem in problems for line in _problem_lines(snapshot.path, problem)]
+    return lines + loss_mask_problems(snapshot)
+
+
+def loss_mask_problems(snapshot: LoadedSnapshot) -> list[str]:
+    """The loss mask of every canonical row covers model tokens only.
+
+    A token outside the model's output (prompt, environment observation) has
+    weight version -1; none of them may carry the loss mask.
+    """
+    problems = []
+    for key, row in snapshot.data_plane.partitions.get(TRAIN_PARTITION, {}).items():
+        versions = row.get("weight_versions")
+        if not isinstance(versions, np.ndarray):
+            continue  # a row of an older version: no per-token versions to check
+        leaked = int(((np.asarray(row["token_mask"]) > 0) & (versions < 0)).sum())
+        if leaked:
+            problems.append(
+                f"{snapshot.path}: train row {key} has {leaked} loss-masked tokens that the "
+                "model did not generate"
+            )
+    return problems
 
 
 def _problem_lines(where: Path, problem: SnapshotProblem) -> list[str]:

@@ -4,7 +4,8 @@ For a ``ready_to_finalize`` group the finalizer reads the staged rows each
 sealed receipt names, checks them against the receipt (row present, token
 count and digest as the gate reported, finite logprobs), applies the reward
 checks and penalties, computes group-relative advantages and publishes one
-canonical row per sibling; an invalid sibling becomes a masked row, so a
+canonical row per sibling (its turns' rows concatenated, the weight version
+per token kept: -1 outside model tokens); an invalid sibling becomes a masked row, so a
 group always has N rows.
 
 Publication is one mutation section: mark finalizing, put the canonical rows,
@@ -122,7 +123,11 @@ class Finalizer:
         context: RewardLogContext | None,
     ) -> SiblingVerdict:
         problem = _row_problem(receipt, keys, staged)
-        arrays = _concatenate([staged[key] for key in keys]) if problem is None else _empty_arrays()
+        arrays = (
+            _concatenate([staged[key] for key in keys], _receipt_version(receipt))
+            if problem is None
+            else _empty_arrays()
+        )
         response_length = int(arrays["token_mask"].sum())
         finite = bool(np.isfinite(arrays["generation_logprobs"]).all())
         overlong = response_length >= self._config.max_response_tokens or bool(
@@ -228,8 +233,29 @@ def _staged_correct(staged: Mapping[str, RowView], keys: list[str]) -> bool | No
     return None
 
 
-def _concatenate(rows: list[RowView]) -> dict[str, np.ndarray]:
-    return {name: np.concatenate([np.asarray(row[name]) for row in rows]) for name in _ARRAY_FIELDS}
+def _concatenate(rows: list[RowView], version: int) -> dict[str, np.ndarray]:
+    arrays = {
+        name: np.concatenate([np.asarray(row[name]) for row in rows]) for name in _ARRAY_FIELDS
+    }
+    arrays["weight_versions"] = np.concatenate([_token_versions(row, version) for row in rows])
+    return arrays
+
+
+def _token_versions(row: RowView, version: int) -> np.ndarray:
+    """The row's per-token weight versions (-1 outside model tokens).
+
+    Rows staged without them (one-call gates, older snapshots) take the
+    receipt's version for every model token.
+    """
+    versions = row.get("weight_versions")
+    if isinstance(versions, np.ndarray):
+        return versions.astype(np.int64)
+    return np.where(np.asarray(row["token_mask"]) > 0, version, -1).astype(np.int64)
+
+
+def _receipt_version(receipt: Mapping[str, object] | None) -> int:
+    version = validate_receipt(receipt).weight_version
+    return -1 if version is None else version
 
 
 def _empty_arrays() -> dict[str, np.ndarray]:
@@ -237,6 +263,7 @@ def _empty_arrays() -> dict[str, np.ndarray]:
         "input_ids": np.zeros(0, dtype=np.int64),
         "generation_logprobs": np.zeros(0, dtype=np.float32),
         "token_mask": np.zeros(0, dtype=np.int8),
+        "weight_versions": np.zeros(0, dtype=np.int64),
     }
 
 
@@ -253,6 +280,7 @@ def _canonical_row(verdict: SiblingVerdict, advantage: float) -> Row:
         "input_ids": arrays["input_ids"],
         "generation_logprobs": logprobs,
         "token_mask": token_mask,
+        "weight_versions": arrays["weight_versions"],
         "advantages": advantages,
         "reward": float(verdict.reward.reward),
         "sample_mask": not masked,

@@ -1,6 +1,9 @@
 """What the controller asks of a gate, and what it gets back.
 
-A gate executes one attempt: generation plus environment and reward. It
+A gate executes one attempt: an episode of one or more turns (model call,
+then environment step; see :mod:`rollvault.tasks.episodes`). It
+hands each finished turn to a :class:`TurnSink`, which stages the turn's row
+and commits the turn in the ledger; it
 writes the attempt's token rows into the data plane's ``rollout_staging``
 partition under staging keys and returns a token-free outcome whose receipt
 names those keys. The controller never sees tokens.
@@ -8,15 +11,20 @@ names those keys. The controller never sees tokens.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import msgspec
 import numpy as np
 
-from rollvault.dataplane.rows import RowView
+from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
+from rollvault.dataplane.rows import Row, RowView
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+from rollvault.tasks.episodes import RestoreClass
 
 
 class AttemptRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,6 +37,78 @@ class AttemptRequest(msgspec.Struct, frozen=True, kw_only=True):
     """The runtime prompt (a ``DatumSpec``)."""
     weight_version: int
     """The policy version the controller expects the gate to generate with."""
+    resume: EpisodeResume | None = None
+    """Set when the attempt continues an episode at its last committed turn (a restore)."""
+
+
+class EpisodeResume(msgspec.Struct, frozen=True, kw_only=True):
+    """Where an interrupted episode stands: its committed turns and environment state.
+
+    The committed turns' rows are in the data plane under ``turn_keys``; the
+    gate re-sends their token ids as the next call's prompt (never re-tokenized
+    text) and rebuilds the environment per ``restore_class``: load
+    ``env_state`` (restorable) or replay the committed actions (replayable).
+    """
+
+    turn_keys: list[str]
+    turn_rewards: list[float]
+    restore_class: RestoreClass
+    env_state: dict[str, Any] | None
+    env_state_revision: int
+
+
+class CommittedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """One finished turn a gate hands to its :class:`TurnSink` to stage and commit."""
+
+    turn_index: int
+    key: str
+    """The row's staging key: ``staging_key(gate_rollout_id, turn_index)``."""
+    row: Row
+    reward: float
+    restore_class: RestoreClass
+    env_state: dict[str, Any] | None
+    """The environment's state after the turn (restorable environments), JSON builtins."""
+
+
+class TurnSink(Protocol):
+    """Stages a turn's row and commits the turn in the ledger, as one mutation."""
+
+    async def commit_turn(self, request: AttemptRequest, turn: CommittedTurn) -> None:
+        """Raise GateAttemptError when the attempt may no longer commit (superseded)."""
+        ...
+
+
+_TURN_SINK: ContextVar[TurnSink | None] = ContextVar("rollvault_turn_sink", default=None)
+
+
+@contextlib.contextmanager
+def attempt_turn_sink(sink: TurnSink) -> Iterator[None]:
+    """Run the attempts started inside the block with ``sink`` as their turn sink.
+
+    A context variable rather than an argument of :meth:`Gate.run_attempt`,
+    so the gate contract keeps one argument: a gate that stages its one row
+    itself (and never commits a turn) keeps working unchanged.
+    """
+    token = _TURN_SINK.set(sink)
+    try:
+        yield
+    finally:
+        _TURN_SINK.reset(token)
+
+
+def current_turn_sink(data_plane: DataPlane) -> TurnSink:
+    """The sink of the running attempt; without a controller, one that only stages rows."""
+    return _TURN_SINK.get() or StagingOnlySink(data_plane)
+
+
+class StagingOnlySink:
+    """The sink of a gate run without a controller (tests, tools): it only stages rows."""
+
+    def __init__(self, data_plane: DataPlane) -> None:
+        self._data_plane = data_plane
+
+    async def commit_turn(self, request: AttemptRequest, turn: CommittedTurn) -> None:
+        await self._data_plane.put(STAGING_PARTITION, {turn.key: turn.row})
 
 
 class AttemptOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,7 +151,8 @@ class Gate(Protocol):
     """Executes attempts; accepts new policy weights between requests."""
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
-        """Run one attempt, stage its rows, return its outcome or raise GateAttemptError."""
+        """Run one attempt (an episode of one or more turns), return its outcome or raise
+        GateAttemptError. Each finished turn goes to :func:`current_turn_sink`."""
         ...
 
     async def update_weights(self, weight_version: int) -> None:

@@ -21,6 +21,7 @@ from rollvault.controller.data.replay_index import ReplayBufferIndex, ReplayEntr
 from rollvault.controller.data.sampler import Sampler
 from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
 from rollvault.controller.loop.dispatch_journal import DispatchJournal, LostGroupInterruption
+from rollvault.controller.loop.episodes import EpisodeTable
 from rollvault.controller.loop.io_failures import LogWriteError
 from rollvault.controller.loop.run_logs import (
     AttemptLogRecord,
@@ -30,6 +31,7 @@ from rollvault.controller.loop.run_logs import (
     PendingLogRecord,
     RestoreLogRecord,
     TrainLogRecord,
+    TurnLogRecord,
 )
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.interface import DataPlane
@@ -128,6 +130,8 @@ class RunLogs:
     restores: JsonlWriter[RestoreLogRecord]
     pending: JsonlWriter[PendingLogRecord]
     """Prompts left untrained when the run ends by the step budget."""
+    turns: JsonlWriter[TurnLogRecord]
+    """Committed turns of attempts (multi-turn evidence)."""
     sequence: LogSequence
     incarnation: int
 
@@ -151,7 +155,14 @@ class RunLogs:
 
     def failure(self) -> LogWriteError | None:
         """Why a log refuses lines, if one does: the state may then be ahead of the logs."""
-        for writer in (self.train, self.attempts, self.drops, self.restores, self.pending):
+        for writer in (
+            self.train,
+            self.attempts,
+            self.drops,
+            self.restores,
+            self.pending,
+            self.turns,
+        ):
             if writer.failure is not None:
                 return writer.failure
         return None
@@ -162,6 +173,7 @@ class RunLogs:
         self.drops.close()
         self.restores.close()
         self.pending.close()
+        self.turns.close()
 
 
 @dataclass
@@ -196,6 +208,8 @@ class RolloutParts:
     """The dispatch journal (None: rollout checkpointing is off, nothing is restored)."""
     lost_interruptions: list[LostGroupInterruption] = field(default_factory=list)
     """Interrupted attempts of groups a restore lost, until their prompts are reserved again."""
+    episodes: EpisodeTable = field(default_factory=EpisodeTable)
+    """In-flight episodes' environment state at their last committed turn."""
 
     async def notify(self) -> None:
         """Wake every task waiting on ``changed``."""

@@ -10,6 +10,12 @@ which case a spare prompt takes its place (``replace``) or its step shrinks
 
 Every ledger transition, data-plane put and clear, and each dataloader
 advance with its reservation runs inside a mutation section of the cut.
+
+Multi-turn attempts: the gate hands each finished turn to the pump's
+:class:`~rollvault.controller.loop.turn_commits.TurnCommitter`, which stages
+and commits it. A dispatched attempt that inherited a committed prefix (a
+restore) gets it as its request's ``resume``; an attempt that fails in the
+run drops its turns, so its retry starts the episode afresh.
 """
 
 from __future__ import annotations
@@ -22,19 +28,23 @@ from rollvault.config.schema import OnDroppedPrompt
 from rollvault.controller.data.prompt_source import next_prompt, refill_spares
 from rollvault.controller.data.sampler import InOrderSampler
 from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.episodes import logical_id
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
+    EpisodeResume,
     FailureKind,
     Gate,
     GateAttemptError,
+    attempt_turn_sink,
 )
 from rollvault.controller.loop.group_version import off_version_reason, receipt_with_version
 from rollvault.controller.loop.isolation import RoundIsolation
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
+from rollvault.controller.loop.turn_commits import TurnCommitter
 from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.ledger.datum import DatumSpec
@@ -77,6 +87,7 @@ class RolloutPump:
         self._dispatch_open = dispatch_open
         self._end_weight_version = end_weight_version
         self._isolation = RoundIsolation()
+        self._turns = TurnCommitter(parts)
         self.failures = Counter[FailureKind]()
         self.dropped_groups = 0
 
@@ -237,6 +248,7 @@ class RolloutPump:
                 for sibling in record.siblings
                 if sibling.current_attempt.status is RolloutAttemptStatus.RESERVED
             ]
+            resumes = await self._episode_resumes(record, indices)
             parts.ledger.mark_group_dispatched(parts.cut, group_id, generation_indices=indices)
             if parts.journal is not None:
                 # Before the gate sees them: an attempt that kills the process must be on record.
@@ -255,9 +267,42 @@ class RolloutPump:
                 gate_rollout_id=record.gate_rollout_id(index),
                 prompt=payload,
                 weight_version=parts.trainer_version,
+                resume=resumes.get(index),
             )
             for index in indices
         ]
+
+    async def _episode_resumes(
+        self, record: PromptGroupRecoveryRecord, indices: list[int]
+    ) -> dict[int, EpisodeResume]:
+        """Per sibling to dispatch, how its attempt continues an interrupted episode.
+
+        An attempt whose committed prefix cannot be continued (``restart_only``,
+        or its environment state is missing) restarts its episode: the prefix
+        and its rows go, and the restore log says so. Inside the cut.
+        """
+        parts = self._parts
+        resumes: dict[int, EpisodeResume] = {}
+        for index in indices:
+            key = logical_id(record.group_id, index)
+            resume, why_not = parts.episodes.resume_for(key, record.siblings[index].current_attempt)
+            if resume is not None:
+                resumes[index] = resume
+                continue
+            if why_not is not None:
+                dropped = parts.ledger.restart_episode(
+                    parts.cut, record.group_id, generation_index=index
+                )
+                await parts.data_plane.clear(STAGING_PARTITION, dropped)
+                parts.episodes.forget(key)
+                _LOG.warning(
+                    "restarting the episode of %s from its first turn (%d committed turns "
+                    "dropped): %s",
+                    key,
+                    len(dropped),
+                    why_not,
+                )
+        return resumes
 
     async def _run_attempt(self, request: AttemptRequest) -> GateAttemptError | None:
         try:
@@ -271,9 +316,11 @@ class RolloutPump:
     async def _record_attempt(self, request: AttemptRequest) -> GateAttemptError | None:
         parts = self._parts
         try:
-            outcome = await self._gate.run_attempt(request)
+            with attempt_turn_sink(self._turns):
+                outcome = await self._gate.run_attempt(request)
         except GateAttemptError as error:
             async with parts.cut.mutation():
+                await self._drop_turns(request)
                 self._fail_attempt(request, error, num_tokens=0)
             return error
         async with parts.cut.mutation():
@@ -295,8 +342,22 @@ class RolloutPump:
         error = GateAttemptError(request.gate_rollout_id, FailureKind.INFRA, reason)
         staged = validate_receipt(outcome.receipt, where=request.gate_rollout_id).staging_keys
         await self._parts.data_plane.clear(STAGING_PARTITION, staged)
+        await self._drop_turns(request)
         self._fail_attempt(request, error, num_tokens=outcome.num_tokens)
         return error
+
+    async def _drop_turns(self, request: AttemptRequest) -> None:
+        """A failed attempt's committed turns go with it: a retry starts the episode afresh.
+
+        Only a kill (restore) continues an episode at its last committed
+        turn; inside the cut.
+        """
+        parts = self._parts
+        record = parts.ledger.get_group(request.group_id)
+        attempt = record.siblings[request.generation_index].current_attempt
+        if record.gate_rollout_id(request.generation_index) == request.gate_rollout_id:
+            await parts.data_plane.clear(STAGING_PARTITION, attempt.turn_keys)
+        parts.episodes.forget(logical_id(request.group_id, request.generation_index))
 
     def _fail_attempt(
         self, request: AttemptRequest, error: GateAttemptError, *, num_tokens: int
@@ -330,6 +391,7 @@ class RolloutPump:
             reward_checks=outcome.reward_checks,
             reward_log_context=outcome.reward_log_context,
         )
+        parts.episodes.forget(logical_id(request.group_id, request.generation_index))
         previous = self._end_weight_version.get(request.group_id, outcome.weight_version)
         self._end_weight_version[request.group_id] = max(previous, outcome.weight_version)
         self._journal_returned(request)
@@ -340,6 +402,7 @@ class RolloutPump:
             None,
             reward=outcome.reward,
             checks=outcome.checks,
+            staging_keys=list(validate_receipt(outcome.receipt).staging_keys),
         )
 
     def _journal_returned(self, request: AttemptRequest) -> None:
@@ -375,7 +438,9 @@ class RolloutPump:
         self.dropped_groups += 1
         async with parts.cut.mutation():
             record = parts.ledger.get_group(group_id)
-            await parts.data_plane.clear(STAGING_PARTITION, _sealed_keys(record))
+            await parts.data_plane.clear(
+                STAGING_PARTITION, _sealed_keys(record) | _live_turn_keys(record)
+            )
             if record.status is PromptGroupStatus.GENERATING:
                 # A restored group may hold fresh attempts that restore minted.
                 parts.ledger.abandon_unsealed(parts.cut, group_id)
@@ -427,6 +492,7 @@ class RolloutPump:
         *,
         reward: float | None = None,
         checks: dict[str, bool | float] | None = None,
+        staging_keys: list[str] | None = None,
     ) -> None:
         self._parts.logs.attempts.write(
             AttemptLogRecord(
@@ -439,6 +505,7 @@ class RolloutPump:
                 reason=reason,
                 reward=reward,
                 checks=checks,
+                staging_keys=staging_keys,
             )
         )
 
@@ -455,6 +522,17 @@ async def _refuse_unadmitted(group_ids: list[str]) -> None:
 def _attempt_hex(gate_rollout_id: str) -> str:
     """The attempt UUID (32 hex digits) a gate rollout id ``{group}_g{i}_a{hex}`` names."""
     return gate_rollout_id.rsplit("_a", 1)[1]
+
+
+def _live_turn_keys(record: PromptGroupRecoveryRecord) -> set[str]:
+    """Committed turn rows of the group's live attempts (a restored group's prefixes)."""
+    live = (RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED)
+    return {
+        key
+        for sibling in record.siblings
+        if sibling.current_attempt.status in live
+        for key in sibling.current_attempt.turn_keys
+    }
 
 
 def _sealed_keys(record: PromptGroupRecoveryRecord) -> set[str]:

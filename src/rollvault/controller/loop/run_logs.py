@@ -42,6 +42,7 @@ INCARNATION_FILENAME: Final = "incarnation"
 """The start counter every start writes first: it also marks a log directory as rollvault's."""
 SHUTDOWNS_LOG_FILENAME = "shutdowns.jsonl"
 PENDING_LOG_FILENAME = "pending.jsonl"
+TURNS_LOG_FILENAME = "turns.jsonl"
 
 
 class TrainLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -75,6 +76,23 @@ class AttemptLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     checks: dict[str, bool | float] | None = None
     """The reward's named checks of a sealed attempt (``correct``, ``format_ok``, and a
     reward function's own keys); None as for ``reward``."""
+    staging_keys: list[str] | None = None
+    """A sealed attempt's turns in order (its receipt's keys; each names the attempt
+    that generated it, an earlier one for a continued episode); None as for ``reward``."""
+    seq: int = 0
+
+
+class TurnLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One committed turn of a (multi-turn) attempt: the evidence turn-level restore is checked on."""
+
+    gate_rollout_id: str
+    group_id: str
+    generation_index: int
+    turn_index: int
+    staging_key: str
+    num_tokens: int
+    """Tokens the model generated in this turn."""
+    incarnation: int
     seq: int = 0
 
 
@@ -112,6 +130,13 @@ class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     """Attempts in flight when the previous start died (0 in logs of older versions)."""
     skipped: list[str] = msgspec.field(default_factory=list)
     """Newer trainer checkpoints this start could not use, each ``path: why``."""
+    turns_resumed: int = 0
+    """Committed turns of interrupted episodes that restore continues from."""
+    episodes_resumed: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    """Per sibling (logical rollout id) whose episode continues at its last committed
+    turn, the staging keys of the committed turns it continues from."""
+    episodes_restarted: list[str] = msgspec.field(default_factory=list)
+    """Episodes restarted from their first turn, each ``logical id: why``."""
     seq: int = 0
 
 
@@ -180,6 +205,7 @@ RecordT = TypeVar(
     RestoreLogRecord,
     ShutdownLogRecord,
     PendingLogRecord,
+    TurnLogRecord,
 )
 
 

@@ -41,6 +41,7 @@ from rollvault.controller.data.replay_index import ReplayEntry, ReplayIndexState
 from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.data.shortfall import SparePromptsState
 from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
+from rollvault.controller.loop.episodes import EpisodeState, owned_entries
 from rollvault.controller.loop.finalizer import capture_reward_settings
 from rollvault.controller.loop.io_failures import (
     SnapshotsFailingError,
@@ -50,8 +51,10 @@ from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entr
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_SCHEMA_VERSION,
+    ENV_ROLLOUTS_SCHEMA_VERSION,
     SNAPSHOT_FILES_SCHEMA_VERSION,
     ControllerStateFile,
+    EnvRolloutsFile,
     ReplayBufferFile,
     RolloutStateCapture,
     write_snapshot_payload,
@@ -107,6 +110,7 @@ class CutCapture:
     log_sequence: int
     journal_seq: int
     lost_interruptions: tuple[LostGroupInterruption, ...]
+    episodes: dict[str, EpisodeState]
 
 
 def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> CutCapture:
@@ -132,6 +136,7 @@ def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> Cu
         log_sequence=parts.logs.sequence.value,
         journal_seq=parts.journal.seq if parts.journal is not None else 0,
         lost_interruptions=tuple(parts.lost_interruptions),
+        episodes=parts.episodes.capture(),
     )
 
 
@@ -190,6 +195,11 @@ def build_snapshot(
         ),
         data_plane=cut.data_plane,
         generations_per_group=parts.config.grpo.num_generations_per_prompt,
+        env_rollouts=EnvRolloutsFile(
+            schema_version=ENV_ROLLOUTS_SCHEMA_VERSION,
+            episodes=owned_entries(cut.episodes, cut.ledger),
+            next_nemo_gym_task_index=None,
+        ),
     )
 
 

@@ -34,6 +34,7 @@ from rollvault.controller.loop.dispatch_journal import (
     LostGroupInterruption,
     read_dispatch_journal,
 )
+from rollvault.controller.loop.episodes import logical_id
 from rollvault.controller.loop.finalizer import capture_reward_settings
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import AttemptLogRecord, RestoreLogRecord
@@ -78,6 +79,11 @@ class RestoreCounts:
     ledger_groups: int = 0
     attempts_interrupted: int = 0
     """Attempts in flight when the process died, charged to their siblings' budgets."""
+    turns_resumed: int = 0
+    """Committed turns that interrupted episodes continue from."""
+    episodes_resumed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    episodes_restarted: list[str] = dataclasses.field(default_factory=list)
+    """``logical id: why`` of each episode restarted from its first turn."""
 
 
 async def read_recovery_sidecar(
@@ -250,6 +256,7 @@ class RolloutRestorer:
                 journal_seq=controller.dispatch_journal_seq, carried=controller.lost_interruptions
             )
         parts.ledger.prepare_for_restart(parts.cut)
+        self._restore_episodes(snapshot)
         self._records = parts.ledger.groups()
         self._log_discarded_seals(before)
         await self._resolve_finalization_unknown()
@@ -258,6 +265,37 @@ class RolloutRestorer:
             len(parts.ledger),
             restored_replay_groups,
         )
+
+    def _restore_episodes(self, snapshot: LoadedSnapshot) -> None:
+        """The environment's rollouts: each continued episode's state, or its restart.
+
+        ``prepare_for_restart`` gave every fresh attempt of a ``sibling`` group
+        the committed turns of the attempt it replaces. Each keeps them when
+        the snapshot holds its environment state at that revision and its
+        restore class allows it; otherwise its episode restarts at its first
+        turn (said in the restore log) and the orphan pass drops the rows.
+        """
+        parts = self._parts
+        parts.episodes.load(snapshot.env_rollouts.episodes)
+        for record in parts.ledger.groups():
+            for sibling in record.siblings:
+                attempt = sibling.current_attempt
+                if attempt.status is not RolloutAttemptStatus.RESERVED or not attempt.turn_keys:
+                    continue
+                key = logical_id(record.group_id, sibling.generation_index)
+                resume, why_not = parts.episodes.resume_for(key, attempt)
+                if not parts.config.rollout.turn_level_restore:
+                    resume, why_not = None, "rollout.turn_level_restore is false"
+                if resume is not None:
+                    self.counts.turns_resumed += len(resume.turn_keys)
+                    self.counts.episodes_resumed[key] = list(resume.turn_keys)
+                    continue
+                parts.ledger.restart_episode(
+                    parts.cut, record.group_id, generation_index=sibling.generation_index
+                )
+                parts.episodes.forget(key)
+                self.counts.episodes_restarted.append(f"{key}: {why_not}")
+                _LOG.warning("restarting the episode of %s from its first turn: %s", key, why_not)
 
     def _record_interruptions(
         self, *, journal_seq: int, carried: list[LostGroupInterruption]
@@ -488,7 +526,7 @@ class RolloutRestorer:
         _LOG.info(
             "restored %s in %.3fs: %d canonical groups, %d unfinished groups, %d siblings reused, "
             "%d attempts to redispatch (%d interrupted by the death), %d groups regenerated, "
-            "%d orphan rows dropped",
+            "%d orphan rows dropped, %d committed turns resumed, %d episodes restarted",
             snapshot.path if snapshot else "nothing",
             seconds,
             counts.replay_groups,
@@ -498,6 +536,8 @@ class RolloutRestorer:
             counts.attempts_interrupted,
             counts.groups_regenerated,
             counts.rows_dropped,
+            counts.turns_resumed,
+            len(counts.episodes_restarted),
         )
         parts.logs.restores.write(
             RestoreLogRecord(
@@ -513,6 +553,9 @@ class RolloutRestorer:
                 rows_dropped=counts.rows_dropped,
                 seconds=seconds,
                 attempts_interrupted=counts.attempts_interrupted,
+                turns_resumed=counts.turns_resumed,
+                episodes_resumed=dict(counts.episodes_resumed),
+                episodes_restarted=list(counts.episodes_restarted),
                 skipped=[f"{path}: {reason}" for path, reason in self._resume.skipped],
             )
         )

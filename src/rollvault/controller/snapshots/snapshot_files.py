@@ -9,6 +9,9 @@
       replacement_reserve.json       spare prompts
       controller_state.json          sampler and dataloader cursors, group origins, log seq,
                                      dispatch journal seq, lost groups' interrupted attempts
+      env_rollouts.json              the environment state of every in-flight episode at
+                                     its last committed turn (absent before multi-turn
+                                     episodes: then no episode is in flight)
       data_plane/                    every live row; its metadata.json advertises, for
                                      each sidecar above, its SHA-256, schema version
                                      and group count
@@ -23,6 +26,7 @@ an older snapshot; the references between files are checked by
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ from rollvault.controller.data.replay_index import ReplayIndexState
 from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.data.shortfall import SparePromptsState
 from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
+from rollvault.controller.loop.episodes import EpisodeState
 from rollvault.controller.loop.parts import GroupOrigin
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint, write_checkpoint
@@ -65,6 +70,8 @@ SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
+ENV_ROLLOUTS_FILENAME: Final = "env_rollouts.json"
+ENV_ROLLOUTS_SCHEMA_VERSION: Final = 1
 DATA_PLANE_DIRNAME: Final = "data_plane"
 SIDECARS_METADATA_KEY: Final = "sidecars"
 
@@ -104,6 +111,23 @@ class ControllerStateFile(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     """Interrupted attempts of lost groups, for their prompts' next groups (version 2)."""
 
 
+class EnvRolloutsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The environment's rollouts: in-flight episodes at their last committed turn."""
+
+    schema_version: int
+    episodes: dict[str, EpisodeState]
+    """By logical rollout id; each entry's revision equals its ledger attempt's."""
+    next_nemo_gym_task_index: Annotated[int, msgspec.Meta(ge=0)] | None
+    """The task cursor of environments that assign task indices (None: none do)."""
+
+
+def empty_env_rollouts() -> EnvRolloutsFile:
+    """The env rollouts of a snapshot written before them: no episode in flight."""
+    return EnvRolloutsFile(
+        schema_version=ENV_ROLLOUTS_SCHEMA_VERSION, episodes={}, next_nemo_gym_task_index=None
+    )
+
+
 class _ControllerStateFileV1(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     schema_version: int
     sampler: SamplerState
@@ -141,6 +165,7 @@ class RolloutStateCapture:
     controller: ControllerStateFile
     data_plane: DataPlaneCapture
     generations_per_group: int
+    env_rollouts: EnvRolloutsFile = dataclasses.field(default_factory=empty_env_rollouts)
 
 
 @dataclass(frozen=True)
@@ -154,6 +179,7 @@ class LoadedSnapshot:
     spares: SparePromptsState
     controller: ControllerStateFile
     data_plane: LoadedCheckpoint
+    env_rollouts: EnvRolloutsFile = dataclasses.field(default_factory=empty_env_rollouts)
 
 
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
@@ -170,6 +196,7 @@ def write_snapshot_payload(capture: RolloutStateCapture, directory: Path) -> int
         REPLAY_BUFFER_METADATA_FILENAME: _ENCODER.encode(capture.replay),
         REPLACEMENT_RESERVE_FILENAME: _ENCODER.encode(capture.spares),
         CONTROLLER_STATE_FILENAME: _ENCODER.encode(capture.controller),
+        ENV_ROLLOUTS_FILENAME: _ENCODER.encode(capture.env_rollouts),
     }
     counts = {
         ROLLOUT_RECOVERY_STATE_FILENAME: (
@@ -184,6 +211,10 @@ def write_snapshot_payload(capture: RolloutStateCapture, directory: Path) -> int
         CONTROLLER_STATE_FILENAME: (
             capture.controller.schema_version,
             len(capture.controller.origins),
+        ),
+        ENV_ROLLOUTS_FILENAME: (
+            capture.env_rollouts.schema_version,
+            len(capture.env_rollouts.episodes),
         ),
     }
     digests: dict[str, Any] = {}
@@ -224,6 +255,7 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
         spares=_decode(path, REPLACEMENT_RESERVE_FILENAME, raw, SparePromptsState),
         controller=_decode_controller_state(path, raw),
         data_plane=data_plane,
+        env_rollouts=decode_env_rollouts(path, raw),
     )
     _check_counts(snapshot, digests)
     return snapshot
@@ -258,10 +290,12 @@ def advertised_digests(
         raise SnapshotCorruptError(
             directory / "metadata.json", f"user_metadata.{SIDECARS_METADATA_KEY}: {exc}"
         ) from exc
-    if set(digests) != expected:
+    # env_rollouts.json came later: a snapshot written before it advertises none.
+    if set(digests) - {ENV_ROLLOUTS_FILENAME} != expected:
         raise SnapshotCorruptError(
             directory / "metadata.json",
-            f"advertises sidecars {sorted(digests)}, expected {sorted(expected)}",
+            f"advertises sidecars {sorted(digests)}, expected {sorted(expected)} "
+            f"(and {ENV_ROLLOUTS_FILENAME})",
         )
     return digests
 
@@ -382,6 +416,23 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
     )
 
 
+def decode_env_rollouts(path: Path, raw: Mapping[str, bytes]) -> EnvRolloutsFile:
+    """``env_rollouts.json`` checked and decoded; an older snapshot without it has none."""
+    if ENV_ROLLOUTS_FILENAME not in raw:
+        return empty_env_rollouts()
+    try:
+        decoded = msgspec.json.decode(raw[ENV_ROLLOUTS_FILENAME], type=EnvRolloutsFile, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SnapshotCorruptError(path / ENV_ROLLOUTS_FILENAME, str(exc)) from exc
+    if decoded.schema_version != ENV_ROLLOUTS_SCHEMA_VERSION:
+        raise SnapshotCorruptError(
+            path / ENV_ROLLOUTS_FILENAME,
+            f"unsupported schema_version {decoded.schema_version} "
+            f"(supported: {ENV_ROLLOUTS_SCHEMA_VERSION})",
+        )
+    return decoded
+
+
 def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -> None:
     # The sidecar's count is checked by read_recovery_sidecar_file.
     actual = {
@@ -389,6 +440,8 @@ def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -
         REPLACEMENT_RESERVE_FILENAME: len(snapshot.spares.prompts),
         CONTROLLER_STATE_FILENAME: len(snapshot.controller.origins),
     }
+    if ENV_ROLLOUTS_FILENAME in digests:
+        actual[ENV_ROLLOUTS_FILENAME] = len(snapshot.env_rollouts.episodes)
     for name, count in actual.items():
         if count != digests[name].group_count:
             raise SnapshotCorruptError(

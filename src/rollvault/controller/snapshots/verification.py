@@ -13,7 +13,8 @@ How far they go is the :class:`VerificationLevel`:
   have the run's size.
 - ``FULL``, what ``rollvault verify`` checks: also each sidecar's checksum on
   its own (every damaged file is named, not only the first), the manifest
-  against its anchor, and the other direction: no row that nothing
+  against its anchor, the environment-state sidecar (``env_rollouts.json``)
+  against the ledger's committed turns, and the other direction: no row that nothing
   references. Rows of an attempt still in flight (the gate writes them before
   the attempt seals) and of a group caught mid-finalization are expected.
 - ``FINISHED``, what the chaos harness checks on a finished run's final
@@ -36,6 +37,7 @@ from typing import Any, Final
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     DATA_PLANE_DIRNAME,
+    ENV_ROLLOUTS_FILENAME,
     REPLAY_BUFFER_METADATA_FILENAME,
     LoadedSnapshot,
     SnapshotCorruptError,
@@ -59,9 +61,11 @@ from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
+from rollvault.tasks.episodes import RestoreClass
 
 _SHOWN_KEYS: Final = 3
 _IN_FLIGHT: Final = frozenset({RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED})
+_IN_FLIGHT_VALUES: Final = frozenset(status.value for status in _IN_FLIGHT)
 # A crash between publishing canonical rows and leaving the ledger leaves both;
 # restore keeps the rows it finds, so they are expected, not orphans.
 _MAY_HOLD_CANONICAL_ROWS: Final = frozenset(
@@ -209,6 +213,7 @@ def verify_loaded_snapshot(
     problems += _missing_staged_rows(snapshot)
     problems += _canonical_group_problems(snapshot, generations_per_group)
     if level >= VerificationLevel.FULL:
+        problems += _env_rollout_problems(snapshot)
         try:
             ledger = ledger_of(
                 snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME, snapshot.recovery.ledger_state
@@ -331,8 +336,14 @@ def _missing_staged_rows(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     for group in snapshot.recovery.ledger_state["groups"]:
         for sibling in group["siblings"]:
             attempt = sibling["attempts"][-1]
-            missing = [key for key in attempt["staging_keys"] if key not in staging]
-            if attempt["status"] == RolloutAttemptStatus.SEALED.value and missing:
+            if attempt["status"] == RolloutAttemptStatus.SEALED.value:
+                owned = attempt["staging_keys"]
+            elif attempt["status"] in _IN_FLIGHT_VALUES:
+                owned = attempt["turn_keys"]  # the committed turns restore continues from
+            else:
+                owned = []
+            missing = [key for key in owned if key not in staging]
+            if missing:
                 problems.append(
                     SnapshotProblem(
                         ProblemKind.MISSING_ROWS,
@@ -344,6 +355,58 @@ def _missing_staged_rows(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
                     )
                 )
     return problems
+
+
+def _env_rollout_problems(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
+    """The environment-state sidecar against the ledger, both directions.
+
+    Each episode it holds belongs to a live current attempt whose committed
+    turns are at its revision, and a restorable one carries its state; each
+    live attempt with committed turns has its episode there (else restore
+    restarts that episode from its first turn).
+    """
+    path = snapshot.path / ENV_ROLLOUTS_FILENAME
+    episodes = dict(snapshot.env_rollouts.episodes)
+    problems = []
+    for group in snapshot.recovery.ledger_state["groups"]:
+        for sibling in group["siblings"]:
+            attempt = sibling["attempts"][-1]
+            logical = f"{group['group_id']}_g{sibling['generation_index']}"
+            entry = episodes.pop(logical, None)
+            live = attempt["status"] in _IN_FLIGHT_VALUES and attempt["turn_keys"]
+            if not live:
+                if entry is not None:
+                    problems.append(
+                        _env_problem(path, f"{logical}: no live attempt owns its state")
+                    )
+                continue
+            if entry is None:
+                problems.append(
+                    _env_problem(
+                        path,
+                        f"{logical}: {len(attempt['turn_keys'])} committed turns in "
+                        f"{ROLLOUT_RECOVERY_STATE_FILENAME} but no environment state",
+                    )
+                )
+            elif entry.env_state_revision != attempt["env_state_revision"]:
+                problems.append(
+                    _env_problem(
+                        path,
+                        f"{logical}: environment state at revision {entry.env_state_revision}, "
+                        f"the ledger's committed turns at {attempt['env_state_revision']}",
+                    )
+                )
+            elif entry.restore_class is RestoreClass.RESTORABLE and entry.env_state is None:
+                problems.append(_env_problem(path, f"{logical}: restorable but no env_state"))
+    problems += [
+        _env_problem(path, f"{logical}: no such sibling in {ROLLOUT_RECOVERY_STATE_FILENAME}")
+        for logical in sorted(episodes)
+    ]
+    return problems
+
+
+def _env_problem(path: Path, message: str) -> SnapshotProblem:
+    return SnapshotProblem(ProblemKind.INCONSISTENT, path, message)
 
 
 def _canonical_rows(snapshot: LoadedSnapshot, generations_per_group: int | None) -> set[str]:

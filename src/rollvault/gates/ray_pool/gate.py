@@ -2,7 +2,7 @@
 
 Everything around generation is the local model gate's own
 (:class:`~rollvault.gates.local_model.LocalModelGate`: prompt rendering,
-scoring with the text environment, the staged row and its digest, the
+running the episode (:mod:`rollvault.gates.episode_runner`), its staged turn rows, the
 receipt), so rows and receipts have the same shape; each receipt also names
 the actor that generated it (``worker_id``) beside the weight version.
 Generation goes to ``gate.ray.num_actors`` generation actors
@@ -52,7 +52,7 @@ from rollvault.gates.ray_pool.routing import StickyRouter
 from rollvault.gates.ray_pool.weights import WeightBroadcast
 from rollvault.gates.worker_process import WorkerLostError, WorkerStartError
 from rollvault.gates.worker_protocol import GenerationRequest, GenerationResult, encode
-from rollvault.tasks.protocols import TextEnvironment
+from rollvault.tasks.episodes import EpisodeSource
 
 __all__ = ["RayPoolGate"]
 
@@ -64,7 +64,7 @@ class RayPoolGate(LocalModelGate):
         self,
         config: LocalModelGateConfig,
         data_plane: DataPlane,
-        environment: TextEnvironment,
+        environment: EpisodeSource,
         *,
         pool: RayGateConfig,
         model_path: Path,
@@ -187,7 +187,7 @@ class RayPoolGate(LocalModelGate):
         return msgspec.structs.replace(outcome, receipt=receipt)
 
     async def _generate(
-        self, group_id: str, rollout_id: str, prompt_ids: list[int]
+        self, group_id: str, rollout_id: str, prompt_ids: list[int], *, seed_id: str
     ) -> tuple[int, GenerationResult]:
         if self._closed:
             raise GateClosedError(f"attempt {rollout_id} started on a closed RayPoolGate")
@@ -195,7 +195,7 @@ class RayPoolGate(LocalModelGate):
         request = GenerationRequest(
             request_id=self._next_request_id,
             prompt_ids=prompt_ids,
-            seed=self._sample_seed(rollout_id),
+            seed=self._sample_seed(seed_id),
         )
         future: asyncio.Future[LaneResult] = asyncio.get_running_loop().create_future()
         await self._route(PendingRequest(group_id=group_id, request=request, future=future))
