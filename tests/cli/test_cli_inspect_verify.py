@@ -86,7 +86,7 @@ def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stalled_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run killed before any step, sibling 3 of every group stuck: bootstrap snapshots."""
     root = tmp_path_factory.mktemp("stalled")
-    run_stalled_then_kill(small_config(root, *SLOW_GATE), stalled_index=3)
+    run_stalled_then_kill(small_config(root, *SLOW_GATE), stalled_index=3, min_snapshots=2)
     return root / "ckpt"
 
 

@@ -223,14 +223,15 @@ class HangingGate(SimulatedGate):
 
 
 def run_stalled_then_kill(
-    config: RunConfig, *, stalled_index: int, timeout_s: float = 60.0
+    config: RunConfig, *, stalled_index: int, timeout_s: float = 60.0, min_snapshots: int = 1
 ) -> None:
-    """Run with one sibling slot stuck until a committed snapshot holds the stuck state,
-    then cancel the run.
+    """Run with one sibling slot stuck until a committed snapshot holds the stuck state
+    and at least ``min_snapshots`` are committed, then cancel the run.
 
     The stuck state: ``max_inflight_prompts`` groups in flight, each with every
     sibling sealed but the stalled one. Waiting for that snapshot, not for a
-    fixed time, keeps the callers' counts exact on a loaded machine.
+    fixed time, keeps the callers' counts exact on a loaded machine (on a slow
+    one the very first snapshot may already hold it).
     """
     inflight = config.rollout.max_inflight_prompts
     generations = config.grpo.num_generations_per_prompt
@@ -246,7 +247,10 @@ def run_stalled_then_kill(
         )
 
     def stuck_snapshot_committed() -> bool:
-        for path in reversed(committed_snapshot_paths(snapshots)):
+        committed = committed_snapshot_paths(snapshots)
+        if len(committed) < min_snapshots:
+            return False
+        for path in reversed(committed):
             try:
                 siblings = read_snapshot_contents(path).siblings
             except (OSError, SnapshotCorruptError):
