@@ -187,7 +187,9 @@ def addition_reward(tokenizer: Any) -> Any:
     return reward
 
 
-def run_trl(run_dir: Path, start: Path, steps: int, overrides: Sequence[str]) -> SideResult:
+def run_trl(
+    run_dir: Path, start: Path, steps: int, overrides: Sequence[str], threads: int = 0
+) -> SideResult:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -198,6 +200,8 @@ def run_trl(run_dir: Path, start: Path, steps: int, overrides: Sequence[str]) ->
 
     if overrides:
         raise SystemExit("--set applies to rollvault's recipe; TRL has no equivalent here")
+    if threads:
+        torch.set_num_threads(threads)
     prompts = AdditionPromptDataset(steps * PROMPTS_PER_STEP, seed=0)
     rows = [prompts[i] for i in range(len(prompts))]
     dataset = Dataset.from_list(
@@ -258,7 +262,7 @@ def child_main(args: argparse.Namespace) -> int:
     if args.side == "rollvault":
         result = run_rollvault(run_dir, start, args.steps, args.set, args.cprofile)
     else:
-        result = run_trl(run_dir, start, args.steps, args.set)
+        result = run_trl(run_dir, start, args.steps, args.set, args.trl_threads)
     result.started, result.finished = started, time.time()
     Path(args.out).write_text(json.dumps(asdict(result)))
     return 0
@@ -333,7 +337,13 @@ def cpu_of(proc: Any) -> float:
 
 
 def run_child(
-    side: str, tmp: Path, start: Path, steps: int, overrides: Sequence[str], round_index: int
+    side: str,
+    tmp: Path,
+    start: Path,
+    steps: int,
+    overrides: Sequence[str],
+    round_index: int,
+    trl_threads: int = 0,
 ) -> RunResult:
     import psutil
 
@@ -342,6 +352,7 @@ def run_child(
     run_dir.mkdir(parents=True)
     command = [sys.executable, __file__, "--side", side, "--start", str(start)]
     command += ["--steps", str(steps), "--run-dir", str(run_dir), "--out", str(out)]
+    command += ["--trl-threads", str(trl_threads)]
     for override in overrides:
         command += ["--set", override]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -432,7 +443,9 @@ def parent_main(args: argparse.Namespace) -> int:
             order = SIDES if round_index % 2 == 0 else SIDES[::-1]
             for side in order:
                 overrides = args.set if side == "rollvault" else []
-                result = run_child(side, tmp, start, args.steps, overrides, round_index)
+                result = run_child(
+                    side, tmp, start, args.steps, overrides, round_index, args.trl_threads
+                )
                 results.append(result)
                 print(f"round {round_index} {describe(result)}", flush=True)
         for line in summarise(results):
@@ -478,6 +491,13 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         default=[],
         metavar="DOTPATH=VALUE",
         help="override the recipe while building the start weights (e.g. trainer.warmup.steps)",
+    )
+    parser.add_argument(
+        "--trl-threads",
+        type=int,
+        default=0,
+        help="torch threads of the TRL process (0: torch's default, one per core); 1 avoids "
+        "OpenMP's spinning threads on a machine other work oversubscribes",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
