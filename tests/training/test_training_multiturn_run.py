@@ -25,7 +25,9 @@ from rollvault.recipes.async_grpo import prepare
 pytestmark = pytest.mark.slow
 
 RECIPE = Path(rollvault.__file__).parent / "configs" / "multiturn_guess.yaml"
-STEPS = 60
+STEPS = 100
+MARGIN = 0.05
+"""Three runs of the recipe measured 0.09 to 0.14 (20-step means, each over 1,280 episodes)."""
 
 
 def test_the_multiturn_recipe_raises_the_mean_reward(tmp_path: Path) -> None:
@@ -37,8 +39,7 @@ def test_the_multiturn_recipe_raises_the_mean_reward(tmp_path: Path) -> None:
             f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
             "logging.progress=false",
             f"grpo.max_num_steps={STEPS}",
-            "grpo.num_prompts_per_step=5",
-            "dataset.num_prompts=600",
+            "dataset.num_prompts=1000",
         ],
     )
     rewards: list[float] = []
@@ -58,4 +59,4 @@ def test_the_multiturn_recipe_raises_the_mean_reward(tmp_path: Path) -> None:
     )
     assert summary.trainer_version == STEPS and len(rewards) == STEPS
     first, last = float(np.mean(rewards[:20])), float(np.mean(rewards[-20:]))
-    assert last > first + 0.08, (first, last)
+    assert last > first + MARGIN, (first, last)
