@@ -14,17 +14,46 @@ from collections.abc import Sequence
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.controller.loop.gate import AttemptOutcome
-from rollvault.gates.episode_runner import EpisodeResult
+from rollvault.controller.loop.gate import AttemptOutcome, AttemptRequest, current_turn_sink
+from rollvault.dataplane.interface import DataPlane
+from rollvault.gates.episode_runner import EpisodeResult, GenerateCall, run_episode
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
-from rollvault.tasks.episodes import Observation
+from rollvault.tasks.episodes import EpisodeEnvironment, Observation
 
-__all__ = ["TokenizerCodec", "episode_outcome", "logged_checks", "turn_seed_id"]
+__all__ = [
+    "TokenizerCodec",
+    "episode_outcome",
+    "logged_checks",
+    "run_model_attempt",
+    "turn_seed_id",
+]
 
 
 def turn_seed_id(rollout_id: str, turn: int) -> str:
     """What seeds a model call: turn 0 samples exactly as a one-call attempt did."""
     return rollout_id if turn == 0 else f"{rollout_id}:t{turn}"
+
+
+async def run_model_attempt(
+    request: AttemptRequest,
+    environment: EpisodeEnvironment,
+    *,
+    prompt_ids: list[int],
+    generate: GenerateCall,
+    tokenizer: PreTrainedTokenizerBase,
+    data_plane: DataPlane,
+) -> AttemptOutcome:
+    """Run a model gate's attempt as an episode and report it; ``generate`` is the gate's call."""
+    episode = await run_episode(
+        request,
+        environment,
+        prompt_ids=prompt_ids,
+        generate=generate,
+        codec=TokenizerCodec(tokenizer),
+        data_plane=data_plane,
+        sink=current_turn_sink(data_plane),
+    )
+    return episode_outcome(request.gate_rollout_id, episode)
 
 
 def episode_outcome(rollout_id: str, episode: EpisodeResult) -> AttemptOutcome:

@@ -44,13 +44,12 @@ from rollvault.controller.loop.gate import (
     AttemptRequest,
     FailureKind,
     GateAttemptError,
-    current_turn_sink,
 )
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.causal_lm import load_tokenizer
-from rollvault.gates.episode_runner import Generation, run_episode
+from rollvault.gates.episode_runner import Generation
 from rollvault.gates.local_model import GateClosedError, WeightsProvider
-from rollvault.gates.model_episodes import TokenizerCodec, episode_outcome, turn_seed_id
+from rollvault.gates.model_episodes import run_model_attempt, turn_seed_id
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer, PromptRenderError
 from rollvault.gates.stop_tokens import stop_token_ids
 from rollvault.gates.vllm.client import ServerDataError, ServerInfraError, VllmClient
@@ -209,16 +208,14 @@ class VllmGate:
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
         rollout_id = request.gate_rollout_id
-        episode = await run_episode(
+        return await run_model_attempt(
             request,
             self._environment(),
             prompt_ids=self._prompt_ids(request),
             generate=lambda prompt, turn: self._call(request.group_id, rollout_id, prompt, turn),
-            codec=TokenizerCodec(self._tokenizer),
+            tokenizer=self._tokenizer,
             data_plane=self._data_plane,
-            sink=current_turn_sink(self._data_plane),
         )
-        return episode_outcome(rollout_id, episode)
 
     async def _call(
         self, group_id: str, rollout_id: str, prompt_ids: list[int], turn: int
