@@ -56,13 +56,33 @@ def check_finished_run(config: RunConfig) -> RunCheck:
     problems = check_exactly_once(history, expected)
     problems += reuse_problems(history, config)
     final_problems, final_snapshot = final_state_problems(config)
+    epochs = epoch_accounts(history, expected)
     return RunCheck(
-        problems=problems + final_problems,
+        problems=problems + final_problems + nothing_trained_problems(epochs),
         history=history,
         accounting=work_accounting(history),
         final_snapshot=final_snapshot,
-        epochs=epoch_accounts(history, expected),
+        epochs=epochs,
     )
+
+
+def nothing_trained_problems(epochs: list[EpochAccount]) -> list[str]:
+    """A run that trained none of its prompts is a failure, whatever it dropped.
+
+    Dropping a prompt is legitimate (a poison prompt, an exhausted retry budget), so
+    exactly-once holds for a run that dropped every one: without this check such a
+    run, the sign of a gate or reward that fails on everything, would pass.
+    """
+    expected = sum(account.expected for account in epochs)
+    trained = sum(account.trained for account in epochs)
+    if expected == 0 or trained > 0:
+        return []
+    dropped = sum(account.dropped for account in epochs)
+    pending = sum(account.pending for account in epochs)
+    return [
+        f"no prompt was trained: of {expected} expected, {dropped} were dropped "
+        f"and {pending} left pending"
+    ]
 
 
 def reuse_problems(history: RunHistory, config: RunConfig) -> list[str]:
