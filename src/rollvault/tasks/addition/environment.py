@@ -11,10 +11,9 @@ anything else 0.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
 
-from rollvault.tasks.protocols import PromptEnvironmentError, TextScore
+from rollvault.tasks.exact_answer import ExactAnswerEnvironment
+from rollvault.tasks.protocols import PromptEnvironmentError
 
 __all__ = ["AdditionEnvironment", "AdditionPromptError"]
 
@@ -25,35 +24,11 @@ class AdditionPromptError(PromptEnvironmentError):
     """A prompt handed to the addition environment carries no answer to check against."""
 
 
-class AdditionEnvironment:
+class AdditionEnvironment(ExactAnswerEnvironment):
     """Scores responses to ``"AA+BB="`` prompts (see the module docstring)."""
 
-    def __init__(self, *, answer_reward: float = 1.0, format_reward: float = 0.1) -> None:
-        if answer_reward <= 0.0 or format_reward < 0.0:
-            raise ValueError(
-                f"AdditionEnvironment: answer_reward must be > 0 and format_reward >= 0, "
-                f"got {answer_reward} and {format_reward}"
-            )
-        self.answer_reward = answer_reward
-        self.format_reward = format_reward
+    prompt_error = AdditionPromptError
 
-    async def score_text(
-        self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
-    ) -> TextScore:
-        answer = _answer(prompt)
-        format_ok = finished and _ANSWER_SHAPE.fullmatch(response_text) is not None
-        correct = format_ok and response_text == answer
-        reward = (self.answer_reward if correct else 0.0) + (
-            self.format_reward if format_ok else 0.0
-        )
-        return TextScore(reward=reward, format_ok=format_ok, correct=correct)
-
-
-def _answer(prompt: Mapping[str, Any]) -> str:
-    info = prompt.get("extra_env_info")
-    answer = info.get("answer") if isinstance(info, Mapping) else None
-    if not isinstance(answer, str):
-        raise AdditionPromptError(
-            f"prompt {prompt.get('idx')!r}: extra_env_info.answer must be a string, got {answer!r}"
-        )
-    return answer
+    def well_formed(self, response_text: str, answer: str) -> bool:
+        """One to three ASCII digits."""
+        return _ANSWER_SHAPE.fullmatch(response_text) is not None

@@ -9,10 +9,8 @@ response scores 1.1, a well-formed wrong one 0.1, anything else 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from rollvault.tasks.protocols import PromptEnvironmentError, TextScore
+from rollvault.tasks.exact_answer import ExactAnswerEnvironment
+from rollvault.tasks.protocols import PromptEnvironmentError
 
 __all__ = ["ReverseEnvironment", "ReversePromptError"]
 
@@ -21,41 +19,20 @@ class ReversePromptError(PromptEnvironmentError):
     """A prompt handed to the reverse environment carries no digit answer to check against."""
 
 
-class ReverseEnvironment:
+class ReverseEnvironment(ExactAnswerEnvironment):
     """Scores responses to ``"DDDD="`` prompts (see the module docstring)."""
 
-    def __init__(self, *, answer_reward: float = 1.0, format_reward: float = 0.1) -> None:
-        if answer_reward <= 0.0 or format_reward < 0.0:
-            raise ValueError(
-                f"ReverseEnvironment: answer_reward must be > 0 and format_reward >= 0, "
-                f"got {answer_reward} and {format_reward}"
-            )
-        self.answer_reward = answer_reward
-        self.format_reward = format_reward
+    prompt_error = ReversePromptError
+    answer_shape = "a string of digits"
 
-    async def score_text(
-        self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
-    ) -> TextScore:
-        answer = _answer(prompt)
-        format_ok = (
-            finished
-            and len(response_text) == len(answer)
-            and response_text.isascii()
-            and response_text.isdigit()
-        )
-        correct = format_ok and response_text == answer
-        reward = (self.answer_reward if correct else 0.0) + (
-            self.format_reward if format_ok else 0.0
-        )
-        return TextScore(reward=reward, format_ok=format_ok, correct=correct)
+    def well_formed(self, response_text: str, answer: str) -> bool:
+        """As many ASCII digits as the answer."""
+        return len(response_text) == len(answer) and _digits(response_text)
+
+    def valid_answer(self, answer: str) -> bool:
+        """ASCII digits only."""
+        return _digits(answer)
 
 
-def _answer(prompt: Mapping[str, Any]) -> str:
-    info = prompt.get("extra_env_info")
-    answer = info.get("answer") if isinstance(info, Mapping) else None
-    if not isinstance(answer, str) or not answer.isascii() or not answer.isdigit():
-        raise ReversePromptError(
-            f"prompt {prompt.get('idx')!r}: extra_env_info.answer must be a string of digits, "
-            f"got {answer!r}"
-        )
-    return answer
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
