@@ -40,7 +40,10 @@ from rollvault.checkpoint_tools.inventory import (  # noqa: E402
 )
 from rollvault.checkpoint_tools.verify import cross_reference_problems  # noqa: E402
 from rollvault.cli.main import main  # noqa: E402
-from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot  # noqa: E402
+from rollvault.controller.snapshots.snapshot_files import (  # noqa: E402
+    LoadedSnapshot,
+    segments_dir_for,
+)
 from rollvault.controller.snapshots.verification import read_snapshot  # noqa: E402
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint  # noqa: E402
 from rollvault.dataplane.interface import (  # noqa: E402
@@ -48,6 +51,7 @@ from rollvault.dataplane.interface import (  # noqa: E402
     TRAIN_PARTITION,
     staging_key,
 )
+from rollvault.dataplane.segmented import read_segmented_content  # noqa: E402
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME, BOOTSTRAP_POLICY_DIRNAME  # noqa: E402
 from rollvault.durable.manifest_schema import (  # noqa: E402
     encode_snapshot_manifest,
@@ -69,9 +73,10 @@ SNAPSHOT_FILES = (
     "replacement_reserve.json",
     "controller_state.json",
     "data_plane/metadata.json",
-    "data_plane/rollout_staging.safetensors",
-    "data_plane/train.safetensors",
+    "segment:rollout_staging",
+    "segment:train",
 )
+"""Files of a snapshot; ``segment:<partition>`` is a segment of that partition it references."""
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +121,17 @@ def snapshot_dirs(checkpoint_dir: Path) -> set[Path]:
 
 def newest_rollout_snapshot(checkpoint_dir: Path) -> Path:
     return max(checkpoint_dir.glob("*/rollout_snapshots/snapshot_*"), key=lambda p: p.name)
+
+
+def snapshot_file(directory: Path, name: str) -> Path:
+    """``name`` in the snapshot at ``directory``; ``segment:<partition>`` the newest segment
+    of that partition the snapshot references (it may be shared with older snapshots)."""
+    if not name.startswith("segment:"):
+        return directory / name
+    partition = name.removeprefix("segment:")
+    content = read_segmented_content(directory / "data_plane")
+    files = [r.file for r in content.segments if r.partition == partition]
+    return segments_dir_for(directory) / max(files)
 
 
 def flip_middle_byte(path: Path) -> None:
@@ -316,19 +332,20 @@ def test_verify_names_a_file_with_a_flipped_byte(
         directory = newest_rollout_snapshot(trained_copy)
     else:
         directory = trained_copy / "step_4" / "rollout_state"
-    flip_middle_byte(directory / name)
+    damaged = snapshot_file(directory, name)
+    flip_middle_byte(damaged)
     code, out, _ = run_cli(capsys, "verify", trained_copy)
     assert code == 1
     problems = [line for line in out.splitlines()[:-1] if not line.startswith("note:")]
-    assert problems and all(line.startswith(f"{directory / name}: ") for line in problems), out
+    assert problems and all(line.startswith(f"{damaged}: ") for line in problems), out
     assert out.splitlines()[-1].endswith(f"{len(problems)} problem(s)")
 
 
-@pytest.mark.parametrize("name", ["rollout_recovery.json", "data_plane/train.safetensors"])
+@pytest.mark.parametrize("name", ["rollout_recovery.json", "segment:train"])
 def test_verify_names_a_truncated_file(
     capsys: pytest.CaptureFixture[str], trained_copy: Path, name: str
 ) -> None:
-    path = newest_rollout_snapshot(trained_copy) / name
+    path = snapshot_file(newest_rollout_snapshot(trained_copy), name)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     code, out, _ = run_cli(capsys, "verify", trained_copy, "--json")
     assert code == 1
@@ -342,7 +359,7 @@ def test_verify_reports_every_damaged_file_not_only_the_first(
 ) -> None:
     newest = newest_rollout_snapshot(trained_copy)
     damaged = [newest / "controller_state.json", newest / "replacement_reserve.json"]
-    damaged.append(newest / "data_plane" / "train.safetensors")
+    damaged.append(snapshot_file(newest, "segment:train"))
     for path in damaged:
         flip_middle_byte(path)
     code, out, _ = run_cli(capsys, "verify", trained_copy, "--json")

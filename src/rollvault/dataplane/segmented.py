@@ -135,6 +135,8 @@ class SegmentedWriter:
     """Writes incremental checkpoints of one store into ``segments_dir`` (one writer per dir)."""
 
     segments_dir: Path
+    last_written: PendingCheckpoint | None = None
+    """What the last :meth:`write` wrote, for the caller to pass to :meth:`committed`."""
     _locations: dict[str, dict[str, _Location]] = field(default_factory=dict)
     _segments: dict[str, WrittenSegment] = field(default_factory=dict)
 
@@ -198,12 +200,18 @@ class SegmentedWriter:
             referenced=tuple(reference.file for reference in references),
         )
         used = {reference.file: known[reference.file] for reference in references}
-        return PendingCheckpoint(locations=locations, segments=used, info=info)
+        self.last_written = PendingCheckpoint(locations=locations, segments=used, info=info)
+        return self.last_written
 
     def committed(self, pending: PendingCheckpoint) -> None:
         """Make ``pending`` the base of the next checkpoint: it is committed now."""
         self._locations = pending.locations
         self._segments = pending.segments
+        self.last_written = None
+
+    def base_segments(self) -> set[str]:
+        """Segment files the last committed checkpoint references."""
+        return set(self._segments)
 
     def seed(self, capture: DataPlaneCapture, loaded: LoadedSegmented) -> None:
         """Take the checkpoint a store was just loaded from as the base of the next one.

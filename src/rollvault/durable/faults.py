@@ -80,6 +80,13 @@ FAULT_POINTS: Final = frozenset(
         "published_dir.old_trashed",
         "published_dir.after_rename",
         "published_dir.parent_synced",
+        # dataplane/segments.py: writing a segment (then atomic_write.*)
+        "segment.encoded",
+        "segment.durable",
+        # segment_gc.py: deleting unreferenced segments
+        "segment_gc.before_delete",
+        "segment_gc.after_delete",
+        "segment_gc.synced",
         # journal_writer.py: the seal journal
         "journal.segment_created",
         "journal.segment_dir_synced",
