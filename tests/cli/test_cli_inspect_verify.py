@@ -125,13 +125,18 @@ def newest_rollout_snapshot(checkpoint_dir: Path) -> Path:
 
 def snapshot_file(directory: Path, name: str) -> Path:
     """``name`` in the snapshot at ``directory``; ``segment:<partition>`` the newest segment
-    of that partition the snapshot references (it may be shared with older snapshots)."""
+    of that partition the snapshot references, or if it holds none of its rows, that an
+    older snapshot beside it references (segments are shared by an anchor's snapshots)."""
     if not name.startswith("segment:"):
         return directory / name
     partition = name.removeprefix("segment:")
-    content = read_segmented_content(directory / "data_plane")
-    files = [r.file for r in content.segments if r.partition == partition]
-    return segments_dir_for(directory) / max(files)
+    for snapshot in [directory, *sorted(directory.parent.glob("snapshot_*"), reverse=True)]:
+        content = read_segmented_content(snapshot / "data_plane")
+        files = [r.file for r in content.segments if r.partition == partition]
+        if files:
+            return segments_dir_for(directory) / max(files)
+    # This run's trainer checkpoint holds no rows at all (a v1 snapshot had an empty file).
+    pytest.skip(f"no snapshot beside {directory} holds {partition} rows")
 
 
 def flip_middle_byte(path: Path) -> None:
@@ -149,8 +154,9 @@ def counts_from_files(snapshot: Path) -> dict[str, Any]:
     manifest = load("manifest.json")
     groups = load("rollout_recovery.json")["ledger"]["groups"]
     current = Counter(s["attempts"][-1]["status"] for g in groups for s in g["siblings"])
-    partitions = load("data_plane/metadata.json")["content"]["partitions"]
-    rows = {p["name"]: len(p["rows"]) for p in partitions}
+    rows: Counter[str] = Counter()
+    for segment in load("data_plane/metadata.json")["content"]["segments"]:
+        rows[segment["partition"]] += segment["live_rows"]
     return {
         "step": manifest["base_train_step"],
         "mutation_version": manifest["mutation_version"],

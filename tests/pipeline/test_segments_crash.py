@@ -92,7 +92,7 @@ def test_a_kill_at_every_fault_point_of_an_incremental_snapshot_leaves_it_loadab
 ) -> None:
     points = _kill_points(template, tmp_path)
     names = {name for name, _ in points}
-    assert {"segment.encoded", "segment.durable", "commit.before_rename"} <= names
+    assert {"segment.before_write", "segment.durable", "commit.before_rename"} <= names
     assert {"segment_gc.before_delete", "segment_gc.after_delete", "segment_gc.synced"} <= names
     for index, (name, nth) in enumerate(points):
         work = tmp_path / f"kill_{index}"

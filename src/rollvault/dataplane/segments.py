@@ -47,8 +47,7 @@ import safetensors.numpy
 from rollvault.dataplane.checkpoint_format import PartitionName, sha256_hex
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowArray, RowDtype, RowValue, RowView, row_dtype
-from rollvault.durable.faults import fault_point
-from rollvault.durable.fsync import atomic_write_bytes
+from rollvault.durable.segment_store import publish_segment
 
 SEGMENT_SCHEMA_VERSION: Final = 1
 SEGMENT_METADATA_KEY: Final = "rollvault_segment"
@@ -178,28 +177,15 @@ def write_segment(
 
     ``directory`` is created (and its parent flushed) if absent.
     """
-    if not directory.is_dir():
-        directory.mkdir()
-        _fsync_parent(directory)
     path = directory / file
     if os.path.lexists(path):
         # Names carry the never-reused snapshot sequence: an existing one is a bug.
         raise DataPlaneCheckpointError(path, "segment already exists; segments are never rewritten")
     data, keys = encode_segment(partition, rows)
-    fault_point("segment.encoded")
-    atomic_write_bytes(path, data)
-    fault_point("segment.durable")
+    publish_segment(path, data)
     return WrittenSegment(
         file=file, partition=partition, sha256=sha256_hex(data), byte_size=len(data), keys=keys
     )
-
-
-def _fsync_parent(directory: Path) -> None:
-    fd = os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

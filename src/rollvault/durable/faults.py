@@ -80,10 +80,9 @@ FAULT_POINTS: Final = frozenset(
         "published_dir.old_trashed",
         "published_dir.after_rename",
         "published_dir.parent_synced",
-        # dataplane/segments.py: writing a segment (then atomic_write.*)
-        "segment.encoded",
+        # segment_store.py: writing a segment (around atomic_write.*), deleting old ones
+        "segment.before_write",
         "segment.durable",
-        # segment_gc.py: deleting unreferenced segments
         "segment_gc.before_delete",
         "segment_gc.after_delete",
         "segment_gc.synced",

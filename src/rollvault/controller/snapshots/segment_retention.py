@@ -5,7 +5,7 @@ under its lock, so no other snapshot is being written meanwhile: the snapshot
 retention has already pruned the old snapshots, and every segment that no
 remaining committed snapshot's ``data_plane/metadata.json`` lists (nor the
 writer's base, the newest of them) is deleted
-(:func:`rollvault.durable.segment_gc.delete_unreferenced`). If any committed
+(:func:`rollvault.durable.segment_store.delete_unreferenced`). If any committed
 snapshot's index cannot be read, what it references is unknown: nothing is
 deleted, and a warning says why (retention prunes that snapshot in time).
 """
@@ -21,7 +21,7 @@ from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.segmented import referenced_segments
 from rollvault.dataplane.segments import SEGMENT_FILE_SUFFIX
 from rollvault.durable.layout import SEGMENTS_DIRNAME
-from rollvault.durable.segment_gc import delete_unreferenced
+from rollvault.durable.segment_store import delete_unreferenced
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 
 _LOG = logging.getLogger("rollvault.checkpointer")

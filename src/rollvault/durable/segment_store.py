@@ -1,4 +1,11 @@
-"""Deleting the segment files no kept snapshot references (the segments' retention).
+"""Segment files on disk: publishing one durably, and deleting those no kept snapshot references.
+
+:func:`publish_segment` writes a new segment under its final name only when
+it is complete and flushed (temporary, fsync, rename, fsync of the
+directory), so a snapshot that names it is committed only after it is
+durable, and a crash leaves a complete segment or none (plus a temporary).
+
+:func:`delete_unreferenced` is the segments' retention.
 
 Segments are shared: a segment may be deleted only once no committed snapshot
 of its anchor references it. The caller computes what is referenced, after
@@ -16,11 +23,32 @@ unreferenced ones still present, for the next collection.
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable, Set
 from pathlib import Path
 
 from rollvault.durable.faults import fault_point
-from rollvault.durable.fsync import _fsync_directory
+from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
+
+
+def publish_segment(path: Path, data: bytes) -> None:
+    """Write the new segment ``path`` durably (its directory is created if absent).
+
+    Raises ``FileExistsError`` if it exists: segments are written once, under
+    names that are never reused.
+    """
+    directory = path.parent
+    if not directory.is_dir():
+        directory.mkdir()
+        _fsync_directory(directory.parent)
+    if os.path.lexists(path):
+        raise FileExistsError(
+            errno.EEXIST, "segment already exists; segments are never rewritten", str(path)
+        )
+    fault_point("segment.before_write")
+    atomic_write_bytes(path, data)
+    fault_point("segment.durable")
 
 
 def delete_unreferenced(
