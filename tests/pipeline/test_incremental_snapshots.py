@@ -21,6 +21,7 @@ from rollvault.controller.loop.pipeline import build_parts
 from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
+from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, segments_dir_for
 from rollvault.controller.snapshots.verification import (
     ProblemKind,
@@ -173,3 +174,21 @@ def test_a_missing_segment_rejects_its_snapshots_and_restore_falls_back(
 
     written, put = asyncio.run(restart())
     assert written == put and put  # the restored rows were referenced, not rewritten
+
+
+def test_segments_are_kept_while_a_committed_snapshot_s_index_is_unreadable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "rollout_snapshots"
+    (root / "snapshot_000001" / DATA_PLANE_DIRNAME).mkdir(parents=True)
+    (root / "snapshot_000001" / DATA_PLANE_DIRNAME / "metadata.json").write_text("{damaged")
+    (root / "segments").mkdir()
+    orphan = root / "segments" / "000001-train.segment.safetensors"
+    orphan.write_bytes(b"rows")
+    with caplog.at_level(logging.WARNING, logger="rollvault.checkpointer"):
+        assert collect_segments(root) is None
+    assert orphan.exists()  # what the damaged snapshot references is unknown
+    assert "kept every segment" in caplog.text
+    (root / "snapshot_000001").rename(root / "trash_snapshot_000001")
+    assert collect_segments(root) == [orphan.name]
+    assert not orphan.exists()
