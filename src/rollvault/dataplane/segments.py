@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Final
+from typing import Annotated, Final, cast
 
 import msgspec
 import numpy as np
@@ -293,17 +293,19 @@ def _decode_rows(
     ordinal = 0
     for index, group in enumerate(header.groups):
         group_keys = _group_keys(path, index, group, tensors)
+        keep = None if wanted is None else wanted[ordinal : ordinal + group.rows]
         columns = [
-            _column(path, f"{index}/{position}", spec, group.rows, tensors)
+            _column(path, f"{index}/{position}", spec, group.rows, tensors, keep)
             for position, spec in enumerate(group.fields)
         ]
         for row_index, key in enumerate(group_keys):
-            if wanted is None or wanted[ordinal + row_index]:
+            if keep is None or keep[row_index]:
                 if key in rows:
                     raise DataPlaneCheckpointError(path, f"segment holds key {key!r} twice")
                 rows[key] = MappingProxyType(
                     {
-                        spec.name: column[row_index]
+                        # Kept rows have every value (only left-out rows are None).
+                        spec.name: cast(RowValue, column[row_index])
                         for spec, column in zip(group.fields, columns, strict=True)
                     }
                 )
@@ -326,14 +328,20 @@ def _checked(path: Path, name: str, array: RowArray, dtype: RowDtype, length: in
         )
 
 
-def _split(path: Path, name: str, data: RowArray, lengths: RowArray) -> list[RowArray]:
-    if (lengths < 0).any() or int(lengths.sum()) != data.shape[0]:
+def _split(
+    path: Path, name: str, data: RowArray, lengths: RowArray, keep: Sequence[bool] | None = None
+) -> list[RowArray | None]:
+    """Each row's slice of ``data`` (None for a row ``keep`` leaves out)."""
+    if (lengths < 0).any() or int(lengths.sum(dtype=np.int64)) != data.shape[0]:
         raise DataPlaneCheckpointError(
             path, f"tensor {name!r}: its lengths do not add up to its {data.shape[0]} elements"
         )
-    bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
-    parts = []
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+    bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))).tolist()
+    parts: list[RowArray | None] = []
+    for row, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        if keep is not None and not keep[row]:
+            parts.append(None)  # a row no longer held: not copied
+            continue
         # A copy per row, so that clearing rows later frees their memory.
         part = data[start:end].copy()
         part.flags.writeable = False
@@ -349,7 +357,8 @@ def _group_keys(
     _checked(path, f"{index}/key_lengths", lengths, RowDtype.INT32, group.rows)
     try:
         keys = [
-            part.tobytes().decode("utf-8") for part in _split(path, f"{index}/keys", raw, lengths)
+            bytes(cast(RowArray, part)).decode("utf-8")
+            for part in _split(path, f"{index}/keys", raw, lengths)
         ]
     except UnicodeDecodeError as exc:
         raise DataPlaneCheckpointError(path, f"tensor '{index}/keys': not UTF-8: {exc}") from exc
@@ -359,20 +368,25 @@ def _group_keys(
 
 
 def _column(
-    path: Path, prefix: str, spec: FieldSpec, rows: int, tensors: Mapping[str, RowArray]
-) -> list[RowValue]:
+    path: Path,
+    prefix: str,
+    spec: FieldSpec,
+    rows: int,
+    tensors: Mapping[str, RowArray],
+    keep: Sequence[bool] | None,
+) -> list[RowValue | None]:
     if spec.kind is FieldKind.ARRAY:
         data, lengths = tensors[f"{prefix}/data"], tensors[f"{prefix}/lengths"]
         _checked(path, f"{prefix}/data", data, spec.dtype, None)
         _checked(path, f"{prefix}/lengths", lengths, RowDtype.INT32, rows)
-        return list(_split(path, f"{prefix}/data", data, lengths))
+        return list(_split(path, f"{prefix}/data", data, lengths, keep))
     values = tensors[f"{prefix}/values"]
     if spec.dtype is not _SCALAR_DTYPES[spec.kind]:
         raise DataPlaneCheckpointError(
             path, f"field {spec.name!r}: a {spec.kind.value} scalar stored as {spec.dtype.value}"
         )
     _checked(path, f"{prefix}/values", values, spec.dtype, rows)
-    decoded: list[RowValue] = values.tolist()
+    decoded: list[RowValue | None] = values.tolist()
     if spec.kind is FieldKind.FLOAT and not np.isfinite(values).all():
         raise DataPlaneCheckpointError(path, f"field {spec.name!r}: a float scalar is not finite")
     return decoded
