@@ -1,6 +1,11 @@
 """The on-disk format of a data-plane checkpoint, and its strict decoding.
 
-A checkpoint directory holds exactly:
+This module describes version 1, the self-contained format ``save_checkpoint``
+writes and rollout snapshots wrote before segments; rollout snapshots now
+write version 2 (:mod:`rollvault.dataplane.segmented`: rows in shared segment
+files, the directory holds only the index), in the same envelope. Both load.
+
+A version 1 checkpoint directory holds exactly:
 
 - ``<partition>.safetensors`` for every partition, empty ones included (a
   safetensors file with no tensors), so every partition has one file and a

@@ -6,8 +6,10 @@ problem found, each naming its file and its cause (:class:`SnapshotProblem`).
 How far they go is the :class:`VerificationLevel`:
 
 - ``RESTORABLE``, what restore needs: every file reads and matches the
-  checksum, schema and group count the data plane's metadata advertises
-  (the first damaged file stops the read), and every cross-reference holds:
+  checksum, schema and group count the data plane's metadata advertises,
+  and every segment it references exists and matches the size and SHA-256
+  recorded for it (the first damaged file or segment stops the read, and is
+  named), and every cross-reference holds:
   each group has an origin, each sealed attempt's staged rows and each
   canonical row exist, each canonical group names its attempts, and groups
   have the run's size.
