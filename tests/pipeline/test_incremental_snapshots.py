@@ -6,8 +6,10 @@ writes only new rows."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pipeline_helpers import dataset_of, small_config
@@ -18,6 +20,7 @@ from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.pipeline import build_parts
+from rollvault.controller.snapshots import checkpointer as checkpointer_module
 from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
@@ -192,3 +195,39 @@ def test_segments_are_kept_while_a_committed_snapshot_s_index_is_unreadable(
     (root / "snapshot_000001").rename(root / "trash_snapshot_000001")
     assert collect_segments(root) == [orphan.name]
     assert not orphan.exists()
+
+
+def test_a_snapshot_that_failed_after_its_segment_was_written_is_retried_under_its_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed snapshot's directory is removed, so its sequence number comes again: the
+    orphan segment of the failed try is replaced, and nothing references it meanwhile."""
+    config = _config(tmp_path)
+    real = checkpointer_module.write_snapshot_payload
+    failures = [True]
+
+    def fails_once(capture: Any, directory: Path, *, segments: Any) -> int:
+        written = real(capture, directory, segments=segments)
+        if failures and failures.pop():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return written
+
+    monkeypatch.setattr(checkpointer_module, "write_snapshot_payload", fails_once)
+
+    async def main() -> tuple[Path | None, Path]:
+        assert prepare_checkpoint_dir(config, dataset=dataset_of(config)) is None
+        run = Run(build_parts(config, dataset=dataset_of(config)), run_fingerprint(config))
+        await _reserve(run.parts, sealed=2, gate=run.gate)
+        failed = await run.checkpointer.snapshot_if_changed()
+        await _reserve(run.parts, sealed=1, gate=run.gate)
+        retried = await run.snapshot()
+        run.parts.logs.close()
+        return failed, retried
+
+    failed, retried = asyncio.run(main())
+    assert failed is None and retried.name == "snapshot_000001"
+    assert set(segment_files(segments_dir_for(retried))) == set(_segments_of(retried))
+    verification = verify_snapshot(
+        retried, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+    )
+    assert verification.ok, verification.problems

@@ -21,11 +21,13 @@ garbage collection; the writer's memory still describes the last committed
 one, so the next try writes those rows again.
 
 Segments are named after the checkpoint that wrote them (the caller's
-``stem``, the snapshot's never-reused sequence number), not after their
-content: names are unique by construction, tell which snapshot wrote a file,
-and need no hashing before the write. Content addressing would only pay off
-for identical segments, and a segment holds rows new since the previous
-snapshot, so two are never identical.
+``stem``: the snapshot's sequence number, higher than any snapshot's on disk),
+not after their content: a name tells which snapshot wrote the file, needs no
+hashing before the write, and no committed snapshot can reference a name that
+is being written (an orphan of a failed try at the same number is replaced,
+see :func:`~rollvault.durable.segment_store.publish_segment`). Content
+addressing would only pay off for identical segments, and a segment holds the
+rows new since the previous snapshot, so two are never identical.
 """
 
 from __future__ import annotations

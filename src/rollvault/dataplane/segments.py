@@ -31,7 +31,6 @@ after it is durable. Nothing here executes code from the files.
 from __future__ import annotations
 
 import enum
-import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -173,16 +172,13 @@ def _lengths(lengths: list[int]) -> RowArray:
 def write_segment(
     directory: Path, file: str, partition: str, rows: Mapping[str, RowView]
 ) -> WrittenSegment:
-    """Write ``rows`` durably as ``directory/file``, which must not exist; return its record.
+    """Write ``rows`` durably as ``directory/file``; return its record.
 
-    ``directory`` is created (and its parent flushed) if absent.
+    ``directory`` is created (and its parent flushed) if absent. A file of
+    that name is replaced: see :func:`~rollvault.durable.segment_store.publish_segment`.
     """
-    path = directory / file
-    if os.path.lexists(path):
-        # Names carry the never-reused snapshot sequence: an existing one is a bug.
-        raise DataPlaneCheckpointError(path, "segment already exists; segments are never rewritten")
     data, keys = encode_segment(partition, rows)
-    publish_segment(path, data)
+    publish_segment(directory / file, data)
     return WrittenSegment(
         file=file, partition=partition, sha256=sha256_hex(data), byte_size=len(data), keys=keys
     )

@@ -23,8 +23,6 @@ unreferenced ones still present, for the next collection.
 
 from __future__ import annotations
 
-import errno
-import os
 from collections.abc import Callable, Set
 from pathlib import Path
 
@@ -33,19 +31,19 @@ from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
 
 
 def publish_segment(path: Path, data: bytes) -> None:
-    """Write the new segment ``path`` durably (its directory is created if absent).
+    """Write the segment ``path`` durably (its directory is created if absent).
 
-    Raises ``FileExistsError`` if it exists: segments are written once, under
-    names that are never reused.
+    Segments are named after the snapshot that writes them, whose sequence
+    number is one more than any snapshot on disk. A file already under that
+    name was therefore written by an earlier try at the same sequence number
+    that failed or crashed before its commit (a failed snapshot's directory is
+    removed, so its number is handed out again): no committed snapshot can
+    reference it, and it is replaced (atomically).
     """
     directory = path.parent
     if not directory.is_dir():
         directory.mkdir()
         _fsync_directory(directory.parent)
-    if os.path.lexists(path):
-        raise FileExistsError(
-            errno.EEXIST, "segment already exists; segments are never rewritten", str(path)
-        )
     fault_point("segment.before_write")
     atomic_write_bytes(path, data)
     fault_point("segment.durable")

@@ -103,7 +103,8 @@ def segments_dir_for(snapshot_dir: Path) -> Path:
 
 
 def _segment_stem(directory: Path) -> str:
-    # The snapshot's sequence number, never reused, so segment names never repeat.
+    # The snapshot's sequence number: above every snapshot on disk, so no committed
+    # snapshot references a segment of that name (see publish_segment).
     match = _TMP_SNAPSHOT_RE.fullmatch(directory.name)
     return match.group(1) if match else "000000"
 
