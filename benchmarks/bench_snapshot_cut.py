@@ -26,8 +26,18 @@ It then measures:
 
 ``--profile`` prints where the cut hold goes (cProfile, by cumulative time).
 
+``--incremental N`` (issue 16) then runs N rounds of a steady state, each
+followed by a snapshot as the checkpointer takes it (one segment writer for
+the anchor, retention, segment collection): per round ``--seal-per-round``
+(256) dispatched siblings are sealed and ``--finalize-per-round`` (8) fully
+sealed groups are finalized (their staged rows cleared, canonical rows put)
+and replaced by as many new groups. It reports, per snapshot, the bytes
+written by file kind against the bytes of the rows new since the last
+snapshot (goal: data-plane bytes <= 1.1x), and the restore of the last one.
+
 Usage: python benchmarks/bench_snapshot_cut.py [--groups 1024] [--siblings 16]
        [--canonical 96] [--repeat 100] [--writes 5] [--restores 3] [--profile] [--json]
+       [--incremental 10] [--seal-per-round 256] [--finalize-per-round 8]
 The files go to .bench_tmp/snapshot_cut/ in the checkout (not /tmp, which
 may be tmpfs where fsync costs nothing) and are removed at the end.
 """
@@ -61,15 +71,23 @@ from rollvault.controller.snapshots.checkpointer import (
 )
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
+from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (
+    DATA_PLANE_DIRNAME,
     RolloutStateCapture,
+    segments_dir_for,
     write_snapshot_payload,
 )
+from rollvault.dataplane.checkpoint_format import METADATA_FILENAME
+from rollvault.dataplane.checkpoint_io import read_checkpoint, write_checkpoint
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
-from rollvault.durable.layout import BOOTSTRAP_DIRNAME
+from rollvault.dataplane.segmented import SegmentedWriter, read_segmented
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.publish import publish_snapshot
+from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.gates.simulated import SimulatedGate
-from rollvault.ledger.sidecar import build_rollout_recovery_state
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME, build_rollout_recovery_state
+from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
 from rollvault.tasks.protocols import PromptDataset
 from rollvault.tasks.registry import build_dataset
 from rollvault.tasks.synthetic.environment import ParityEnvironment
@@ -88,15 +106,16 @@ def _dataset(config: RunConfig) -> PromptDataset:
 
 def bench_config(root: Path, args: argparse.Namespace) -> RunConfig:
     total = args.groups + args.canonical
+    replaced = args.incremental * args.finalize_per_round
     return load_run_config(
         None,
         [
-            f"dataset.num_prompts={total}",
+            f"dataset.num_prompts={total + replaced}",
             f"grpo.num_generations_per_prompt={args.siblings}",
             f"grpo.num_prompts_per_step={PROMPTS_PER_STEP}",
             f"sampler.max_lookahead_versions={-(-total // PROMPTS_PER_STEP)}",
             f"rollout.max_inflight_prompts={args.groups}",
-            f"rollout.max_buffered_rollouts={2 * total}",
+            f"rollout.max_buffered_rollouts={2 * (total + replaced)}",
             f"logging.log_dir={root / 'logs'}",
             f"checkpointing.checkpoint_dir={root / 'checkpoints'}",
             "logging.progress=false",
@@ -282,6 +301,110 @@ async def restore_once(config: RunConfig, args: argparse.Namespace) -> dict[str,
     return {"read_verify": resolved - started, "restore": finished - resolved}
 
 
+# -- incremental snapshots (issue 16) ---------------------------------------------------
+
+
+async def steady_round(filler: Filler, args: argparse.Namespace) -> None:
+    """Seal dispatched siblings, finalize fully sealed groups and replace them."""
+    parts = filler.parts
+    sealed = 0
+    for record in parts.ledger.groups():
+        # A restore turns every interrupted attempt into a fresh, reserved one.
+        current = [sibling.current_attempt.status for sibling in record.siblings]
+        if RolloutAttemptStatus.RESERVED in current and sealed < args.seal_per_round:
+            async with parts.cut.mutation():
+                parts.ledger.mark_group_dispatched(parts.cut, record.group_id)
+            record = parts.ledger.get_group(record.group_id)
+        for sibling in record.siblings:
+            if sealed == args.seal_per_round:
+                break
+            if sibling.current_attempt.status is RolloutAttemptStatus.DISPATCHED:
+                await filler.seal(record.group_id, sibling.generation_index)
+                sealed += 1
+                break  # one sibling per group, spread over the groups
+    done = [
+        record.group_id
+        for record in parts.ledger.groups()
+        if record.status is PromptGroupStatus.READY_TO_FINALIZE
+    ]
+    for group_id in done[: args.finalize_per_round]:
+        await filler.finalizer.finalize(group_id)
+        await filler.group(0, False)
+
+
+def file_bytes(snapshot: Path) -> dict[str, int]:
+    """The snapshot directory's own files by kind: ledger sidecar, index, other sidecars."""
+    ledger = (snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).stat().st_size
+    index = (snapshot / DATA_PLANE_DIRNAME / METADATA_FILENAME).stat().st_size
+    total = sum(path.stat().st_size for path in snapshot.rglob("*") if path.is_file())
+    return {"ledger_sidecar": ledger, "index": index, "other_files": total - ledger - index}
+
+
+async def measure_incremental(
+    parts: RolloutParts, fingerprint: str, anchor: Path, args: argparse.Namespace
+) -> list[dict[str, float]]:
+    filler = Filler(parts)
+    root = snapshots_root(anchor)
+    writer = SegmentedWriter(root / SEGMENTS_DIRNAME)
+    rounds = []
+    for index in range(args.incremental + 1):
+        if index:
+            await steady_round(filler, args)
+        _hold, capture = await timed_capture(parts, fingerprint)
+
+        def payload(directory: Path, capture: RolloutStateCapture = capture) -> None:
+            write_snapshot_payload(capture, directory, segments=writer)
+
+        started = time.perf_counter()
+        path = publish_snapshot(
+            anchor, manifest=capture.manifest, write_payload=payload, keep_latest_k=2
+        )
+        pending = writer.last_written
+        assert pending is not None
+        writer.committed(pending)
+        collect_segments(root, also_keep=writer.base_segments())
+        seconds = time.perf_counter() - started
+        sizes = file_bytes(path)
+        info = pending.info
+        rounds.append(
+            {
+                "write_ms": 1e3 * seconds,
+                "new_rows": info.new_rows,
+                "new_row_bytes": info.new_row_bytes,
+                "segment_bytes": info.segment_bytes,
+                **sizes,
+                "data_plane_bytes": info.segment_bytes + sizes["index"],
+                "total_bytes": info.segment_bytes + sum(sizes.values()),
+                "segments_referenced": len(info.referenced),
+                "segments_on_disk_bytes": sum(
+                    p.stat().st_size for p in (root / SEGMENTS_DIRNAME).iterdir()
+                ),
+            }
+        )
+    return rounds
+
+
+def compare_formats(parts: RolloutParts, newest: Path, scratch: Path) -> dict[str, float]:
+    """The newest snapshot's rows read from its segments vs the same rows rewritten whole
+    in the version 1 format (every row in the snapshot's own files), alternately, 3 times."""
+    write_checkpoint(scratch, parts.data_plane.capture(), {})
+    v1_bytes = sum(path.stat().st_size for path in scratch.iterdir())
+    times: dict[str, list[float]] = {"v1": [], "v2": []}
+    for _ in range(3):
+        started = time.perf_counter()
+        read_checkpoint(scratch)
+        times["v1"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        read_segmented(newest / DATA_PLANE_DIRNAME, segments_dir_for(newest))
+        times["v2"].append(time.perf_counter() - started)
+    shutil.rmtree(scratch)
+    return {
+        "v1_bytes": v1_bytes,
+        "v1_read_ms": 1e3 * statistics.median(times["v1"]),
+        "v2_read_ms": 1e3 * statistics.median(times["v2"]),
+    }
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -319,6 +442,25 @@ async def bench(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.profile:
         result["profile"] = await profiles(parts, config, fingerprint, args)
+    if args.incremental:
+        parts = build_parts(config, dataset=_dataset(config))
+        restorer = RolloutRestorer(
+            parts,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=prepare_checkpoint_dir(config),  # type: ignore[arg-type]
+        )
+        await restorer.restore()
+        result["incremental"] = await measure_incremental(parts, fingerprint, anchor, args)
+        newest = committed_snapshot_paths(snapshots_root(anchor))[-1]
+        result["formats"] = compare_formats(parts, newest, root / "v1_compare")
+        parts.logs.close()
+        args.groups = len(parts.ledger)  # what the last snapshot holds, for the check
+        args.canonical = len(parts.replay)
+        restores = [await restore_once(config, args) for _ in range(args.restores)]
+        result["incremental_restore_ms_median"] = {
+            key: 1e3 * statistics.median(r[key] for r in restores) for key in restores[0]
+        }
     return result
 
 
@@ -430,6 +572,8 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"  restore (median of {args.restores}): read + verify {restore['read_verify']:.1f} ms, "
         f"RolloutRestorer.restore {restore['restore']:.1f} ms",
     ]
+    if "incremental" in result:
+        lines += ["", *incremental_report(result)]
     if "profile" in result:
         profile = result["profile"]
         lines += ["", "the cut hold, piece by piece (median ms of 10, timed separately):"]
@@ -437,6 +581,48 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         for what in ("capture", "write", "restore"):
             lines += ["", f"cProfile of one {what} (cumulative):", profile[what]]
     return "\n".join(lines)
+
+
+def incremental_report(result: dict[str, Any]) -> list[str]:
+    rounds = result["incremental"]
+    steady = rounds[1:]
+    lines = [
+        "incremental snapshots: the first after restore (every row new), then "
+        f"{len(steady)} steady-state rounds",
+        "  round  new rows  new row MB  segment MB  index KB  ledger MB  other KB  "
+        "data plane / new rows  total / new rows  write ms",
+    ]
+    for index, r in enumerate(rounds):
+        new = max(r["new_row_bytes"], 1)
+        lines.append(
+            f"  {index:5d}  {r['new_rows']:8d}  {r['new_row_bytes'] / 1e6:10.3f}  "
+            f"{r['segment_bytes'] / 1e6:10.3f}  {r['index'] / 1e3:8.1f}  "
+            f"{r['ledger_sidecar'] / 1e6:9.2f}  {r['other_files'] / 1e3:8.1f}  "
+            f"{r['data_plane_bytes'] / new:21.3f}  {r['total_bytes'] / new:16.2f}  "
+            f"{r['write_ms']:8.1f}"
+        )
+    if steady:
+        data_plane = sum(r["data_plane_bytes"] for r in steady)
+        new_bytes = sum(r["new_row_bytes"] for r in steady)
+        total = sum(r["total_bytes"] for r in steady)
+        ledger = sum(r["ledger_sidecar"] for r in steady)
+        lines += [
+            f"  steady state: data plane {data_plane / new_bytes:.3f}x the new rows' bytes "
+            f"(goal <= 1.1x); all files {total / new_bytes:.2f}x, of which the ledger sidecar "
+            f"is {ledger / total:.0%}; median write "
+            f"{statistics.median(r['write_ms'] for r in steady):.1f} ms; segments on disk "
+            f"{rounds[-1]['segments_on_disk_bytes'] / 1e6:.2f} MB",
+        ]
+    restore = result["incremental_restore_ms_median"]
+    formats = result["formats"]
+    lines += [
+        f"  restore of the last one: read + verify {restore['read_verify']:.1f} ms, "
+        f"RolloutRestorer.restore {restore['restore']:.1f} ms",
+        f"  its rows read from segments {formats['v2_read_ms']:.0f} ms vs the same rows "
+        f"in the version 1 format ({formats['v1_bytes'] / 1e6:.2f} MB) "
+        f"{formats['v1_read_ms']:.0f} ms (median of 3, alternated)",
+    ]
+    return lines
 
 
 def main() -> None:
@@ -451,6 +637,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-top", type=int, default=25)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--incremental", type=int, default=0)
+    parser.add_argument("--seal-per-round", type=int, default=256)
+    parser.add_argument("--finalize-per-round", type=int, default=8)
     args = parser.parse_args()
     if args.dir.exists():
         raise SystemExit(f"{args.dir} exists; remove it or pass another --dir")

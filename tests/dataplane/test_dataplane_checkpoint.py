@@ -271,8 +271,8 @@ def test_an_unknown_field_in_the_envelope_is_rejected(
 
 
 def test_unsupported_schema_version_is_rejected(checkpoint: Path, make_plane: PlaneFactory) -> None:
-    path = rewrite_envelope(checkpoint, lambda envelope: envelope.update(schema_version=2))
-    assert_load_refused(make_plane, checkpoint, path, "unsupported schema_version 2")
+    path = rewrite_envelope(checkpoint, lambda envelope: envelope.update(schema_version=9))
+    assert_load_refused(make_plane, checkpoint, path, "unsupported schema_version 9")
 
 
 def test_a_changed_content_without_a_new_checksum_is_rejected(

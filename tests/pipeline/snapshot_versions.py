@@ -23,7 +23,11 @@ from rollvault.controller.snapshots.snapshot_files import (
     SIDECARS_METADATA_KEY,
     empty_env_rollouts,
 )
-from rollvault.dataplane.checkpoint_format import decode_metadata, encode_metadata, sha256_hex
+from rollvault.dataplane.checkpoint_format import (
+    decode_envelope,
+    replace_user_metadata,
+    sha256_hex,
+)
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import AttemptFailureKind
 
@@ -86,15 +90,20 @@ def rewrite_sidecar(snapshot: Path, state: dict[str, Any]) -> None:
 def advertise_sidecar(snapshot: Path, *, sha256: str | None = None, schema_version: int) -> None:
     """Make the data plane's metadata advertise this about the sidecar (checksum kept valid)."""
     metadata_path = snapshot / DATA_PLANE_DIRNAME / _METADATA
-    content = decode_metadata(metadata_path.read_bytes(), metadata_path)
-    user_metadata = json.loads(json.dumps(content.user_metadata))
+    user_metadata = _user_metadata(metadata_path)
     advertised = user_metadata[SIDECARS_METADATA_KEY][ROLLOUT_RECOVERY_STATE_FILENAME]
     if sha256 is not None:
         advertised["sha256"] = sha256
     advertised["schema_version"] = schema_version
-    metadata_path.write_bytes(
-        encode_metadata(msgspec.structs.replace(content, user_metadata=user_metadata))
-    )
+    data = replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
+    metadata_path.write_bytes(data)
+
+
+def _user_metadata(metadata_path: Path) -> dict[str, Any]:
+    """The ``user_metadata`` of a data-plane ``metadata.json`` of either version, as builtins."""
+    _version, content = decode_envelope(metadata_path.read_bytes(), metadata_path)
+    user_metadata: dict[str, Any] = json.loads(content)["user_metadata"]
+    return user_metadata
 
 
 def read_sidecar(snapshot: Path) -> dict[str, Any]:
@@ -128,13 +137,11 @@ def upgrade_snapshot_v4_to_v5(snapshot: Path) -> None:
     env = msgspec.json.Encoder(order="sorted").encode(empty_env_rollouts())
     (snapshot / ENV_ROLLOUTS_FILENAME).write_bytes(env)
     metadata_path = snapshot / DATA_PLANE_DIRNAME / _METADATA
-    content = decode_metadata(metadata_path.read_bytes(), metadata_path)
-    user_metadata = json.loads(json.dumps(content.user_metadata))
+    user_metadata = _user_metadata(metadata_path)
     user_metadata[SIDECARS_METADATA_KEY][ENV_ROLLOUTS_FILENAME] = {
         "sha256": sha256_hex(env),
         "schema_version": ENV_ROLLOUTS_SCHEMA_VERSION,
         "group_count": 0,
     }
-    metadata_path.write_bytes(
-        encode_metadata(msgspec.structs.replace(content, user_metadata=user_metadata))
-    )
+    data = replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
+    metadata_path.write_bytes(data)

@@ -41,6 +41,7 @@ from rollvault.controller.snapshots import checkpointer
 from rollvault.controller.snapshots.snapshot_files import RolloutStateCapture
 from rollvault.controller.snapshots.snapshot_retry import BACKOFF_CAP, SnapshotRetry
 from rollvault.dataplane.interface import DataPlane
+from rollvault.dataplane.segmented import SegmentedWriter
 from rollvault.durable.trainer_checkpoints import (
     trainer_checkpoint_steps,
     verify_trainer_checkpoint,
@@ -89,15 +90,17 @@ class PeriodicWrites:
         self.tried: list[tuple[float, bool]] = []
         self._real = checkpointer.write_snapshot_payload
 
-    def __call__(self, capture: RolloutStateCapture, directory: Path) -> int:
+    def __call__(
+        self, capture: RolloutStateCapture, directory: Path, *, segments: SegmentedWriter | None
+    ) -> int:
         if directory.parent.name != "rollout_snapshots":  # a trainer checkpoint's own
-            return self._real(capture, directory)
+            return self._real(capture, directory, segments=segments)
         fail = self.plan.pop(0) if self.plan else self.then
         self.tried.append((time.monotonic(), fail))
         if fail:
             (directory / "partial.bin").write_bytes(b"x" * 1000)
             raise _full_disk()
-        return self._real(capture, directory)
+        return self._real(capture, directory, segments=segments)
 
 
 def test_the_wait_doubles_per_failure_up_to_the_cap_and_a_success_resets_it() -> None:

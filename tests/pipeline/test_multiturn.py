@@ -17,7 +17,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import ClassVar
 
-import msgspec
 import numpy as np
 from pipeline_helpers import BatchKeepingTrainer, dataset_of, small_config
 
@@ -26,16 +25,20 @@ from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.pipeline import run
 from rollvault.controller.loop.run_logs import RESTORES_LOG_FILENAME, RestoreLogRecord, read_jsonl
 from rollvault.controller.loop.trainer import TrainBatch
-from rollvault.controller.snapshots.snapshot_files import ENV_ROLLOUTS_FILENAME
+from rollvault.controller.snapshots.snapshot_files import ENV_ROLLOUTS_FILENAME, segments_dir_for
 from rollvault.controller.snapshots.verification import (
     ProblemKind,
     VerificationLevel,
     verify_snapshot,
 )
-from rollvault.dataplane.checkpoint_format import decode_metadata, encode_metadata, sha256_hex
-from rollvault.dataplane.checkpoint_io import read_checkpoint
+from rollvault.dataplane.checkpoint_format import (
+    decode_envelope,
+    replace_user_metadata,
+    sha256_hex,
+)
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
 from rollvault.dataplane.rows import RowView
+from rollvault.dataplane.segmented import read_any_checkpoint
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.gates.episode_runner import Generation
@@ -200,7 +203,8 @@ def _stop_when_episodes_in_flight(
 def _committed_prefixes(snapshot: Path) -> dict[str, list[np.ndarray]]:
     """Per logical rollout id with committed turns in flight: its turn rows' input ids."""
     ledger = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())["ledger"]
-    rows = read_checkpoint(snapshot / "data_plane").partitions[STAGING_PARTITION]
+    loaded = read_any_checkpoint(snapshot / "data_plane", segments_dir_for(snapshot))
+    rows = loaded.checkpoint.partitions[STAGING_PARTITION]
     prefixes = {}
     for group in ledger["groups"]:
         for sibling in group["siblings"]:
@@ -297,11 +301,11 @@ def test_verify_checks_the_env_state_sidecar_and_inspect_counts_committed_turns(
 def advertise(snapshot: Path, name: str, data: bytes) -> None:
     """Make the data plane's metadata advertise ``data`` as the sidecar ``name``."""
     metadata_path = snapshot / "data_plane" / "metadata.json"
-    content = decode_metadata(metadata_path.read_bytes(), metadata_path)
-    user_metadata = json.loads(json.dumps(content.user_metadata))
+    _version, content = decode_envelope(metadata_path.read_bytes(), metadata_path)
+    user_metadata = json.loads(content)["user_metadata"]
     user_metadata["sidecars"][name]["sha256"] = sha256_hex(data)
     metadata_path.write_bytes(
-        encode_metadata(msgspec.structs.replace(content, user_metadata=user_metadata))
+        replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
     )
 
 

@@ -34,8 +34,8 @@ from rollvault.controller.loop.dispatch_journal import (
 from rollvault.controller.snapshots.crash_evidence import crash_evidence
 from rollvault.controller.snapshots.restorer import RestoreError, read_recovery_sidecar
 from rollvault.controller.snapshots.resume import RunExistsError, prepare_checkpoint_dir
-from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError
-from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
+from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError, segments_dir_for
+from rollvault.dataplane.segmented import checkpoint_summary
 from rollvault.durable.errors import IncompatibleRunError
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
 from rollvault.ledger.ledger import RolloutRecoveryLedger
@@ -214,7 +214,7 @@ def test_read_recovery_sidecar_checks_checksum_group_count_and_rewards(tmp_path:
     assert source is not None and source.snapshot is not None
     snapshot = source.snapshot.path
     sidecar = snapshot / "rollout_recovery.json"
-    metadata = read_checkpoint_metadata(snapshot / "data_plane").user_metadata
+    metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
     parsed = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
     assert parsed.ledger_state == source.snapshot.recovery.ledger_state
 

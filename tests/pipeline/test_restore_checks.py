@@ -42,9 +42,13 @@ from rollvault.controller.loop.pipeline import build_parts
 from rollvault.controller.snapshots import restorer
 from rollvault.controller.snapshots.restorer import read_recovery_sidecar
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
-from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot, SnapshotCorruptError
+from rollvault.controller.snapshots.snapshot_files import (
+    LoadedSnapshot,
+    SnapshotCorruptError,
+    segments_dir_for,
+)
 from rollvault.controller.snapshots.verification import read_snapshot
-from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
+from rollvault.dataplane.segmented import checkpoint_summary
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME, ROLLOUT_SNAPSHOT_MANIFEST_FILENAME
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
@@ -101,7 +105,7 @@ def test_a_fixture_snapshot_of_each_supported_version_reads_as_today_s_state(
     # Version 3 is upgraded: the same state as the version 4 fixture, failure kinds
     # inferred from the reasons the controller prefixed with them.
     assert loaded.recovery == _read(FIXTURES / "v4").recovery
-    metadata = read_checkpoint_metadata(snapshot / "data_plane").user_metadata
+    metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
     config = _config(tmp_path)
     sidecar = snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
     parsed = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
@@ -192,7 +196,7 @@ def test_a_sidecar_without_reward_settings_is_refused_naming_it(tmp_path: Path) 
     refusal = f"{sidecar}: reward_settings is null"
     with pytest.raises(SnapshotCorruptError, match=re.escape(refusal)):
         _read(snapshot)
-    metadata = read_checkpoint_metadata(snapshot / "data_plane").user_metadata
+    metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
     with pytest.raises(SnapshotCorruptError, match=re.escape(refusal)):
         asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=_config(tmp_path)))
 

@@ -38,12 +38,12 @@ from rollvault.controller.snapshots.snapshot_files import (
     advertised_digests,
     checked_bytes,
     read_recovery_sidecar_file,
+    segments_dir_for,
 )
 from rollvault.controller.snapshots.verification import ledger_of, problem_from_error
-from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointContent, partition_file_name
-from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
+from rollvault.dataplane.segmented import CheckpointSummary, checkpoint_summary
 from rollvault.durable.bootstrap import (
     BootstrapAnchorManifest,
     holds_run,
@@ -352,8 +352,8 @@ def read_snapshot_contents(path: Path) -> SnapshotContents:
     :class:`SnapshotCorruptError` naming the first bad file.
     """
     data_plane = path / DATA_PLANE_DIRNAME
-    content = _data_plane_metadata(data_plane)
-    _check_partition_sizes(data_plane, content)
+    content = _data_plane_metadata(data_plane, segments_dir_for(path))
+    _check_file_sizes(content)
     digests = advertised_digests(data_plane, content.user_metadata)
     recovery = read_recovery_sidecar_file(path / ROLLOUT_RECOVERY_STATE_FILENAME, digests)
     raw = {
@@ -364,7 +364,7 @@ def read_snapshot_contents(path: Path) -> SnapshotContents:
     ledger = ledger_of(path / ROLLOUT_RECOVERY_STATE_FILENAME, recovery.ledger_state)
     replay = _decode(path / REPLAY_BUFFER_METADATA_FILENAME, raw, ReplayBufferFile)
     spares = _decode(path / REPLACEMENT_RESERVE_FILENAME, raw, SparePromptsState)
-    rows = {partition.name: len(partition.rows) for partition in content.partitions}
+    rows = content.row_counts
     return SnapshotContents(
         groups_by_status=_groups_by_status(ledger),
         canonical_groups=len(replay.replay.entries),
@@ -376,24 +376,23 @@ def read_snapshot_contents(path: Path) -> SnapshotContents:
     )
 
 
-def _data_plane_metadata(directory: Path) -> DataPlaneCheckpointContent:
+def _data_plane_metadata(directory: Path, segments_dir: Path) -> CheckpointSummary:
     try:
-        return read_checkpoint_metadata(directory)
+        return checkpoint_summary(directory, segments_dir)
     except DataPlaneCheckpointError as exc:
         raise SnapshotCorruptError(exc.path, exc.problem) from exc
 
 
-def _check_partition_sizes(directory: Path, content: DataPlaneCheckpointContent) -> None:
-    for partition in content.partitions:
-        file = directory / partition_file_name(partition.name)
+def _check_file_sizes(content: CheckpointSummary) -> None:
+    for file, recorded in content.files:
         try:
             size = file.stat().st_size
         except OSError as exc:
             raise SnapshotCorruptError(file, f"cannot stat: {exc.strerror or exc}") from exc
-        if size != partition.byte_size:
+        if size != recorded:
             raise SnapshotCorruptError(
                 file,
-                f"size is {size} bytes, metadata.json records {partition.byte_size} "
+                f"size is {size} bytes, metadata.json records {recorded} "
                 "(truncated or overwritten)",
             )
 

@@ -51,6 +51,20 @@ class DataPlaneCapture:
         """The captured keys of ``partition``, sorted."""
         return sorted(self.rows(partition))
 
+    def row_tokens(self, partition: str) -> Mapping[str, object]:
+        """Per key, an object that is the same (``is``) exactly while the key holds the same row.
+
+        Cheap (no row bytes are read): an incremental snapshot compares them
+        with the previous snapshot's to find the rows new since. Here the
+        stored rows themselves, which are immutable and never reused.
+        """
+        return self.rows(partition)
+
+    def select(self, partition: str, keys: Iterable[str]) -> dict[str, RowView]:
+        """The captured rows of ``keys`` only (a store may fetch just those)."""
+        rows = self.rows(partition)
+        return {key: rows[key] for key in keys}
+
     def row_counts(self) -> dict[str, int]:
         """Number of captured rows per partition."""
         return {name: len(rows) for name, rows in self._partitions.items()}

@@ -1,6 +1,11 @@
 """The on-disk format of a data-plane checkpoint, and its strict decoding.
 
-A checkpoint directory holds exactly:
+This module describes version 1, the self-contained format ``save_checkpoint``
+writes and rollout snapshots wrote before segments; rollout snapshots now
+write version 2 (:mod:`rollvault.dataplane.segmented`: rows in shared segment
+files, the directory holds only the index), in the same envelope. Both load.
+
+A version 1 checkpoint directory holds exactly:
 
 - ``<partition>.safetensors`` for every partition, empty ones included (a
   safetensors file with no tensors), so every partition has one file and a
@@ -36,15 +41,22 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 from rollvault.dataplane.errors import DataPlaneCheckpointError, DataPlaneValidationError
 from rollvault.dataplane.rows import INT64_MAX, INT64_MIN, RowDtype
 
-DATA_PLANE_SCHEMA_VERSION = 1
-"""Version of ``metadata.json``; loading any other version is refused."""
+SELF_CONTAINED_SCHEMA_VERSION = 1
+"""Version 1 of ``metadata.json``: rows in the checkpoint's own partition files
+(this module). ``save_checkpoint`` writes it; snapshots written before segments hold it."""
+DATA_PLANE_SCHEMA_VERSION = 2
+"""Version 2 of ``metadata.json``: rows in shared segment files
+(:mod:`rollvault.dataplane.segmented`), what rollout snapshots write."""
+SUPPORTED_DATA_PLANE_SCHEMA_VERSIONS = frozenset(
+    {SELF_CONTAINED_SCHEMA_VERSION, DATA_PLANE_SCHEMA_VERSION}
+)
 METADATA_FILENAME = "metadata.json"
 PARTITION_FILE_SUFFIX = ".safetensors"
 
@@ -52,6 +64,8 @@ NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 Sha256Hex = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+_C = TypeVar("_C")
+
 PartitionName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")]
 
 
@@ -133,19 +147,28 @@ class DataPlaneCheckpointInfo(msgspec.Struct, forbid_unknown_fields=True, frozen
 
 
 def encode_metadata(content: DataPlaneCheckpointContent) -> bytes:
-    """Encode ``metadata.json``: the versioned envelope around ``content``."""
-    content_bytes = msgspec.json.encode(content)
+    """Encode a version 1 ``metadata.json``: the versioned envelope around ``content``."""
+    return encode_envelope(msgspec.json.encode(content), SELF_CONTAINED_SCHEMA_VERSION)
+
+
+def encode_envelope(content_bytes: bytes, schema_version: int) -> bytes:
+    """The envelope ``{"schema_version", "content_sha256", "content"}`` around encoded content."""
     envelope = _Envelope(
-        schema_version=DATA_PLANE_SCHEMA_VERSION,
+        schema_version=schema_version,
         content_sha256=sha256_hex(content_bytes),
         content=msgspec.Raw(content_bytes),
     )
     return msgspec.json.encode(envelope)
 
 
-def decode_metadata(data: bytes, path: Path) -> DataPlaneCheckpointContent:
-    """Decode and check ``metadata.json``; every problem raises naming ``path``."""
-    _check_schema_version(data, path)
+def metadata_schema_version(data: bytes, path: Path) -> int:
+    """The ``schema_version`` of ``metadata.json``, refused unless this build reads it."""
+    return _check_schema_version(data, path)
+
+
+def decode_envelope(data: bytes, path: Path) -> tuple[int, bytes]:
+    """The version and the checked content bytes of ``metadata.json``; problems name ``path``."""
+    version = _check_schema_version(data, path)
     try:
         envelope = msgspec.json.decode(data, type=_Envelope, strict=True)
     except msgspec.DecodeError as exc:
@@ -158,13 +181,38 @@ def decode_metadata(data: bytes, path: Path) -> DataPlaneCheckpointContent:
             f"checksum mismatch: $.content hashes to {actual}, "
             f"$.content_sha256 records {envelope.content_sha256}",
         )
+    return version, content_bytes
+
+
+def decode_content(content_bytes: bytes, kind: type[_C], path: Path) -> _C:
+    """Decode checked content bytes as ``kind``; errors give the path from the file's root."""
     try:
-        content = msgspec.json.decode(content_bytes, type=DataPlaneCheckpointContent, strict=True)
+        return msgspec.json.decode(content_bytes, type=kind, strict=True)
     except msgspec.DecodeError as exc:
         message = _content_path(str(exc))
         raise DataPlaneCheckpointError(path, f"invalid metadata: {message}") from exc
+
+
+def decode_metadata(data: bytes, path: Path) -> DataPlaneCheckpointContent:
+    """Decode and check a version 1 ``metadata.json``; every problem raises naming ``path``."""
+    version, content_bytes = decode_envelope(data, path)
+    if version != SELF_CONTAINED_SCHEMA_VERSION:
+        raise DataPlaneCheckpointError(
+            path,
+            f"schema_version {version} lists segments, not partition files "
+            "(read it with its segments directory)",
+        )
+    content = decode_content(content_bytes, DataPlaneCheckpointContent, path)
     check_content(content, path)
     return content
+
+
+def replace_user_metadata(data: bytes, path: Path, user_metadata: dict[str, Any]) -> bytes:
+    """``metadata.json`` of either version with its ``user_metadata`` replaced (checksum redone)."""
+    version, content_bytes = decode_envelope(data, path)
+    content = msgspec.json.decode(content_bytes, type=dict[str, Any])
+    content["user_metadata"] = check_user_metadata(user_metadata)
+    return encode_envelope(msgspec.json.encode(content), version)
 
 
 def _content_path(message: str) -> str:
@@ -174,19 +222,20 @@ def _content_path(message: str) -> str:
     return f"{message} - at `$.content`"
 
 
-def _check_schema_version(data: bytes, path: Path) -> None:
+def _check_schema_version(data: bytes, path: Path) -> int:
     # Probed first so that a future version is reported as such, not as
     # whatever field it renamed.
     try:
         probe = msgspec.json.decode(data, type=_VersionProbe, strict=True)
     except msgspec.DecodeError as exc:
         raise DataPlaneCheckpointError(path, f"invalid metadata: {exc}") from exc
-    if probe.schema_version != DATA_PLANE_SCHEMA_VERSION:
+    if probe.schema_version not in SUPPORTED_DATA_PLANE_SCHEMA_VERSIONS:
+        supported = ", ".join(map(str, sorted(SUPPORTED_DATA_PLANE_SCHEMA_VERSIONS)))
         raise DataPlaneCheckpointError(
             path,
-            f"unsupported schema_version {probe.schema_version} "
-            f"(this build reads {DATA_PLANE_SCHEMA_VERSION})",
+            f"unsupported schema_version {probe.schema_version} (this build reads {supported})",
         )
+    return probe.schema_version
 
 
 def check_content(content: DataPlaneCheckpointContent, path: Path) -> None:

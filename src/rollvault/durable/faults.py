@@ -80,6 +80,12 @@ FAULT_POINTS: Final = frozenset(
         "published_dir.old_trashed",
         "published_dir.after_rename",
         "published_dir.parent_synced",
+        # segment_store.py: writing a segment (around atomic_write.*), deleting old ones
+        "segment.before_write",
+        "segment.durable",
+        "segment_gc.before_delete",
+        "segment_gc.after_delete",
+        "segment_gc.synced",
         # journal_writer.py: the seal journal
         "journal.segment_created",
         "journal.segment_dir_synced",

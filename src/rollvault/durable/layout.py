@@ -12,6 +12,8 @@
          tmp_snapshot_<seq>/             being written, never read
          snapshot_<seq>/manifest.json    committed; ROLLOUT_SNAPSHOT_MANIFEST_FILENAME
          trash_snapshot_<seq>/           pruned, deleted after the rename
+         segments/                       SEGMENTS_DIRNAME: token rows shared by the snapshots
+      step_<N>/rollout_state/segments/   the trainer checkpoint's snapshot keeps its own
 
 An *anchor* is the directory that owns a ``rollout_snapshots/`` directory:
 ``bootstrap/`` or a trainer checkpoint ``step_<N>/``.
@@ -23,6 +25,10 @@ BOOTSTRAP_DIRNAME: Final = "bootstrap"
 BOOTSTRAP_MANIFEST_FILENAME: Final = "manifest.json"
 ROLLOUT_SNAPSHOTS_DIRNAME: Final = "rollout_snapshots"
 ROLLOUT_SNAPSHOT_MANIFEST_FILENAME: Final = "manifest.json"
+# Immutable token-row files written once and referenced by every snapshot that
+# holds their rows (rollvault.dataplane.segments); beside the snapshots of an
+# anchor, and inside a snapshot that is not among them (a trainer checkpoint's).
+SEGMENTS_DIRNAME: Final = "segments"
 
 # The identity digest of every dataset row when the run started, written with
 # the anchor (before its manifest); every resume compares the dataset against it.

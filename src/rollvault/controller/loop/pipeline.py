@@ -275,6 +275,8 @@ async def run_pipeline(
                         parts, trainer=trainer, buffer_capacity=capacity, resume=resume
                     )
                     await restorer.restore()
+                    if checkpointer is not None:
+                        checkpointer.seed_segments(restorer.segment_seed)
                     await gate.update_weights(parts.trainer_version)
                 pumps = _Pumps(parts, rollout, train, checkpointer, shutdown, grace)
                 try:

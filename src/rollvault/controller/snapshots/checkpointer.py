@@ -49,6 +49,7 @@ from rollvault.controller.loop.io_failures import (
 )
 from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entry
 from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_SCHEMA_VERSION,
     ENV_ROLLOUTS_SCHEMA_VERSION,
@@ -57,14 +58,16 @@ from rollvault.controller.snapshots.snapshot_files import (
     EnvRolloutsFile,
     ReplayBufferFile,
     RolloutStateCapture,
+    SegmentSeed,
     write_snapshot_payload,
 )
 from rollvault.controller.snapshots.snapshot_retry import SnapshotRetry
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
+from rollvault.dataplane.segmented import SegmentedWriter
 from rollvault.durable.bootstrap import prune_bootstrap_snapshots
 from rollvault.durable.errors import SnapshotWriteError
-from rollvault.durable.layout import BOOTSTRAP_DIRNAME
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.manifest_schema import (
     ROLLOUT_SNAPSHOT_SCHEMA_VERSION,
     RolloutSnapshotManifest,
@@ -231,11 +234,30 @@ class Checkpointer:
         self._stopping = asyncio.Event()
         self._last_version: int | None = None
         self._committed_journal_seq = 0
+        self._segments: SegmentedWriter | None = None
+        self._segment_seed: SegmentSeed | None = None
         self._retry = SnapshotRetry(
             interval_s=self._settings.interval_s,
             max_consecutive_failures=self._settings.max_consecutive_failures,
         )
         self.stats = SnapshotStats()
+
+    def seed_segments(self, seed: SegmentSeed | None) -> None:
+        """Let the first snapshot reference the rows of the snapshot restore loaded.
+
+        Used only if that snapshot is among the anchor's (not a trainer
+        checkpoint's own): else the first snapshot writes every row.
+        """
+        self._segment_seed = seed
+
+    def _segment_writer(self) -> SegmentedWriter:
+        """The anchor's writer: a new one (every row new) when the anchor changed."""
+        root = snapshots_root(self.anchor()) / SEGMENTS_DIRNAME
+        if self._segments is None or self._segments.segments_dir != root:
+            seed, self._segment_seed = self._segment_seed, None
+            seeded = seed is not None and seed.segments_dir == root
+            self._segments = seed.writer() if seed is not None and seeded else SegmentedWriter(root)
+        return self._segments
 
     def anchor(self) -> Path:
         """The directory whose ``rollout_snapshots/`` takes the next snapshot."""
@@ -274,18 +296,22 @@ class Checkpointer:
                 return None
             capture = await self._capture(base_step=None)
             started = time.perf_counter()
+            segments = self._segment_writer()
             try:
                 path = await asyncio.to_thread(
                     publish_snapshot,
                     self.anchor(),
                     manifest=capture.manifest,
-                    write_payload=functools.partial(self._write_payload, capture),
+                    write_payload=functools.partial(self._write_payload, capture, segments),
                     keep_latest_k=self._settings.keep_latest_k,
                 )
             except SnapshotWriteError as error:
                 self._last_version = None  # nothing of it is on disk: the next try must write
                 self._snapshot_failed(error)
                 return None
+            if segments.last_written is not None:
+                segments.committed(segments.last_written)
+            await asyncio.to_thread(self._collect_segments, path.parent, segments)
             self._retry.succeeded()
             self.stats.write_seconds.append(time.perf_counter() - started)
             self.stats.snapshots += 1
@@ -394,8 +420,23 @@ class Checkpointer:
         # immutable (copy-on-write ledger, copied maps), so a thread may build it.
         return await asyncio.to_thread(build_snapshot, cut, parts, fingerprint=self._fingerprint)
 
-    def _write_payload(self, capture: RolloutStateCapture, directory: Path) -> None:
-        self.stats.bytes_written += write_snapshot_payload(capture, directory)
+    def _write_payload(
+        self,
+        capture: RolloutStateCapture,
+        segments: SegmentedWriter | None,
+        directory: Path,
+    ) -> None:
+        self.stats.bytes_written += write_snapshot_payload(capture, directory, segments=segments)
+
+    @staticmethod
+    def _collect_segments(root: Path, segments: SegmentedWriter) -> None:
+        try:
+            collect_segments(root, also_keep=segments.base_segments())
+        except OSError as exc:
+            # The snapshot stands; what was not deleted is deleted by the next collection.
+            _LOG.warning(
+                "committed a snapshot in %s, but deleting old segments failed: %s", root, exc
+            )
 
     def _write_trainer_checkpoint(self, capture: RolloutStateCapture, directory: Path) -> None:
         trainer_dir = directory / TRAINER_STATE_DIRNAME
@@ -403,7 +444,7 @@ class Checkpointer:
         self._trainer.save_checkpoint(trainer_dir)
         rollout_dir = directory / TRAINER_ROLLOUT_STATE_DIRNAME
         rollout_dir.mkdir()
-        self._write_payload(capture, rollout_dir)
+        self._write_payload(capture, None, rollout_dir)
         write_snapshot_manifest(rollout_dir, capture.manifest)
 
     def _prune_journal(self) -> None:

@@ -44,8 +44,10 @@ from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     LoadedSnapshot,
+    SegmentSeed,
     advertised_digests,
     read_recovery_sidecar_file,
+    segments_dir_for,
 )
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.ledger.datum import DatumSpec
@@ -143,6 +145,8 @@ class RolloutRestorer:
         self.counts = RestoreCounts()
         self.restored_group_ids: list[str] = []
         self._identities: dict[str, str] = {}
+        self.segment_seed: SegmentSeed | None = None
+        """The restored rows' segments, for the checkpointer's first snapshot to reference."""
         self._records: list[PromptGroupRecoveryRecord] = []
         """Copies of the restored ledger's groups, taken once (copies are not cheap)."""
 
@@ -230,6 +234,11 @@ class RolloutRestorer:
         await parts.data_plane.load_verified(
             snapshot.data_plane, source=snapshot.path / DATA_PLANE_DIRNAME
         )
+        if snapshot.segments is not None:
+            # Taken before anything else changes the store: its tokens are the loaded rows.
+            self.segment_seed = SegmentSeed(
+                segments_dir_for(snapshot.path), parts.data_plane.capture(), snapshot.segments
+            )
         parts.replay.load_state_dict(snapshot.replay.replay)
         return len(parts.replay)
 

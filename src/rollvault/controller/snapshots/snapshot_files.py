@@ -12,9 +12,17 @@
       env_rollouts.json              the environment state of every in-flight episode at
                                      its last committed turn (absent before multi-turn
                                      episodes: then no episode is in flight)
-      data_plane/                    every live row; its metadata.json advertises, for
-                                     each sidecar above, its SHA-256, schema version
-                                     and group count
+      data_plane/metadata.json       the index of every live row: the segments holding
+                                     them (../segments/, shared by the anchor's snapshots;
+                                     a snapshot elsewhere, like a trainer checkpoint's,
+                                     keeps its own segments/) and which of their rows;
+                                     it advertises, for each sidecar above, its SHA-256,
+                                     schema version and group count
+
+A snapshot writes only the rows new since the previous snapshot of its anchor
+(:class:`~rollvault.dataplane.segmented.SegmentedWriter`). Snapshots written
+before segments keep their rows in ``data_plane/`` itself (data-plane format
+version 1) and still load.
 
 Everything is JSON decoded into strict msgspec Structs, or safetensors: never
 pickle. Reading checks every file on its own: each sidecar must match what the
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +52,11 @@ from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.episodes import EpisodeState
 from rollvault.controller.loop.parts import GroupOrigin
 from rollvault.dataplane.capture import DataPlaneCapture
-from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint, write_checkpoint
+from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
+from rollvault.dataplane.segmented import LoadedSegmented, SegmentedWriter, read_any_checkpoint
 from rollvault.durable.errors import SnapshotError
+from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.sidecar import (
@@ -74,6 +85,28 @@ ENV_ROLLOUTS_FILENAME: Final = "env_rollouts.json"
 ENV_ROLLOUTS_SCHEMA_VERSION: Final = 1
 DATA_PLANE_DIRNAME: Final = "data_plane"
 SIDECARS_METADATA_KEY: Final = "sidecars"
+_TMP_SNAPSHOT_RE: Final = re.compile(r"tmp_snapshot_([0-9]+)")
+
+
+def segments_dir_for(snapshot_dir: Path) -> Path:
+    """Where the segments of the snapshot at ``snapshot_dir`` are.
+
+    Beside it for a snapshot in an anchor's ``rollout_snapshots/`` (committed
+    or still ``tmp_``): they are shared by the anchor's snapshots. Inside it
+    for any other snapshot (a trainer checkpoint's ``rollout_state/``), which
+    then stands on its own.
+    """
+    parent = snapshot_dir.parent
+    if parent.name == ROLLOUT_SNAPSHOTS_DIRNAME:
+        return parent / SEGMENTS_DIRNAME
+    return snapshot_dir / SEGMENTS_DIRNAME
+
+
+def _segment_stem(directory: Path) -> str:
+    # The snapshot's sequence number: above every snapshot on disk, so no committed
+    # snapshot references a segment of that name (see publish_segment).
+    match = _TMP_SNAPSHOT_RE.fullmatch(directory.name)
+    return match.group(1) if match else "000000"
 
 
 class SnapshotCorruptError(SnapshotError):
@@ -180,16 +213,43 @@ class LoadedSnapshot:
     controller: ControllerStateFile
     data_plane: LoadedCheckpoint
     env_rollouts: EnvRolloutsFile = dataclasses.field(default_factory=empty_env_rollouts)
+    segments: LoadedSegmented | None = None
+    """Where each row is in its segments (None: read from rows): seeds the next writer."""
+
+
+@dataclass(frozen=True)
+class SegmentSeed:
+    """A restored snapshot's rows, for the next snapshot to reference instead of rewriting.
+
+    ``capture`` was taken right after the rows were loaded, so its tokens
+    stand for the loaded rows (see :meth:`SegmentedWriter.seed`).
+    """
+
+    segments_dir: Path
+    capture: DataPlaneCapture
+    loaded: LoadedSegmented
+
+    def writer(self) -> SegmentedWriter:
+        """A writer whose next snapshot writes only rows new since the restored one."""
+        writer = SegmentedWriter(self.segments_dir)
+        writer.seed(self.capture, self.loaded)
+        return writer
 
 
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 
 
-def write_snapshot_payload(capture: RolloutStateCapture, directory: Path) -> int:
+def write_snapshot_payload(
+    capture: RolloutStateCapture, directory: Path, *, segments: SegmentedWriter | None = None
+) -> int:
     """Write every file but the manifest into ``directory``; return the bytes written.
 
-    Sync and unflushed: the caller runs it in a worker thread and the durable
-    layer's commit fsyncs and publishes the directory.
+    Sync; the new segments are durable when it returns, the other files
+    unflushed: the caller runs it in a worker thread and the durable layer's
+    commit fsyncs and publishes the directory. ``segments`` writes the rows
+    new since its last committed snapshot into :func:`segments_dir_for`
+    ``directory`` (call its ``committed`` once this snapshot is); without one,
+    every row is written, into a fresh writer's segments.
     """
     files = {
         ROLLOUT_RECOVERY_STATE_FILENAME: encode_rollout_recovery_state(capture.recovery_state),
@@ -225,10 +285,19 @@ def write_snapshot_payload(capture: RolloutStateCapture, directory: Path) -> int
         digests[name] = msgspec.to_builtins(
             SidecarDigest(sha256=_sha256(data), schema_version=version, group_count=count)
         )
-    info = write_checkpoint(
-        directory / DATA_PLANE_DIRNAME, capture.data_plane, {SIDECARS_METADATA_KEY: digests}
+    writer = segments if segments is not None else SegmentedWriter(segments_dir_for(directory))
+    if writer.segments_dir != segments_dir_for(directory):
+        raise ValueError(
+            f"{directory}: its segments belong in {segments_dir_for(directory)}, "
+            f"the writer writes {writer.segments_dir}"
+        )
+    pending = writer.write(
+        directory / DATA_PLANE_DIRNAME,
+        capture.data_plane,
+        {SIDECARS_METADATA_KEY: digests},
+        stem=_segment_stem(directory),
     )
-    return info.bytes_written + sum(len(data) for data in files.values())
+    return pending.info.bytes_written + sum(len(data) for data in files.values())
 
 
 def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> LoadedSnapshot:
@@ -239,7 +308,8 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
     :mod:`rollvault.controller.snapshots.verification`. Raises
     :class:`SnapshotCorruptError` naming the first bad file.
     """
-    data_plane = _read_data_plane(path / DATA_PLANE_DIRNAME)
+    segments = _read_data_plane(path / DATA_PLANE_DIRNAME, segments_dir_for(path))
+    data_plane = segments.checkpoint
     digests = advertised_digests(path / DATA_PLANE_DIRNAME, data_plane.user_metadata)
     recovery = read_recovery_sidecar_file(path / ROLLOUT_RECOVERY_STATE_FILENAME, digests)
     raw = {
@@ -256,6 +326,7 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
         controller=_decode_controller_state(path, raw),
         data_plane=data_plane,
         env_rollouts=decode_env_rollouts(path, raw),
+        segments=segments if segments.segments else None,
     )
     _check_counts(snapshot, digests)
     return snapshot
@@ -265,9 +336,9 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read_data_plane(directory: Path) -> LoadedCheckpoint:
+def _read_data_plane(directory: Path, segments_dir: Path) -> LoadedSegmented:
     try:
-        return read_checkpoint(directory)
+        return read_any_checkpoint(directory, segments_dir)
     except DataPlaneCheckpointError as exc:
         raise SnapshotCorruptError(exc.path, exc.problem) from exc
 

@@ -6,8 +6,10 @@ problem found, each naming its file and its cause (:class:`SnapshotProblem`).
 How far they go is the :class:`VerificationLevel`:
 
 - ``RESTORABLE``, what restore needs: every file reads and matches the
-  checksum, schema and group count the data plane's metadata advertises
-  (the first damaged file stops the read), and every cross-reference holds:
+  checksum, schema and group count the data plane's metadata advertises,
+  and every segment it references exists and matches the size and SHA-256
+  recorded for it (the first damaged file or segment stops the read, and is
+  named), and every cross-reference holds:
   each group has an origin, each sealed attempt's staged rows and each
   canonical row exist, each canonical group names its attempts, and groups
   have the run's size.
@@ -44,9 +46,9 @@ from rollvault.controller.snapshots.snapshot_files import (
     advertised_digests,
     checked_bytes,
     read_snapshot_files,
+    segments_dir_for,
 )
 from rollvault.dataplane.checkpoint_format import partition_file_name
-from rollvault.dataplane.checkpoint_io import read_checkpoint_metadata
 from rollvault.dataplane.errors import DataPlaneCheckpointError, DataPlaneValidationError
 from rollvault.dataplane.interface import (
     STAGING_PARTITION,
@@ -54,6 +56,7 @@ from rollvault.dataplane.interface import (
     parse_staging_key,
     train_key,
 )
+from rollvault.dataplane.segmented import checkpoint_summary
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import ROLLOUT_SNAPSHOT_MANIFEST_FILENAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
@@ -273,7 +276,8 @@ def _sidecar_checksum_problems(path: Path) -> list[SnapshotProblem]:
     """Each sidecar whose SHA-256 differs from the advertised one, all of them, not the first."""
     data_plane = path / DATA_PLANE_DIRNAME
     try:
-        digests = advertised_digests(data_plane, read_checkpoint_metadata(data_plane).user_metadata)
+        summary = checkpoint_summary(data_plane, segments_dir_for(path))
+        digests = advertised_digests(data_plane, summary.user_metadata)
     except (SnapshotError, DataPlaneCheckpointError):
         return []  # reading the files names the damaged metadata
     problems = []

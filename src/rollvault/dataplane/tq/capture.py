@@ -96,6 +96,20 @@ class TransferQueueCapture(DataPlaneCapture):
         """The captured keys of ``partition``, sorted (no fetch)."""
         return sorted(self._partition_entries(partition))
 
+    def row_tokens(self, partition: str) -> Mapping[str, object]:
+        """Per key its :class:`StoredEntry`: a new one for every put (no fetch)."""
+        return self._partition_entries(partition)
+
+    def select(self, partition: str, keys: Iterable[str]) -> dict[str, RowView]:
+        """The captured rows of ``keys`` only, fetched from TransferQueue (or the fetched set)."""
+        wanted = list(keys)
+        with self._fetch_lock:
+            fetched = self._fetched.get(partition)
+        if fetched is not None:
+            return {key: fetched[key] for key in wanted}
+        entries = self._partition_entries(partition)
+        return self._fetch(partition, {key: entries[key] for key in wanted})
+
     def row_counts(self) -> dict[str, int]:
         """Number of captured rows per partition."""
         return {name: len(rows) for name, rows in self._entries.items()}

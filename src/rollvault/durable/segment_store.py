@@ -1,0 +1,74 @@
+"""Segment files on disk: publishing one durably, and deleting those no kept snapshot references.
+
+:func:`publish_segment` writes a new segment under its final name only when
+it is complete and flushed (temporary, fsync, rename, fsync of the
+directory), so a snapshot that names it is committed only after it is
+durable, and a crash leaves a complete segment or none (plus a temporary).
+
+:func:`delete_unreferenced` is the segments' retention.
+
+Segments are shared: a segment may be deleted only once no committed snapshot
+of its anchor references it. The caller computes what is referenced, after
+the snapshot retention of :mod:`rollvault.durable.snapshot_dirs` has run, and
+while it is the only writer (no snapshot being written could reference a
+segment it has just written); this module deletes the rest, including the
+temporaries of a segment write a crash interrupted. Orphans (segments written
+for a snapshot that never committed, or whose last referencing snapshot was
+just pruned) are therefore collected by the next snapshot's collection.
+
+Each deletion is one ``unlink`` (atomic) and the directory is flushed after
+them, so a crash at any point leaves every referenced segment whole and some
+unreferenced ones still present, for the next collection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Set
+from pathlib import Path
+
+from rollvault.durable.faults import fault_point
+from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
+
+
+def publish_segment(path: Path, data: bytes) -> None:
+    """Write the segment ``path`` durably (its directory is created if absent).
+
+    Segments are named after the snapshot that writes them, whose sequence
+    number is one more than any snapshot on disk. A file already under that
+    name was therefore written by an earlier try at the same sequence number
+    that failed or crashed before its commit (a failed snapshot's directory is
+    removed, so its number is handed out again): no committed snapshot can
+    reference it, and it is replaced (atomically).
+    """
+    directory = path.parent
+    if not directory.is_dir():
+        directory.mkdir()
+        _fsync_directory(directory.parent)
+    fault_point("segment.before_write")
+    atomic_write_bytes(path, data)
+    fault_point("segment.durable")
+
+
+def delete_unreferenced(
+    directory: Path, referenced: Set[str], *, is_segment: Callable[[str], bool]
+) -> list[str]:
+    """Delete every segment of ``directory`` not in ``referenced``; return their names.
+
+    ``is_segment(name)`` says which entries are segments (or a crashed write's
+    temporary of one): nothing else is touched. A missing directory holds nothing.
+    """
+    if not directory.is_dir():
+        return []
+    doomed = sorted(
+        entry.name
+        for entry in directory.iterdir()
+        if is_segment(entry.name) and entry.name not in referenced
+    )
+    for name in doomed:
+        fault_point("segment_gc.before_delete")
+        (directory / name).unlink(missing_ok=True)
+        fault_point("segment_gc.after_delete")
+    if doomed:
+        _fsync_directory(directory)
+        fault_point("segment_gc.synced")
+    return doomed
