@@ -80,6 +80,7 @@ from rollvault.ledger.statuses import (
 )
 from rollvault.ledger.transitions import (
     ALL_SEALED_STATUSES,
+    ATTEMPT_TRANSITIONS,
     DISCARDABLE_STATUSES,
     GENERATING_ONLY,
     AttemptEvent,
@@ -100,6 +101,10 @@ from rollvault.ledger.turns import (
 
 _SEALED = RolloutAttemptStatus.SEALED
 _RESERVED = RolloutAttemptStatus.RESERVED
+# The seal's and the failure's edges, read once from the transition table for
+# the hot paths (a status outside the sources takes the checked, raising path).
+_SEAL_SOURCES, _SEALED_TARGET = ATTEMPT_TRANSITIONS[AttemptEvent.SEAL]
+_FAIL_SOURCES, _FAILED_TARGET = ATTEMPT_TRANSITIONS[AttemptEvent.FAIL]
 _ADMITTED_ONLY = frozenset({PromptGroupPhase.ADMITTED})
 _DROPPABLE = frozenset(
     {
@@ -430,7 +435,10 @@ class RolloutRecoveryLedger:
         """
         self._enter(cut, "mark_sibling_sealed", group_id)
         record = self._mutable_group(group_id)
-        self._require_sibling(record, generation_index)
+        siblings = record.siblings
+        # Exact-type fast path of require_sibling (this is the hot path).
+        if not (type(generation_index) is int and 0 <= generation_index < len(siblings)):
+            require_sibling(record, generation_index)
         attempt = fenced_attempt(record, generation_index, gate_rollout_id)
         values = seal_values(
             record,
@@ -443,17 +451,19 @@ class RolloutRecoveryLedger:
             reward_checks=reward_checks,
             reward_log_context=reward_log_context,
         )
-        if attempt.status is _SEALED:
+        status = attempt.status
+        if status is _SEALED:
             check_same_seal(record, generation_index, attempt, values)
             return
-        self._check_sealable(record, generation_index, attempt)
-        check_receipt_prefix(
-            attempt,
-            values.staging_keys,
-            f"group {group_id!r} sibling {generation_index} attempt {attempt.attempt_id}",
-        )
+        if status not in _SEAL_SOURCES or record.status is not PromptGroupStatus.GENERATING:
+            self._check_sealable(record, generation_index, attempt)  # raises
+        if attempt.turn_keys:
+            check_receipt_prefix(record, generation_index, attempt, values.staging_keys)
         apply_seal(attempt, values)
-        self._complete_if_all_sealed(record)
+        for sibling in siblings:
+            if sibling.attempts[-1].status is not _SEALED:
+                return
+        record.status = check_group_transition(record, GroupEvent.ALL_SIBLINGS_SEALED)
 
     def mark_group_sealed(
         self,
@@ -516,27 +526,42 @@ class RolloutRecoveryLedger:
         """
         self._enter(cut, "mark_sibling_failed", group_id)
         record = self._mutable_group(group_id)
-        self._require_sibling(record, generation_index)
+        if not (type(generation_index) is int and 0 <= generation_index < len(record.siblings)):
+            require_sibling(record, generation_index)  # raises
         attempt = fenced_attempt(record, generation_index, gate_rollout_id)
-        where = f"group {group_id!r} sibling {generation_index} attempt {attempt.attempt_uuid.hex}"
-        require_str(reason, name="reason", where=where)
-        require_group_status(
-            record,
-            allowed=GENERATING_ONLY,
-            transition=AttemptEvent.FAIL.value,
-            generation_index=generation_index,
-            attempt=attempt,
-        )
+        # The checks are ordered as the messages expect; each builds its
+        # message (and the location) only when it fails: failing is a hot path.
+        if type(reason) is not str or not reason:
+            require_str(reason, name="reason", where=self._where(record, generation_index, attempt))
+        if record.status is not PromptGroupStatus.GENERATING:
+            require_group_status(
+                record,
+                allowed=GENERATING_ONLY,
+                transition=AttemptEvent.FAIL.value,
+                generation_index=generation_index,
+                attempt=attempt,
+            )
         if not isinstance(failure_kind, AttemptFailureKind):
             raise InvalidLedgerInputError(
-                f"{where}: failure_kind must be an AttemptFailureKind, got {failure_kind!r}"
+                f"{self._where(record, generation_index, attempt)}: failure_kind must be an "
+                f"AttemptFailureKind, got {failure_kind!r}"
             )
-        status = check_attempt_transition(
-            attempt, AttemptEvent.FAIL, group_id=group_id, generation_index=generation_index
-        )
+        if attempt.status not in _FAIL_SOURCES:
+            check_attempt_transition(
+                attempt, AttemptEvent.FAIL, group_id=group_id, generation_index=generation_index
+            )  # raises
         attempt.failure_reason = reason
         attempt.failure_kind = failure_kind
-        attempt.status = status
+        attempt.status = _FAILED_TARGET
+
+    @staticmethod
+    def _where(
+        record: PromptGroupRecoveryRecord, generation_index: int, attempt: RolloutAttemptRecord
+    ) -> str:
+        return (
+            f"group {record.group_id!r} sibling {generation_index} "
+            f"attempt {attempt.attempt_uuid.hex}"
+        )
 
     def commit_turn(
         self,
