@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import msgspec
 
@@ -49,6 +49,7 @@ from rollvault.ledger.recovery import (
     abandon_entire_group,
     abandon_unsealed_work,
     carry_interruptions,
+    needs_redo_on_restart,
     record_interruption,
     redo_interrupted,
     retry_incomplete,
@@ -63,9 +64,14 @@ from rollvault.ledger.sealing import (
     seal_values,
 )
 from rollvault.ledger.state_convert import ledger_to_state
-from rollvault.ledger.state_load import group_record_from_state, records_from_state
+from rollvault.ledger.state_load import (
+    group_record_from_state,
+    records_from_checked_state,
+    records_from_state,
+)
 from rollvault.ledger.state_schema import (
     _LEDGER_STATE_FIELDS,
+    CheckedLedgerState,
     LedgerState,
     RolloutRecoveryState,
     read_versioned,
@@ -98,6 +104,9 @@ from rollvault.ledger.turns import (
     drop_turn_prefix,
     live_turn_keys,
 )
+
+if TYPE_CHECKING:  # the sidecar module builds on this one
+    from rollvault.ledger.sidecar import ParsedRolloutRecoveryState
 
 _SEALED = RolloutAttemptStatus.SEALED
 _RESERVED = RolloutAttemptStatus.RESERVED
@@ -178,6 +187,19 @@ class RolloutRecoveryLedger:
         view._read_only = True
         self._captured = set(self._groups)
         return view
+
+    def shared_groups(self) -> list[PromptGroupRecoveryRecord]:
+        """Every group's record itself, in reservation order, frozen from now on; O(groups).
+
+        Not in the reference API. Shared copy-on-write as :meth:`capture`
+        shares them: the ledger copies a shared record before its next change,
+        so these never change. Read-only: changing one would change the
+        ledger. For a reader of every group that copies would slow down (a
+        restore reads all of them several times); :meth:`groups` hands out
+        copies to change at will.
+        """
+        self._captured = set(self._groups)
+        return list(self._groups.values())
 
     def __contains__(self, group_id: object) -> bool:
         return isinstance(group_id, str) and group_id in self._groups
@@ -361,9 +383,17 @@ class RolloutRecoveryLedger:
     ) -> None:
         """Attach a dataset-reconstructed prompt after identity validation."""
         self._enter(cut, "bind_runtime_prompt", group_id)
-        record = self._mutable_group(group_id)
+        record = self._require_group(group_id)
         _validate_prompt_identity(record.prompt_ref, prompt_payload, group_id=group_id)
-        record.runtime_prompt_payload = prompt_payload
+        if group_id in self._captured:
+            # The payload is a field of the group itself: a new shell is enough
+            # (a restore binds every group). Its siblings stay shared, and the
+            # group captured, until they change (_mutable_group copies them).
+            self._groups[group_id] = msgspec.structs.replace(
+                record, runtime_prompt_payload=prompt_payload
+            )
+        else:
+            record.runtime_prompt_payload = prompt_payload
 
     # -- generation ------------------------------------------------------------------------
 
@@ -713,12 +743,14 @@ class RolloutRecoveryLedger:
         canonical rows were published is resolved by looking for them.
         """
         self._enter(cut, "prepare_for_restart")
-        for group_id in list(self._groups):
-            record = self._mutable_group(group_id)
-            if record.status is PromptGroupStatus.FINALIZING:
+        for group_id, shared in list(self._groups.items()):
+            # Only a group that changes is unshared from a capture (a restore
+            # holds one): copying every group would double the restore's work.
+            if shared.status is PromptGroupStatus.FINALIZING:
+                record = self._mutable_group(group_id)
                 record.status = check_group_transition(record, GroupEvent.FINALIZATION_UNKNOWN)
-            elif record.status is PromptGroupStatus.GENERATING:
-                redo_interrupted(record)
+            elif shared.status is PromptGroupStatus.GENERATING and needs_redo_on_restart(shared):
+                redo_interrupted(self._mutable_group(group_id))
 
     @staticmethod
     def _abandon_entire_group(record: PromptGroupRecoveryRecord) -> None:
@@ -845,6 +877,31 @@ class RolloutRecoveryLedger:
                 "group(s)"
             )
         self._groups = type(self).from_state_dict(state)._groups
+        self._captured = set()
+
+    def load_parsed_state(
+        self, cut: DataPlaneMutationCut, parsed: ParsedRolloutRecoveryState
+    ) -> None:
+        """Replace this empty ledger from a parsed sidecar (``decode_rollout_recovery_state``).
+
+        Not in the reference API. The same result as ``load_state_dict(cut,
+        parsed.ledger_state)``, without checking again what parsing checked:
+        the records are built from the typed state that parsing accepted
+        (:class:`~rollvault.ledger.state_schema.CheckedLedgerState`), so
+        ``parsed.ledger_state`` must not have been changed since. A ledger
+        state without it (built by hand) is loaded by ``load_state_dict``.
+        """
+        state = parsed.ledger_state
+        if not isinstance(state, CheckedLedgerState):
+            self.load_state_dict(cut, state)
+            return
+        self._enter(cut, "load_parsed_state")
+        if self._groups:
+            raise LedgerError(
+                f"load_parsed_state needs an empty ledger; this one holds {len(self._groups)} "
+                "group(s)"
+            )
+        self._groups = records_from_checked_state(state.checked)
         self._captured = set()
 
     @classmethod
