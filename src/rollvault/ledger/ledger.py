@@ -110,10 +110,11 @@ if TYPE_CHECKING:  # the sidecar module builds on this one
 
 _SEALED = RolloutAttemptStatus.SEALED
 _RESERVED = RolloutAttemptStatus.RESERVED
-# The seal's and the failure's edges, read once from the transition table for
+# The dispatch's, seal's and failure's edges, read once from the transition table for
 # the hot paths (a status outside the sources takes the checked, raising path).
-_SEAL_SOURCES, _SEALED_TARGET = ATTEMPT_TRANSITIONS[AttemptEvent.SEAL]
+_SEAL_SOURCES = ATTEMPT_TRANSITIONS[AttemptEvent.SEAL].sources
 _FAIL_SOURCES, _FAILED_TARGET = ATTEMPT_TRANSITIONS[AttemptEvent.FAIL]
+_DISPATCH_SOURCES, _DISPATCHED_TARGET = ATTEMPT_TRANSITIONS[AttemptEvent.DISPATCH]
 _ADMITTED_ONLY = frozenset({PromptGroupPhase.ADMITTED})
 _DROPPABLE = frozenset(
     {
@@ -430,17 +431,14 @@ class RolloutRecoveryLedger:
                 )
         else:
             indices = distinct_indices(record, generation_indices)
-        targets = [
-            check_attempt_transition(
-                record.siblings[index].attempts[-1],
-                AttemptEvent.DISPATCH,
-                group_id=group_id,
-                generation_index=index,
-            )
-            for index in indices
-        ]
-        for index, target in zip(indices, targets, strict=True):
-            record.siblings[index].attempts[-1].status = target
+        attempts = [record.siblings[index].attempts[-1] for index in indices]
+        for index, attempt in zip(indices, attempts, strict=True):
+            if attempt.status not in _DISPATCH_SOURCES:
+                check_attempt_transition(
+                    attempt, AttemptEvent.DISPATCH, group_id=group_id, generation_index=index
+                )  # raises
+        for attempt in attempts:
+            attempt.status = _DISPATCHED_TARGET
 
     def mark_sibling_sealed(
         self,

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -42,6 +40,7 @@ from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import AttemptLogRecord, RestoreLogRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.crash_evidence import crash_evidence
+from rollvault.controller.snapshots.gc_pause import gc_paused_async
 from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
@@ -63,33 +62,6 @@ from rollvault.ledger.statuses import (
 from rollvault.tasks.protocols import describe_row
 
 _LOG = logging.getLogger("rollvault.restore")
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _cyclic_gc_paused(method: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
-    """Run ``method`` with the cyclic garbage collector paused.
-
-    A restore allocates a few hundred thousand long-lived objects (records,
-    rows) and no garbage cycles; each allocation burst triggers collections
-    that walk everything built so far, which cost more than the restore's own
-    work at 1,024 groups x 16 siblings. Reference counting still frees the
-    temporaries; the collector runs again afterwards.
-    """
-
-    @functools.wraps(method)
-    async def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return await method(*args, **kwargs)
-        finally:
-            if was_enabled:
-                gc.enable()
-
-    return paused
 
 
 class RestoreError(RuntimeError):
@@ -175,7 +147,7 @@ class RolloutRestorer:
         self._records: list[PromptGroupRecoveryRecord] = []
         """The restored ledger's groups (``shared_groups``: read-only, they never change)."""
 
-    @_cyclic_gc_paused
+    @gc_paused_async  # a restore builds its state, see gc_pause
     async def restore(self) -> bool:
         """Restore the parts listed in the module docstring.
 
