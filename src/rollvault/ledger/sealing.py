@@ -150,21 +150,21 @@ def _typed_receipt(receipt: object) -> GateReceipt:
     A receipt that fails any of them is handed to ``validate_receipt``, which
     raises with the full message, so errors are exactly its errors.
     """
-    if type(receipt) is dict:
-        try:
-            typed = _convert(receipt, GateReceipt, strict=True)
-        except msgspec.ValidationError:
-            pass  # validate_receipt below raises with the message
-        else:
-            keys = typed.staging_keys
-            digests = typed.row_digests
-            if (
-                (len(keys) == 1 or len(set(keys)) == len(keys))
-                and (digests is None or len(digests) == len(keys))
-                and (typed.reward is None or _isfinite(typed.reward))
-            ):
-                return typed
-    return validate_receipt(receipt)
+    if type(receipt) is not dict:
+        return validate_receipt(receipt)  # raises with the message
+    try:
+        typed = _convert(receipt, GateReceipt, strict=True)
+    except msgspec.ValidationError:
+        return validate_receipt(receipt)  # raises with the message
+    keys = typed.staging_keys
+    digests = typed.row_digests
+    if (
+        (len(keys) == 1 or len(set(keys)) == len(keys))
+        and (digests is None or len(digests) == len(keys))
+        and (typed.reward is None or _isfinite(typed.reward))
+    ):
+        return typed
+    return validate_receipt(receipt)  # raises with the message
 
 
 def check_same_seal(
