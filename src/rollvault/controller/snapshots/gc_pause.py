@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -33,7 +33,9 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def gc_paused_async(method: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
+def gc_paused_async(
+    method: Callable[_P, Coroutine[Any, Any, _R]],
+) -> Callable[_P, Coroutine[Any, Any, _R]]:
     """Decorate a coroutine function to run with the cyclic collector paused."""
 
     @functools.wraps(method)
