@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from ledger_testkit import Harness
+from ledger_testkit import Harness, payload
 
-from rollvault.rollout_recovery import LedgerError, RolloutAttemptStatus
+from rollvault.rollout_recovery import LedgerError, RolloutAttemptStatus, RolloutRecoveryLedger
 
 
 def test_a_capture_keeps_the_state_of_its_moment(harness: Harness) -> None:
@@ -42,3 +42,51 @@ def test_a_capture_is_read_only(harness: Harness) -> None:
     captured = harness.mutate(harness.ledger.capture)
     with pytest.raises(LedgerError, match="read-only capture"):
         harness.mutate(lambda: captured.mark_group_dispatched(harness.cut, group_id))
+
+
+def test_shared_groups_are_the_records_frozen_by_copy_on_write(harness: Harness) -> None:
+    group_id = harness.reserve(2)
+    shared = harness.mutate(harness.ledger.shared_groups)
+    assert shared[0] is harness.ledger._groups[group_id]  # no copy was made
+    harness.dispatch(group_id)
+    harness.seal(group_id, 0)
+    # The ledger copied the record before changing it: the shared one never changes.
+    assert [s.current_attempt.status for s in shared[0].siblings] == [
+        RolloutAttemptStatus.RESERVED,
+        RolloutAttemptStatus.RESERVED,
+    ]
+    assert harness.group(group_id).siblings[0].current_attempt.status is (
+        RolloutAttemptStatus.SEALED
+    )
+
+
+def test_binding_a_prompt_to_a_shared_group_leaves_the_shared_record_alone(
+    harness: Harness,
+) -> None:
+    group_id = harness.reserve(2, idx=7)
+    restored = RolloutRecoveryLedger.from_state_dict(harness.ledger.state_dict())
+    harness.ledger = restored
+    (shared,) = harness.mutate(restored.shared_groups)
+    harness.call("bind_runtime_prompt", group_id, payload(7))
+    assert shared.runtime_prompt_payload is None
+    assert harness.group(group_id).prompt_payload == payload(7)
+    # Only the shell was new: the siblings are still shared, so the next change
+    # of them copies them first.
+    assert restored._groups[group_id].siblings is shared.siblings
+    harness.dispatch(group_id)
+    assert shared.siblings[0].current_attempt.status is RolloutAttemptStatus.RESERVED
+    assert harness.group(group_id).prompt_payload == payload(7)
+
+
+def test_prepare_for_restart_copies_only_the_groups_it_changes(harness: Harness) -> None:
+    ready = harness.ready_group(2)
+    generating = harness.reserve(2)
+    harness.dispatch(generating)
+    captured = harness.mutate(harness.ledger.capture)
+    harness.call("prepare_for_restart")
+    assert harness.ledger._groups[ready] is captured._groups[ready]
+    assert harness.ledger._groups[generating] is not captured._groups[generating]
+    assert [s.current_attempt.status for s in harness.group(generating).siblings] == [
+        RolloutAttemptStatus.RESERVED,
+        RolloutAttemptStatus.RESERVED,
+    ]

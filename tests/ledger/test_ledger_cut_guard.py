@@ -14,6 +14,9 @@ from rollvault.rollout_recovery import (
     MutationCutNotHeldError,
     RolloutRecoveryLedger,
     SiblingSealResult,
+    build_rollout_recovery_state,
+    decode_rollout_recovery_state,
+    encode_rollout_recovery_state,
 )
 
 Call = Callable[[RolloutRecoveryLedger, DataPlaneMutationCut], Any]
@@ -86,6 +89,15 @@ def load(h: Harness) -> Call:
     return lambda ledger, cut: ledger.load_state_dict(cut, state)
 
 
+def load_parsed(h: Harness) -> Call:
+    sidecar = build_rollout_recovery_state(
+        h.ledger, batch_shortfall={}, sampler_stamps_target_steps=True
+    )
+    parsed = decode_rollout_recovery_state(encode_rollout_recovery_state(sidecar))
+    h.ledger = RolloutRecoveryLedger()
+    return lambda ledger, cut: ledger.load_parsed_state(cut, parsed)
+
+
 def snapshot(ledger: RolloutRecoveryLedger) -> tuple[dict[str, Any], list[Any]]:
     """The persisted state and the runtime payloads (which the state leaves out)."""
     return ledger.state_dict(), [record.runtime_prompt_payload for record in ledger.groups()]
@@ -152,6 +164,7 @@ MUTATORS: dict[str, tuple[Callable[[Harness], str], Callable[[Harness], Call]]] 
         fixed(lambda ledger, cut: ledger.discard_canonical_groups(cut, {"g"})),
     ),
     "load_state_dict": (ready, load),
+    "load_parsed_state": (ready, load_parsed),
 }
 
 

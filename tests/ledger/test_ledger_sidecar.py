@@ -7,9 +7,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from ledger_testkit import Harness
 
+from rollvault.ledger.state_schema import CheckedLedgerState
 from rollvault.ledger.statuses import AttemptFailureKind
 from rollvault.rollout_recovery import (
     _SIDECAR_STATE_FIELDS,
@@ -525,3 +527,28 @@ def test_the_ledger_part_has_the_envelope_version(failing: Harness) -> None:
     state["ledger"]["schema_version"] = 3
     with pytest.raises(LedgerStateError, match="3 differs from the envelope's schema version 5"):
         decode_rollout_recovery_state(json.dumps(state).encode())
+
+
+def test_load_parsed_state_builds_what_load_state_dict_builds(ledger: Harness) -> None:
+    parsed = decode_rollout_recovery_state(encode_rollout_recovery_state(build(ledger)))
+    assert isinstance(parsed.ledger_state, CheckedLedgerState)
+    fast, checked = RolloutRecoveryLedger(), RolloutRecoveryLedger()
+    ledger.mutate(lambda: fast.load_parsed_state(ledger.cut, parsed))
+    ledger.mutate(lambda: checked.load_state_dict(ledger.cut, parsed.ledger_state))
+    assert fast.state_dict() == checked.state_dict() == parsed.ledger_state
+    # The records share nothing with the typed state they were built from.
+    typed = parsed.ledger_state.checked.groups[0].siblings[0].attempts[0]
+    typed.staging_keys.append("forged")
+    assert typed.receipt is not None
+    typed.receipt["staging_keys"].append("forged")
+    assert "forged" not in fast.expected_staging_keys()
+    assert "forged" not in json.dumps(fast.state_dict())
+
+
+def test_load_parsed_state_checks_a_state_that_parsing_did_not(ledger: Harness) -> None:
+    parsed = decode_rollout_recovery_state(encode_rollout_recovery_state(build(ledger)))
+    damaged = copy.deepcopy(dict(parsed.ledger_state))
+    damaged["groups"][0]["siblings"][0]["attempts"][0]["status"] = "failed"
+    by_hand = msgspec.structs.replace(parsed, ledger_state=damaged)
+    with pytest.raises(LedgerStateError, match=r"groups\[0\]\.siblings\[0\]\.attempts\[0\]"):
+        ledger.mutate(lambda: RolloutRecoveryLedger().load_parsed_state(ledger.cut, by_hand))

@@ -39,7 +39,7 @@ from rollvault.checkpoint_tools.run_history import (
 from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.pipeline import build_parts
-from rollvault.controller.snapshots import restorer
+from rollvault.controller.snapshots import restorer, snapshot_files
 from rollvault.controller.snapshots.restorer import read_recovery_sidecar
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.controller.snapshots.snapshot_files import (
@@ -266,3 +266,20 @@ def test_a_sidecar_changed_after_the_snapshot_was_chosen_is_refused_by_the_resto
 
     with pytest.raises(SnapshotCorruptError, match=re.escape(f"{sidecar}: SHA-256")):
         asyncio.run(restore())
+
+
+def test_the_restore_reuses_the_parse_of_the_bytes_verification_just_read(tmp_path: Path) -> None:
+    snapshot_files._LAST_DECODED.clear()  # another test may have left its last parse
+    snapshot = _fixture(5, tmp_path)
+    loaded = _read(snapshot)
+    metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
+    sidecar = snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
+    config = _config(tmp_path)
+    again = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    assert again is loaded.recovery  # the same bytes (hashed again): not decoded again
+    third = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    assert third == loaded.recovery and third is not loaded.recovery  # used once, then dropped
+    _read(snapshot)
+    sidecar.write_bytes(sidecar.read_bytes().replace(b'"sealed"', b'"failed"', 1))
+    with pytest.raises(SnapshotCorruptError, match="SHA-256"):
+        asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import msgspec
 
@@ -49,6 +49,7 @@ from rollvault.ledger.recovery import (
     abandon_entire_group,
     abandon_unsealed_work,
     carry_interruptions,
+    needs_redo_on_restart,
     record_interruption,
     redo_interrupted,
     retry_incomplete,
@@ -63,9 +64,14 @@ from rollvault.ledger.sealing import (
     seal_values,
 )
 from rollvault.ledger.state_convert import ledger_to_state
-from rollvault.ledger.state_load import group_record_from_state, records_from_state
+from rollvault.ledger.state_load import (
+    group_record_from_state,
+    records_from_checked_state,
+    records_from_state,
+)
 from rollvault.ledger.state_schema import (
     _LEDGER_STATE_FIELDS,
+    CheckedLedgerState,
     LedgerState,
     RolloutRecoveryState,
     read_versioned,
@@ -80,6 +86,7 @@ from rollvault.ledger.statuses import (
 )
 from rollvault.ledger.transitions import (
     ALL_SEALED_STATUSES,
+    ATTEMPT_TRANSITIONS,
     DISCARDABLE_STATUSES,
     GENERATING_ONLY,
     AttemptEvent,
@@ -98,8 +105,16 @@ from rollvault.ledger.turns import (
     live_turn_keys,
 )
 
+if TYPE_CHECKING:  # the sidecar module builds on this one
+    from rollvault.ledger.sidecar import ParsedRolloutRecoveryState
+
 _SEALED = RolloutAttemptStatus.SEALED
 _RESERVED = RolloutAttemptStatus.RESERVED
+# The dispatch's, seal's and failure's edges, read once from the transition table for
+# the hot paths (a status outside the sources takes the checked, raising path).
+_SEAL_SOURCES = ATTEMPT_TRANSITIONS[AttemptEvent.SEAL].sources
+_FAIL_SOURCES, _FAILED_TARGET = ATTEMPT_TRANSITIONS[AttemptEvent.FAIL]
+_DISPATCH_SOURCES, _DISPATCHED_TARGET = ATTEMPT_TRANSITIONS[AttemptEvent.DISPATCH]
 _ADMITTED_ONLY = frozenset({PromptGroupPhase.ADMITTED})
 _DROPPABLE = frozenset(
     {
@@ -173,6 +188,19 @@ class RolloutRecoveryLedger:
         view._read_only = True
         self._captured = set(self._groups)
         return view
+
+    def shared_groups(self) -> list[PromptGroupRecoveryRecord]:
+        """Every group's record itself, in reservation order, frozen from now on; O(groups).
+
+        Not in the reference API. Shared copy-on-write as :meth:`capture`
+        shares them: the ledger copies a shared record before its next change,
+        so these never change. Read-only: changing one would change the
+        ledger. For a reader of every group that copies would slow down (a
+        restore reads all of them several times); :meth:`groups` hands out
+        copies to change at will.
+        """
+        self._captured = set(self._groups)
+        return list(self._groups.values())
 
     def __contains__(self, group_id: object) -> bool:
         return isinstance(group_id, str) and group_id in self._groups
@@ -356,9 +384,17 @@ class RolloutRecoveryLedger:
     ) -> None:
         """Attach a dataset-reconstructed prompt after identity validation."""
         self._enter(cut, "bind_runtime_prompt", group_id)
-        record = self._mutable_group(group_id)
+        record = self._require_group(group_id)
         _validate_prompt_identity(record.prompt_ref, prompt_payload, group_id=group_id)
-        record.runtime_prompt_payload = prompt_payload
+        if group_id in self._captured:
+            # The payload is a field of the group itself: a new shell is enough
+            # (a restore binds every group). Its siblings stay shared, and the
+            # group captured, until they change (_mutable_group copies them).
+            self._groups[group_id] = msgspec.structs.replace(
+                record, runtime_prompt_payload=prompt_payload
+            )
+        else:
+            record.runtime_prompt_payload = prompt_payload
 
     # -- generation ------------------------------------------------------------------------
 
@@ -395,17 +431,14 @@ class RolloutRecoveryLedger:
                 )
         else:
             indices = distinct_indices(record, generation_indices)
-        targets = [
-            check_attempt_transition(
-                record.siblings[index].attempts[-1],
-                AttemptEvent.DISPATCH,
-                group_id=group_id,
-                generation_index=index,
-            )
-            for index in indices
-        ]
-        for index, target in zip(indices, targets, strict=True):
-            record.siblings[index].attempts[-1].status = target
+        attempts = [record.siblings[index].attempts[-1] for index in indices]
+        for index, attempt in zip(indices, attempts, strict=True):
+            if attempt.status not in _DISPATCH_SOURCES:
+                check_attempt_transition(
+                    attempt, AttemptEvent.DISPATCH, group_id=group_id, generation_index=index
+                )  # raises
+        for attempt in attempts:
+            attempt.status = _DISPATCHED_TARGET
 
     def mark_sibling_sealed(
         self,
@@ -430,7 +463,10 @@ class RolloutRecoveryLedger:
         """
         self._enter(cut, "mark_sibling_sealed", group_id)
         record = self._mutable_group(group_id)
-        self._require_sibling(record, generation_index)
+        siblings = record.siblings
+        # Exact-type fast path of require_sibling (this is the hot path).
+        if not (type(generation_index) is int and 0 <= generation_index < len(siblings)):
+            require_sibling(record, generation_index)
         attempt = fenced_attempt(record, generation_index, gate_rollout_id)
         values = seal_values(
             record,
@@ -443,17 +479,19 @@ class RolloutRecoveryLedger:
             reward_checks=reward_checks,
             reward_log_context=reward_log_context,
         )
-        if attempt.status is _SEALED:
+        status = attempt.status
+        if status is _SEALED:
             check_same_seal(record, generation_index, attempt, values)
             return
-        self._check_sealable(record, generation_index, attempt)
-        check_receipt_prefix(
-            attempt,
-            values.staging_keys,
-            f"group {group_id!r} sibling {generation_index} attempt {attempt.attempt_id}",
-        )
+        if status not in _SEAL_SOURCES or record.status is not PromptGroupStatus.GENERATING:
+            self._check_sealable(record, generation_index, attempt)  # raises
+        if attempt.turn_keys:
+            check_receipt_prefix(record, generation_index, attempt, values.staging_keys)
         apply_seal(attempt, values)
-        self._complete_if_all_sealed(record)
+        for sibling in siblings:
+            if sibling.attempts[-1].status is not _SEALED:
+                return
+        record.status = check_group_transition(record, GroupEvent.ALL_SIBLINGS_SEALED)
 
     def mark_group_sealed(
         self,
@@ -516,27 +554,42 @@ class RolloutRecoveryLedger:
         """
         self._enter(cut, "mark_sibling_failed", group_id)
         record = self._mutable_group(group_id)
-        self._require_sibling(record, generation_index)
+        if not (type(generation_index) is int and 0 <= generation_index < len(record.siblings)):
+            require_sibling(record, generation_index)  # raises
         attempt = fenced_attempt(record, generation_index, gate_rollout_id)
-        where = f"group {group_id!r} sibling {generation_index} attempt {attempt.attempt_uuid.hex}"
-        require_str(reason, name="reason", where=where)
-        require_group_status(
-            record,
-            allowed=GENERATING_ONLY,
-            transition=AttemptEvent.FAIL.value,
-            generation_index=generation_index,
-            attempt=attempt,
-        )
+        # The checks are ordered as the messages expect; each builds its
+        # message (and the location) only when it fails: failing is a hot path.
+        if type(reason) is not str or not reason:
+            require_str(reason, name="reason", where=self._where(record, generation_index, attempt))
+        if record.status is not PromptGroupStatus.GENERATING:
+            require_group_status(
+                record,
+                allowed=GENERATING_ONLY,
+                transition=AttemptEvent.FAIL.value,
+                generation_index=generation_index,
+                attempt=attempt,
+            )
         if not isinstance(failure_kind, AttemptFailureKind):
             raise InvalidLedgerInputError(
-                f"{where}: failure_kind must be an AttemptFailureKind, got {failure_kind!r}"
+                f"{self._where(record, generation_index, attempt)}: failure_kind must be an "
+                f"AttemptFailureKind, got {failure_kind!r}"
             )
-        status = check_attempt_transition(
-            attempt, AttemptEvent.FAIL, group_id=group_id, generation_index=generation_index
-        )
+        if attempt.status not in _FAIL_SOURCES:
+            check_attempt_transition(
+                attempt, AttemptEvent.FAIL, group_id=group_id, generation_index=generation_index
+            )  # raises
         attempt.failure_reason = reason
         attempt.failure_kind = failure_kind
-        attempt.status = status
+        attempt.status = _FAILED_TARGET
+
+    @staticmethod
+    def _where(
+        record: PromptGroupRecoveryRecord, generation_index: int, attempt: RolloutAttemptRecord
+    ) -> str:
+        return (
+            f"group {record.group_id!r} sibling {generation_index} "
+            f"attempt {attempt.attempt_uuid.hex}"
+        )
 
     def commit_turn(
         self,
@@ -631,11 +684,12 @@ class RolloutRecoveryLedger:
                     f"items, got {type(item).__name__}"
                 )
             require_sibling(record, item.generation_index)
-            require_str(
-                item.reason,
-                name="reason",
-                where=f"group {record.group_id!r} sibling {item.generation_index}",
-            )
+            if type(item.reason) is not str or not item.reason:  # a restore records thousands
+                require_str(
+                    item.reason,
+                    name="reason",
+                    where=f"group {record.group_id!r} sibling {item.generation_index}",
+                )
 
     # -- failure and recovery ------------------------------------------------------------
 
@@ -688,12 +742,14 @@ class RolloutRecoveryLedger:
         canonical rows were published is resolved by looking for them.
         """
         self._enter(cut, "prepare_for_restart")
-        for group_id in list(self._groups):
-            record = self._mutable_group(group_id)
-            if record.status is PromptGroupStatus.FINALIZING:
+        for group_id, shared in list(self._groups.items()):
+            # Only a group that changes is unshared from a capture (a restore
+            # holds one): copying every group would double the restore's work.
+            if shared.status is PromptGroupStatus.FINALIZING:
+                record = self._mutable_group(group_id)
                 record.status = check_group_transition(record, GroupEvent.FINALIZATION_UNKNOWN)
-            elif record.status is PromptGroupStatus.GENERATING:
-                redo_interrupted(record)
+            elif shared.status is PromptGroupStatus.GENERATING and needs_redo_on_restart(shared):
+                redo_interrupted(self._mutable_group(group_id))
 
     @staticmethod
     def _abandon_entire_group(record: PromptGroupRecoveryRecord) -> None:
@@ -820,6 +876,31 @@ class RolloutRecoveryLedger:
                 "group(s)"
             )
         self._groups = type(self).from_state_dict(state)._groups
+        self._captured = set()
+
+    def load_parsed_state(
+        self, cut: DataPlaneMutationCut, parsed: ParsedRolloutRecoveryState
+    ) -> None:
+        """Replace this empty ledger from a parsed sidecar (``decode_rollout_recovery_state``).
+
+        Not in the reference API. The same result as ``load_state_dict(cut,
+        parsed.ledger_state)``, without checking again what parsing checked:
+        the records are built from the typed state that parsing accepted
+        (:class:`~rollvault.ledger.state_schema.CheckedLedgerState`), so
+        ``parsed.ledger_state`` must not have been changed since. A ledger
+        state without it (built by hand) is loaded by ``load_state_dict``.
+        """
+        state = parsed.ledger_state
+        if not isinstance(state, CheckedLedgerState):
+            self.load_state_dict(cut, state)
+            return
+        self._enter(cut, "load_parsed_state")
+        if self._groups:
+            raise LedgerError(
+                f"load_parsed_state needs an empty ledger; this one holds {len(self._groups)} "
+                "group(s)"
+            )
+        self._groups = records_from_checked_state(state.checked)
         self._captured = set()
 
     @classmethod

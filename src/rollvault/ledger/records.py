@@ -233,25 +233,33 @@ def new_attempts(count: int) -> list[RolloutAttemptRecord]:
 
 
 def copy_group_record(record: PromptGroupRecoveryRecord) -> PromptGroupRecoveryRecord:
-    """Copy mutable lineage metadata without duplicating the prompt payload."""
+    """Copy mutable lineage metadata without duplicating the prompt payload.
+
+    One pass of C-level ``replace`` calls with no helper call per attempt: the
+    ledger copies whole groups on every hand-out, so this is a hot path.
+    """
     replace = msgspec.structs.replace
     return replace(
         record,
         siblings=[
-            replace(sibling, attempts=[_copy_attempt(attempt) for attempt in sibling.attempts])
+            replace(
+                sibling,
+                attempts=[
+                    replace(
+                        attempt,
+                        staging_keys=attempt.staging_keys[:],
+                        turn_keys=attempt.turn_keys[:],
+                    )
+                    if attempt.receipt is None
+                    else replace(
+                        attempt,
+                        staging_keys=attempt.staging_keys[:],
+                        turn_keys=attempt.turn_keys[:],
+                        receipt=copy_receipt(attempt.receipt),
+                    )
+                    for attempt in sibling.attempts
+                ],
+            )
             for sibling in record.siblings
         ],
-    )
-
-
-def _copy_attempt(attempt: RolloutAttemptRecord) -> RolloutAttemptRecord:
-    if attempt.receipt is None:
-        return msgspec.structs.replace(
-            attempt, staging_keys=list(attempt.staging_keys), turn_keys=list(attempt.turn_keys)
-        )
-    return msgspec.structs.replace(
-        attempt,
-        staging_keys=list(attempt.staging_keys),
-        turn_keys=list(attempt.turn_keys),
-        receipt=copy_receipt(attempt.receipt),
     )

@@ -123,7 +123,7 @@ def redo_interrupted(record: PromptGroupRecoveryRecord) -> None:
     group whole.
     """
     redo = [sibling for sibling in record.siblings if _redo_on_restart(sibling.attempts[-1])]
-    if not redo:
+    if not redo:  # nothing to redo (needs_redo_on_restart is False)
         return
     if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
         abandon_entire_group(record)
@@ -135,6 +135,11 @@ def redo_interrupted(record: PromptGroupRecoveryRecord) -> None:
         # The fresh attempt continues the episode at its last committed turn.
         for sibling, previous in zip(redo, interrupted, strict=True):
             inherit_prefix(previous, sibling.attempts[-1])
+
+
+def needs_redo_on_restart(record: PromptGroupRecoveryRecord) -> bool:
+    """Whether :func:`redo_interrupted` would change ``record`` (it changes nothing else)."""
+    return any(_redo_on_restart(sibling.attempts[-1]) for sibling in record.siblings)
 
 
 def _redo_on_restart(attempt: RolloutAttemptRecord) -> bool:

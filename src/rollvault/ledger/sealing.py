@@ -6,7 +6,10 @@ it is applied (``mark_group_sealed`` is atomic).
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
+
+import msgspec
 
 from rollvault.ledger.arguments import require_bool, require_finite_float
 from rollvault.ledger.errors import (
@@ -15,10 +18,14 @@ from rollvault.ledger.errors import (
     SealConflictError,
     StaleAttemptError,
 )
-from rollvault.ledger.receipts import receipt_to_dict, validate_receipt
+from rollvault.ledger.receipts import GateReceipt, validate_receipt
 from rollvault.ledger.records import PromptGroupRecoveryRecord, RolloutAttemptRecord
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.statuses import RolloutAttemptStatus
+
+_convert = msgspec.convert
+_to_builtins = msgspec.to_builtins
+_isfinite = math.isfinite
 
 
 class SealValues(NamedTuple):
@@ -94,13 +101,18 @@ def _seal_values(
     reward_checks: object,
     reward_log_context: object,
 ) -> SealValues:
-    typed = validate_receipt(receipt)
+    typed = _typed_receipt(receipt)
     if typed.gate_rollout_id != gate_rollout_id:
         raise InvalidReceiptError(
             f"receipt gate_rollout_id {typed.gate_rollout_id!r} is not the attempt's "
             f"gate rollout id {gate_rollout_id!r}"
         )
-    reward_value = require_finite_float(reward, name="reward", where="seal")
+    # Exact-type fast paths (sealing is the hot path); anything else takes the
+    # general check, which normalises or raises with the message.
+    if type(reward) is float and _isfinite(reward):
+        reward_value = reward
+    else:
+        reward_value = require_finite_float(reward, name="reward", where="seal")
     if typed.reward is not None and typed.reward != reward_value:
         raise InvalidReceiptError(
             f"receipt reward {typed.reward!r} differs from reward {reward_value!r}"
@@ -114,14 +126,45 @@ def _seal_values(
             "reward_log_context must be RewardLogContext or None, got "
             f"{type(reward_log_context).__name__}"
         )
+    mask_value = (
+        mask_sample
+        if type(mask_sample) is bool
+        else require_bool(mask_sample, name="mask_sample", where="seal")
+    )
+    # ``typed`` was built by ``convert`` (fresh lists) and the stored receipt by
+    # ``to_builtins`` (fresher still): neither aliases the caller's receipt nor
+    # each other, so the typed staging keys need no further copy.
     return SealValues(
-        receipt=receipt_to_dict(typed),
-        staging_keys=list(typed.staging_keys),
+        receipt=_to_builtins(typed),
+        staging_keys=typed.staging_keys,
         reward=reward_value,
-        mask_sample=require_bool(mask_sample, name="mask_sample", where="seal"),
+        mask_sample=mask_value,
         reward_checks=reward_checks,
         reward_log_context=reward_log_context,
     )
+
+
+def _typed_receipt(receipt: object) -> GateReceipt:
+    """``validate_receipt`` with the checks of a well-formed receipt inlined.
+
+    A receipt that fails any of them is handed to ``validate_receipt``, which
+    raises with the full message, so errors are exactly its errors.
+    """
+    if type(receipt) is not dict:
+        return validate_receipt(receipt)  # raises with the message
+    try:
+        typed = _convert(receipt, GateReceipt, strict=True)
+    except msgspec.ValidationError:
+        return validate_receipt(receipt)  # raises with the message
+    keys = typed.staging_keys
+    digests = typed.row_digests
+    if (
+        (len(keys) == 1 or len(set(keys)) == len(keys))
+        and (digests is None or len(digests) == len(keys))
+        and (typed.reward is None or _isfinite(typed.reward))
+    ):
+        return typed
+    return validate_receipt(receipt)  # raises with the message
 
 
 def check_same_seal(

@@ -21,6 +21,8 @@ from rollvault.ledger.state_checks import check_ledger_state
 from rollvault.ledger.state_schema import (
     _SIDECAR_STATE_FIELDS,
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    CheckedLedgerState,
+    LedgerState,
     RolloutRecoveryState,
     SidecarState,
     _reject_unknown_fields,
@@ -236,10 +238,10 @@ def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
     """
     current = upgrade_sidecar_state(state)
     typed = read_versioned(current, SidecarState, expected=_SIDECAR_STATE_FIELDS, what=_WHAT)
-    return _split(typed)
+    return _split(typed, from_bytes=False)
 
 
-def _split(typed: SidecarState) -> ParsedRolloutRecoveryState:
+def _split(typed: SidecarState, *, from_bytes: bool) -> ParsedRolloutRecoveryState:
     check_schema_version(typed.ledger.schema_version, context=f"{_WHAT} $.ledger")
     if typed.ledger.schema_version != typed.schema_version:
         raise LedgerStateError(
@@ -247,7 +249,13 @@ def _split(typed: SidecarState) -> ParsedRolloutRecoveryState:
             f"envelope's schema version {typed.schema_version}"
         )
     check_ledger_state(typed.ledger, path="$.ledger")
-    ledger_state: RolloutRecoveryState = msgspec.to_builtins(typed.ledger)
+    ledger_state = CheckedLedgerState(msgspec.to_builtins(typed.ledger))
+    # Decoded from bytes, the typed state shares nothing with anyone. Converted
+    # from a caller's builtins, its receipts are the caller's dicts: it is taken
+    # again from the fresh builtins instead (older versions and tests go here).
+    ledger_state.checked = (
+        typed.ledger if from_bytes else msgspec.convert(ledger_state, LedgerState)
+    )
     return ParsedRolloutRecoveryState(
         ledger_state=ledger_state,
         batch_shortfall=_validate_batch_shortfall(typed.batch_shortfall),
@@ -307,7 +315,7 @@ def decode_rollout_recovery_state(data: bytes) -> ParsedRolloutRecoveryState:
     if typed.schema_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
         return _parse_untyped(data, typed_error=None)
     try:
-        return _split(typed)
+        return _split(typed, from_bytes=True)
     except LedgerStateError as exc:
         raise type(exc)(f"{ROLLOUT_RECOVERY_STATE_FILENAME}: {exc}") from exc
 

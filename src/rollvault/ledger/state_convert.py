@@ -132,7 +132,7 @@ def _attempt_from_state(state: AttemptState, attempt_uuid: uuid.UUID) -> Rollout
         mask_sample=state.mask_sample,
         reward_checks=state.reward_checks,
         reward_log_context=state.reward_log_context,
-        staging_keys=state.staging_keys,
+        staging_keys=list(state.staging_keys),
         failure_reason=state.failure_reason,
         failure_kind=state.failure_kind,
         turn_keys=list(state.turn_keys),

@@ -37,6 +37,23 @@ def records_from_state(
     return records
 
 
+def records_from_checked_state(state: LedgerState) -> dict[str, PromptGroupRecoveryRecord]:
+    """Every group of ``state`` as a live record, for a state ``check_ledger_state`` accepted.
+
+    No check runs again (group ids and attempt ids are unique, every lineage is
+    one the state machines allow: the check said so); the attempt UUIDs of the
+    whole ledger are built in one C-level conversion.
+    """
+    hexes = [
+        attempt.attempt_uuid
+        for group in state.groups
+        for sibling in group.siblings
+        for attempt in sibling.attempts
+    ]
+    uuids = dict(zip(hexes, msgspec.convert(hexes, list[uuid.UUID]), strict=True))
+    return {group.group_id: group_from_state(group, uuids) for group in state.groups}
+
+
 def group_record_from_state(
     raw_group: Any, *, seen_attempt_uuids: set[uuid.UUID], where: str
 ) -> PromptGroupRecoveryRecord:

@@ -78,14 +78,18 @@ def live_turn_keys(record: PromptGroupRecoveryRecord) -> set[str]:
 
 
 def check_receipt_prefix(
-    attempt: RolloutAttemptRecord, staging_keys: list[str], where: str
+    record: PromptGroupRecoveryRecord,
+    generation_index: int,
+    attempt: RolloutAttemptRecord,
+    staging_keys: list[str],
 ) -> None:
     """A seal's receipt must list the attempt's committed turns first, in order."""
     committed = attempt.turn_keys
     if committed and staging_keys[: len(committed)] != committed:
         raise InvalidLedgerInputError(
-            f"{where}: the receipt's staging_keys {staging_keys!r} do not start with the "
-            f"attempt's committed turns {committed!r}"
+            f"group {record.group_id!r} sibling {generation_index} attempt "
+            f"{attempt.attempt_id}: the receipt's staging_keys {staging_keys!r} do not start "
+            f"with the attempt's committed turns {committed!r}"
         )
 
 

@@ -40,6 +40,7 @@ from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import AttemptLogRecord, RestoreLogRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.crash_evidence import crash_evidence
+from rollvault.controller.snapshots.gc_pause import gc_paused_async
 from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
@@ -148,8 +149,9 @@ class RolloutRestorer:
         self.segment_seed: SegmentSeed | None = None
         """The restored rows' segments, for the checkpointer's first snapshot to reference."""
         self._records: list[PromptGroupRecoveryRecord] = []
-        """Copies of the restored ledger's groups, taken once (copies are not cheap)."""
+        """The restored ledger's groups (``shared_groups``: read-only, they never change)."""
 
+    @gc_paused_async  # a restore builds its state, see gc_pause
     async def restore(self) -> bool:
         """Restore the parts listed in the module docstring.
 
@@ -257,7 +259,7 @@ class RolloutRestorer:
     ) -> None:
         """Unfinished groups, with interrupted attempts turned into fresh ones."""
         parts = self._parts
-        parts.ledger.load_state_dict(parts.cut, snapshot.recovery.ledger_state)
+        parts.ledger.load_parsed_state(parts.cut, snapshot.recovery)
         before = parts.ledger.capture()  # copy-on-write: the state before the restart
         if self._resume.mode is RestoreMode.LATEST:
             controller = snapshot.controller
@@ -266,7 +268,7 @@ class RolloutRestorer:
             )
         parts.ledger.prepare_for_restart(parts.cut)
         self._restore_episodes(snapshot)
-        self._records = parts.ledger.groups()
+        self._records = parts.ledger.shared_groups()
         self._log_discarded_seals(before)
         await self._resolve_finalization_unknown()
         _LOG.debug(
@@ -286,7 +288,7 @@ class RolloutRestorer:
         """
         parts = self._parts
         parts.episodes.load(snapshot.env_rollouts.episodes)
-        for record in parts.ledger.groups():
+        for record in parts.ledger.shared_groups():
             for sibling in record.siblings:
                 attempt = sibling.current_attempt
                 if attempt.status is not RolloutAttemptStatus.RESERVED or not attempt.turn_keys:
@@ -325,7 +327,7 @@ class RolloutRestorer:
             f"interrupted: in flight when the process died (found by start "
             f"{parts.logs.incarnation})"
         )
-        evidence = crash_evidence(parts.ledger.groups(), tail, reason=reason)
+        evidence = crash_evidence(parts.ledger.shared_groups(), tail, reason=reason)
         for group_id, interrupted in evidence.in_ledger.items():
             for attempt in interrupted:
                 parts.ledger.mark_attempt_interrupted(parts.cut, group_id, attempt)

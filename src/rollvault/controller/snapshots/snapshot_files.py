@@ -385,6 +385,17 @@ def checked_bytes(path: Path, digest: SidecarDigest) -> bytes:
     return data
 
 
+_LAST_DECODED: dict[tuple[str, int, int], ParsedRolloutRecoveryState] = {}
+"""The last ledger sidecar this process decoded, by SHA-256 and advertised schema and count.
+
+A restore reads the sidecar that verification decoded moments before (to
+refuse a file changed since, it reads and hashes the bytes again). The same
+bytes decode to the same state, and decoding and checking 16k attempts is
+most of a restore's CPU time, so the second decode is taken from here. One
+entry, dropped when it is used: nothing stays alive for the rest of the run.
+"""
+
+
 def read_recovery_sidecar_file(
     path: Path, digests: Mapping[str, SidecarDigest]
 ) -> ParsedRolloutRecoveryState:
@@ -399,7 +410,13 @@ def read_recovery_sidecar_file(
     digest = digests.get(path.name)
     if digest is None:
         raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
-    parsed = decode_recovery_sidecar(path, checked_bytes(path, digest), digest)
+    data = checked_bytes(path, digest)
+    key = (digest.sha256, digest.schema_version, digest.group_count)
+    parsed = _LAST_DECODED.pop(key, None)
+    if parsed is None:
+        parsed = decode_recovery_sidecar(path, data, digest)
+        _LAST_DECODED.clear()
+        _LAST_DECODED[key] = parsed
     groups = len(parsed.ledger_state["groups"])
     if groups != digest.group_count:
         raise SnapshotCorruptError(

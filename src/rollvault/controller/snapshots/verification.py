@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from rollvault.controller.snapshots.gc_pause import cyclic_gc_paused
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     DATA_PLANE_DIRNAME,
@@ -195,7 +196,8 @@ def verify_snapshot(
         problems += _anchor_problems(manifest_path, manifest, expected_step, expected_fingerprint)
         problems += _sidecar_checksum_problems(path)
     try:
-        snapshot = read_snapshot_files(path, manifest)
+        with cyclic_gc_paused():  # it builds every record and row of the snapshot
+            snapshot = read_snapshot_files(path, manifest)
     except (SnapshotError, OSError) as exc:
         problem = problem_from_error(exc, path)
         if problem not in problems:
