@@ -33,6 +33,7 @@ from rollvault.controller.loop.run_logs import (
     TrainLogRecord,
     TurnLogRecord,
 )
+from rollvault.controller.loop.seal_journal import SealJournal
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.interface import DataPlane
 from rollvault.ledger.ledger import RolloutRecoveryLedger
@@ -210,6 +211,8 @@ class RolloutParts:
     """Interrupted attempts of groups a restore lost, until their prompts are reserved again."""
     episodes: EpisodeTable = field(default_factory=EpisodeTable)
     """In-flight episodes' environment state at their last committed turn."""
+    seal_journal: SealJournal | None = None
+    """The seal journal (None: off, or rollout checkpointing is off)."""
 
     async def notify(self) -> None:
         """Wake every task waiting on ``changed``."""

@@ -329,7 +329,24 @@ class RolloutPump:
             if off_version is not None:
                 return await self._refuse_off_version(request, outcome, off_version)
             self._seal(request, outcome)
+        await self._journal_seal(request, outcome)
         return None
+
+    async def _journal_seal(self, request: AttemptRequest, outcome: AttemptOutcome) -> None:
+        """Hand the applied seal to the seal journal: after the cut, the fsync is the writer's."""
+        parts = self._parts
+        if parts.seal_journal is None:
+            return
+        origin = parts.group(request.group_id).origin
+        await parts.seal_journal.seal(
+            parts.ledger.get_group(request.group_id),
+            request.generation_index,
+            parts.data_plane,
+            epoch=origin.epoch,
+            dataset_idx=origin.dataset_idx,
+            num_tokens=outcome.num_tokens,
+            checks=outcome.checks,
+        )
 
     async def _refuse_off_version(
         self, request: AttemptRequest, outcome: AttemptOutcome, reason: str

@@ -40,6 +40,10 @@ from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import AttemptLogRecord, RestoreLogRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.crash_evidence import crash_evidence
+from rollvault.controller.snapshots.journal_replay import (
+    JournalReplayCounts,
+    replay_seal_journal,
+)
 from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
@@ -84,6 +88,8 @@ class RestoreCounts:
     episodes_resumed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     episodes_restarted: list[str] = dataclasses.field(default_factory=list)
     """``logical id: why`` of each episode restarted from its first turn."""
+    journal: JournalReplayCounts = dataclasses.field(default_factory=JournalReplayCounts)
+    """What replaying the seal journal kept."""
 
 
 async def read_recovery_sidecar(
@@ -249,6 +255,11 @@ class RolloutRestorer:
         """Unfinished groups, with interrupted attempts turned into fresh ones."""
         parts = self._parts
         parts.ledger.load_state_dict(parts.cut, snapshot.recovery.ledger_state)
+        if self._resume.mode is RestoreMode.LATEST and parts.seal_journal is not None:
+            # Before crash evidence and prepare_for_restart: a replayed attempt is sealed.
+            self.counts.journal = await replay_seal_journal(
+                parts, parts.seal_journal, from_seq=snapshot.controller.seal_journal_seq
+            )
         before = parts.ledger.capture()  # copy-on-write: the state before the restart
         if self._resume.mode is RestoreMode.LATEST:
             controller = snapshot.controller
@@ -556,6 +567,10 @@ class RolloutRestorer:
                 turns_resumed=counts.turns_resumed,
                 episodes_resumed=dict(counts.episodes_resumed),
                 episodes_restarted=list(counts.episodes_restarted),
+                journal_records=counts.journal.records,
+                journal_seals_replayed=counts.journal.seals_replayed,
+                journal_seals_unmatched=counts.journal.seals_unmatched,
+                journal_damage=counts.journal.damage,
                 skipped=[f"{path}: {reason}" for path, reason in self._resume.skipped],
             )
         )

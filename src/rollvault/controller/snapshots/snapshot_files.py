@@ -61,12 +61,13 @@ from rollvault.ledger.state_schema import (
 )
 
 SNAPSHOT_FILES_SCHEMA_VERSION: Final = 1
-CONTROLLER_STATE_SCHEMA_VERSION: Final = 2
+CONTROLLER_STATE_SCHEMA_VERSION: Final = 3
 """Version 2 of ``controller_state.json`` adds ``dispatch_journal_seq`` and
-``lost_interruptions``. Version 1 (every other file's version) is still read:
-it was written before the dispatch journal, so it reflects none of it and no
-interruption is pending."""
-SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2})
+``lost_interruptions``, version 3 ``seal_journal_seq``. Version 1 (every
+other file's version) is still read: it was written before the dispatch
+journal, so it reflects none of it and no interruption is pending; version 2
+was written before the seal journal (it reflects none of it, seq 0)."""
+SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -109,6 +110,9 @@ class ControllerStateFile(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     """The dispatch journal's position this snapshot reflects (version 2)."""
     lost_interruptions: list[LostGroupInterruption]
     """Interrupted attempts of lost groups, for their prompts' next groups (version 2)."""
+    seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """The seal journal's next seq when the snapshot was cut: it reflects every
+    record below it, and a restore replays the records from it on (version 3)."""
 
 
 class EnvRolloutsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -404,7 +408,7 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
                 path / CONTROLLER_STATE_FILENAME,
                 f"unsupported schema_version {version} (supported: {supported})",
             )
-        if version == CONTROLLER_STATE_SCHEMA_VERSION:
+        if version >= 2:  # version 3 only adds seal_journal_seq, with a default
             return msgspec.json.decode(data, type=ControllerStateFile, strict=True)
         old = msgspec.json.decode(data, type=_ControllerStateFileV1, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
