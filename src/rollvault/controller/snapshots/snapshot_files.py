@@ -110,7 +110,7 @@ class ControllerStateFile(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     """The dispatch journal's position this snapshot reflects (version 2)."""
     lost_interruptions: list[LostGroupInterruption]
     """Interrupted attempts of lost groups, for their prompts' next groups (version 2)."""
-    seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+    seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
     """The seal journal's next seq when the snapshot was cut: it reflects every
     record below it, and a restore replays the records from it on (version 3)."""
 
@@ -139,6 +139,17 @@ class _ControllerStateFileV1(msgspec.Struct, forbid_unknown_fields=True, frozen=
     origins: dict[str, GroupOrigin]
     prompt_identities: dict[str, str]
     log_sequence: int
+
+
+class _ControllerStateFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    schema_version: int
+    sampler: SamplerState
+    dataloader: DataLoaderState
+    origins: dict[str, GroupOrigin]
+    prompt_identities: dict[str, str]
+    log_sequence: int
+    dispatch_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
+    lost_interruptions: list[LostGroupInterruption]
 
 
 class _Versioned(msgspec.Struct):
@@ -408,8 +419,11 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
                 path / CONTROLLER_STATE_FILENAME,
                 f"unsupported schema_version {version} (supported: {supported})",
             )
-        if version >= 2:  # version 3 only adds seal_journal_seq, with a default
+        if version == CONTROLLER_STATE_SCHEMA_VERSION:
             return msgspec.json.decode(data, type=ControllerStateFile, strict=True)
+        if version == 2:
+            v2 = msgspec.json.decode(data, type=_ControllerStateFileV2, strict=True)
+            return ControllerStateFile(**msgspec.structs.asdict(v2), seal_journal_seq=0)
         old = msgspec.json.decode(data, type=_ControllerStateFileV1, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SnapshotCorruptError(path / CONTROLLER_STATE_FILENAME, str(exc)) from exc
@@ -417,6 +431,7 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
         **msgspec.structs.asdict(old),
         dispatch_journal_seq=0,
         lost_interruptions=[],
+        seal_journal_seq=0,
     )
 
 
