@@ -75,7 +75,7 @@ def test_row_arrays_round_trip_with_dtype_and_values() -> None:
     assert decoded["input_ids"].dtype == np.int64  # type: ignore[union-attr]
     assert decoded["input_ids"].tolist() == list(range(7))  # type: ignore[union-attr]
     assert decoded["logprobs"].dtype == np.float32  # type: ignore[union-attr]
-    assert np.array_equal(decoded["token_mask"], [0, 0, 1, 1, 1, 1, 1])  # type: ignore[arg-type]
+    assert np.array_equal(decoded["token_mask"], [0, 0, 1, 1, 1, 1, 1])
     assert decoded["reward"] == 0.5 and decoded["turn"] == 0 and decoded["done"] is True
 
 

@@ -339,6 +339,10 @@ class JournalWriter:
     def _rotate_segment(self) -> None:
         with self._cond:
             first_seq = self._durable_seq + 1
+            if self._segments and self._segments[-1][0] == first_seq:
+                # Nothing was written since the segment opened (two snapshots
+                # with no record between them): it already starts here.
+                return
         os.close(self._require_fd())
         self._fd = None
         self._fd = self._new_segment(first_seq)

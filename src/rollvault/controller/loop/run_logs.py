@@ -79,6 +79,9 @@ class AttemptLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     staging_keys: list[str] | None = None
     """A sealed attempt's turns in order (its receipt's keys; each names the attempt
     that generated it, an earlier one for a continued episode); None as for ``reward``."""
+    adopted_from: str | None = None
+    """A sealed attempt whose tokens a restore took from the seal journal: the gate
+    rollout id of the attempt (of a group the restore lost) that generated them."""
     seq: int = 0
 
 

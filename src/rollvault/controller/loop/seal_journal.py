@@ -88,6 +88,8 @@ class SealRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     num_tokens: _NonNegativeInt
     """The gate's token count of the attempt (for the attempt log a replay writes)."""
     checks: dict[str, bool | float] | None
+    adopted_from: str | None = None
+    """A seal a restore adopted: the attempt that generated the tokens (for the log)."""
 
     @property
     def attempt_hex(self) -> str:
@@ -255,6 +257,7 @@ class SealJournal:
         dataset_idx: int,
         num_tokens: int,
         checks: dict[str, bool | float] | None,
+        adopted_from: str | None = None,
     ) -> int | None:
         """Journal the sealed sibling ``generation_index`` of ``record`` (read after the seal)."""
         attempt = record.siblings[generation_index].current_attempt
@@ -279,6 +282,7 @@ class SealJournal:
             rows={key: encode_row(rows[key]) for key in attempt.staging_keys},
             num_tokens=num_tokens,
             checks=checks,
+            adopted_from=adopted_from,
         )
         seq = self._append(entry)
         if seq is not None:

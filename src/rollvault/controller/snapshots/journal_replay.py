@@ -15,10 +15,22 @@ What is replayed, and why it keeps DESIGN's invariants:
   any other attempt is not applied. Its staged rows go back into the data
   plane first. A seal the snapshot already holds is a no-op (both the ledger
   and the data plane accept an identical repeat), so replay is idempotent.
-* **Groups reserved after the snapshot** are not in its ledger, and their
-  attempts' ids were random: their seals cannot be matched and are
-  generated again (counted as ``seals_unmatched``). The restored dataloader
-  reserves the same prompts again, so every prompt still trains once.
+* **Groups reserved after the snapshot** are not in its ledger (their ids
+  and their attempts' ids were random), but the restored dataloader reserves
+  the same prompts again, in the same order. Their seals are pooled by
+  prompt (epoch, dataset index) and sibling in
+  :attr:`~rollvault.controller.loop.parts.RolloutParts.journaled_seals`;
+  when the rollout pump reserves the prompt again, :func:`adopt_journaled_seals`
+  seals the new group's fresh attempts with them, inside the same mutation
+  section as the reservation and before any of them is dispatched: the
+  journaled tokens are staged under the new attempt's keys, and its receipt
+  names the new attempt, so fencing holds for the new attempt as for any
+  other (the old one is dead with its process). Only a seal stamped for the
+  same target step is adopted (the staleness the sampler allowed then holds
+  now), and under ``prompt_group`` only a complete group of one old group
+  (siblings must share one weight version). The attempt log names the old
+  attempt (``adopted_from``). The pool lives in memory: a prompt this start
+  does not reserve again before it dies is generated again by the next.
 * **Finalizations and step boundaries** need no re-application: a restore
   rolls the trainer back to the snapshot's trainer checkpoint anyway, and a
   group whose every sibling is sealed again is finalized again by the rollout
@@ -49,8 +61,13 @@ from rollvault.controller.loop.seal_journal import (
     decode_replay,
     decode_row,
 )
-from rollvault.dataplane.interface import STAGING_PARTITION
-from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
+from rollvault.dataplane.interface import STAGING_PARTITION, staging_key
+from rollvault.ledger.receipts import validate_receipt
+from rollvault.ledger.statuses import (
+    PromptGroupStatus,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
 
 _LOG = logging.getLogger("rollvault.restore")
 
@@ -64,7 +81,9 @@ class JournalReplayCounts:
     seals_replayed: int = 0
     seals_already_in_snapshot: int = 0
     seals_unmatched: int = 0
-    """Seals of groups or attempts the restored ledger does not hold: generated again."""
+    """Seals of attempts the restored ledger holds no longer (fenced): generated again."""
+    seals_pooled: int = 0
+    """Seals of groups reserved after the snapshot, kept for their prompts' next groups."""
     finalizations: int = 0
     steps: int = 0
     damage: str | None = None
@@ -93,10 +112,12 @@ async def replay_seal_journal(
             counts.steps += 1
     _LOG.info(
         "seal journal: %d records after the snapshot, %d seals replayed, %d already in it, "
+        "%d of groups reserved after it (adopted when their prompts are reserved again), "
         "%d unmatched (generated again)%s",
         counts.records,
         counts.seals_replayed,
         counts.seals_already_in_snapshot,
+        counts.seals_pooled,
         counts.seals_unmatched,
         f"; cut off {counts.damage}" if counts.damage else "",
     )
@@ -107,10 +128,12 @@ async def _replay_seal(
     parts: RolloutParts, record: DecodedRecord, seal: SealRecord, counts: JournalReplayCounts
 ) -> None:
     if seal.group_id not in parts.ledger:
-        if seal.group_id in parts.replay:
-            counts.seals_already_in_snapshot += 1
+        if seal.group_id in parts.groups:
+            counts.seals_already_in_snapshot += 1  # canonical (or trained) in the snapshot
         else:
-            counts.seals_unmatched += 1
+            pool = parts.journaled_seals.setdefault((seal.epoch, seal.dataset_idx), {})
+            pool[seal.generation_index] = seal  # a later seal of the sibling replaces it
+            counts.seals_pooled += 1
         return
     group = parts.ledger.get_group(seal.group_id)
     if seal.generation_index >= len(group.siblings):
@@ -162,5 +185,79 @@ async def _replay_seal(
             reward=seal.reward,
             checks=seal.checks,
             staging_keys=list(seal.rows),
+            adopted_from=seal.adopted_from,
         )
     )
+
+
+async def adopt_journaled_seals(parts: RolloutParts, group_id: str) -> dict[int, SealRecord]:
+    """Seal a just-reserved group's siblings with the journaled seals of its prompt.
+
+    Call inside the reservation's mutation section, before the group is
+    dispatched. Returns the seals adopted by generation index (see the module docstring).
+    """
+    origin = parts.group(group_id).origin
+    pool = parts.journaled_seals.pop((origin.epoch, origin.dataset_idx), None)
+    if not pool:
+        return {}
+    record = parts.ledger.get_group(group_id)
+    seals = {
+        index: seal
+        for index, seal in pool.items()
+        if seal.target_step == record.target_step and index < len(record.siblings)
+    }
+    if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP and (
+        len(seals) != len(record.siblings) or len({s.group_id for s in seals.values()}) != 1
+    ):
+        return {}
+    if not seals:
+        return {}
+    adopted = sorted(seals)
+    parts.ledger.mark_group_dispatched(parts.cut, group_id, generation_indices=adopted)
+    for index in adopted:
+        await _adopt_one(parts, record.gate_rollout_id(index), group_id, index, seals[index])
+    return {index: seals[index] for index in adopted}
+
+
+async def _adopt_one(
+    parts: RolloutParts, gate_rollout_id: str, group_id: str, index: int, seal: SealRecord
+) -> None:
+    old_keys = validate_receipt(seal.receipt, where=seal.gate_rollout_id).staging_keys
+    new_keys = [staging_key(gate_rollout_id, call) for call in range(len(old_keys))]
+    where = f"journaled seal of {seal.gate_rollout_id}"
+    rows = {
+        new: decode_row(seal.rows[old], where=f"{where}, row {old!r}")
+        for old, new in zip(old_keys, new_keys, strict=True)
+    }
+    await parts.data_plane.put(STAGING_PARTITION, rows)
+    parts.ledger.mark_sibling_sealed(
+        parts.cut,
+        group_id,
+        generation_index=index,
+        gate_rollout_id=gate_rollout_id,
+        receipt={**seal.receipt, "gate_rollout_id": gate_rollout_id, "staging_keys": new_keys},
+        reward=seal.reward,
+        mask_sample=seal.mask_sample,
+        reward_checks=seal.reward_checks,
+        reward_log_context=seal.reward_log_context,
+    )
+    parts.logs.attempts.write(
+        AttemptLogRecord(
+            gate_rollout_id=gate_rollout_id,
+            group_id=group_id,
+            generation_index=index,
+            status=RolloutAttemptStatus.SEALED,
+            num_tokens=seal.num_tokens,
+            incarnation=parts.logs.incarnation,
+            reason=f"adopted from the seal journal: the tokens of {_generated_by(seal)}",
+            reward=seal.reward,
+            checks=seal.checks,
+            staging_keys=new_keys,
+            adopted_from=_generated_by(seal),
+        )
+    )
+
+
+def _generated_by(seal: SealRecord) -> str:
+    """The attempt that generated a seal's tokens (an adopted seal names its origin)."""
+    return seal.adopted_from if seal.adopted_from is not None else seal.gate_rollout_id
