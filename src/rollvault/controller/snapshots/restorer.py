@@ -186,6 +186,11 @@ class RolloutRestorer:
                 await self._drop_orphan_rows()
                 await self._rehydrate_prompts(snapshot)
             elif resume.mode is RestoreMode.LATEST:
+                if parts.seal_journal is not None:
+                    # No snapshot yet: every journaled seal awaits its prompt's new group.
+                    self.counts.journal = await replay_seal_journal(
+                        parts, parts.seal_journal, from_seq=0
+                    )
                 self._record_interruptions(journal_seq=0, carried=[])
         self.restored_group_ids = [record.group_id for record in self._records]
         self._count_work()
