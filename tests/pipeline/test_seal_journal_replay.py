@@ -68,6 +68,19 @@ def test_seals_after_the_snapshot_are_kept_not_generated_again(tmp_path: Path) -
     assert regenerated == []
 
 
+def test_prompt_group_granularity_replays_and_trains_every_prompt_once(tmp_path: Path) -> None:
+    # An incomplete prompt_group group is redone whole after the replay (by design);
+    # a complete one, replayed or adopted, trains as it was sealed.
+    config = _config(tmp_path, "rollout.recovery_granularity=prompt_group")
+    run_until_crash(config, 6)
+    run_simulated(config)
+    history = read_run_history(Path(config.logging.log_dir))
+    (restore,) = history.restores
+    assert restore.journal_records > 0
+    assert check_sibling_reuse(history) == []
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []
+
+
 def test_without_the_journal_seals_after_the_snapshot_are_lost(tmp_path: Path) -> None:
     # The same crash with the journal off: the loss the journal removes is real.
     config = _config(tmp_path, "rollout_checkpointing.journal.enabled=false")
