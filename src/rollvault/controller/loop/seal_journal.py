@@ -179,9 +179,9 @@ def encode_row(row: RowView) -> JournalRow:
     out: JournalRow = {}
     for name, value in row.items():
         if isinstance(value, np.ndarray):
-            out[name] = JournalArray(
-                dtype=row_dtype(value), data=value.astype(value.dtype.newbyteorder("<")).tobytes()
-            )
+            # Little-endian on disk; on a little-endian host no conversion copy.
+            little = value.astype(value.dtype.newbyteorder("<"), copy=False)
+            out[name] = JournalArray(dtype=row_dtype(value), data=little.tobytes())
         else:
             out[name] = value
     return out
@@ -198,7 +198,9 @@ def decode_row(row: Mapping[str, JournalValue], *, where: str) -> Row:
                     f"{where}: field {name!r}: {len(value.data)} bytes are not a whole number "
                     f"of {value.dtype.value} values"
                 )
-            out[name] = np.frombuffer(value.data, dtype=dtype).astype(dtype.newbyteorder("="))
+            # The data plane copies what it stores, so a read-only view suffices here.
+            array = np.frombuffer(value.data, dtype=dtype)
+            out[name] = array.astype(dtype.newbyteorder("="), copy=False)
         else:
             out[name] = value
     return out
