@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import msgspec
@@ -27,7 +28,7 @@ from rollvault.controller.loop.seal_journal import (
 )
 from rollvault.dataplane.rows import RowDtype
 from rollvault.durable.journal_format import read_journal
-from rollvault.durable.journal_writer import JournalWriter
+from rollvault.durable.journal_writer import JournalWriteError, JournalWriter
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 
 
@@ -163,3 +164,22 @@ def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(tmp_path: P
     finally:
         journal.close()
     assert [r.seq for r in decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))] == [4]
+
+
+def test_a_journal_that_cannot_write_stops_without_stopping_the_run(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    writer = journal._writer
+    seq = journal.step(1, [])
+    assert seq is not None and writer.wait_durable(seq, timeout=30)
+    assert writer._fd is not None
+    os.close(writer._fd)  # the next write fails, as a full or lost disk would make it
+    lost = journal.step(2, [])
+    assert lost is not None
+    with pytest.raises(JournalWriteError):
+        writer.wait_durable(lost, timeout=30)
+    assert journal.step(3, []) is None  # refused from now on, without raising
+    assert journal.failure is not None
+    assert journal.metrics()["journal/failed"] == 1.0
+    writer._fd = None
+    with pytest.raises(JournalWriteError):
+        journal.close()
