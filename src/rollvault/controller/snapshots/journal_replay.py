@@ -29,8 +29,15 @@ What is replayed, and why it keeps DESIGN's invariants:
   same target step is adopted (the staleness the sampler allowed then holds
   now), and under ``prompt_group`` only a complete group of one old group
   (siblings must share one weight version). The attempt log names the old
-  attempt (``adopted_from``). The pool lives in memory: a prompt this start
-  does not reserve again before it dies is generated again by the next.
+  attempt (``adopted_from``). The pool lives in memory: a start that dies
+  before its first snapshot leaves the journal as it was, and the next start
+  pools the same seals again; but a start that commits a snapshot (which
+  drops the segments it covers) before it reserves a pooled prompt again, and
+  then dies, loses that prompt's pooled seals. The restored dataloader
+  reserves the pooled prompts first, so this needs a snapshot within the
+  first groups of a start. (Not done: record the oldest pooled seq as the
+  snapshot's ``seal_journal_seq`` and drop pooled seals whose prompt the
+  restored dataloader has drawn, so the segments stay until adopted.)
 * **Finalizations and step boundaries** need no re-application: a restore
   rolls the trainer back to the snapshot's trainer checkpoint anyway, and a
   group whose every sibling is sealed again is finalized again by the rollout
