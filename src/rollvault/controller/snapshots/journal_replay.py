@@ -55,10 +55,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from rollvault.controller.loop.parts import RolloutParts
-from rollvault.controller.loop.run_logs import AttemptLogRecord
+from rollvault.controller.loop.run_logs import AttemptLogRecord, TurnLogRecord
 from rollvault.controller.loop.seal_journal import (
     DecodedRecord,
     FinalizeRecord,
@@ -69,6 +72,7 @@ from rollvault.controller.loop.seal_journal import (
     decode_row,
 )
 from rollvault.dataplane.interface import STAGING_PARTITION, staging_key
+from rollvault.dataplane.rows import Row
 from rollvault.ledger.receipts import validate_receipt
 from rollvault.ledger.statuses import (
     PromptGroupStatus,
@@ -178,6 +182,7 @@ async def _replay_seal(
         reward_log_context=seal.reward_log_context,
     )
     counts.seals_replayed += 1
+    _relog_turns(parts, seal, rows, committed=len(attempt.turn_keys))
     # The first start's line of this seal comes after the snapshot, so the
     # restore rolls it back; the seal stands again, and so must its line.
     parts.logs.attempts.write(
@@ -195,6 +200,32 @@ async def _replay_seal(
             adopted_from=seal.adopted_from,
         )
     )
+
+
+def _relog_turns(
+    parts: RolloutParts, seal: SealRecord, rows: Mapping[str, Row], *, committed: int
+) -> None:
+    """Log again the turns the seal holds beyond the ones the snapshot has committed.
+
+    Their ``turns.jsonl`` lines came after the snapshot and are rolled back
+    with it; the turns stand again (in the replayed seal), so must their lines.
+    """
+    keys = validate_receipt(seal.receipt, where=seal.gate_rollout_id).staging_keys
+    for turn_index, key in enumerate(keys):
+        if turn_index < committed:
+            continue
+        mask = rows[key].get("token_mask")
+        parts.logs.turns.write(
+            TurnLogRecord(
+                gate_rollout_id=seal.gate_rollout_id,
+                group_id=seal.group_id,
+                generation_index=seal.generation_index,
+                turn_index=turn_index,
+                staging_key=key,
+                num_tokens=int(np.asarray(mask).sum()) if mask is not None else 0,
+                incarnation=parts.logs.incarnation,
+            )
+        )
 
 
 async def adopt_journaled_seals(parts: RolloutParts, group_id: str) -> dict[int, SealRecord]:
