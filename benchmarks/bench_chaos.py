@@ -19,6 +19,8 @@ Scenarios:
   0.2 s, a trainer checkpoint every 4 steps, kills up to 1 s after a start).
   Snapshots are about as far apart as steps, and kills come before most
   trainer checkpoints, so the baseline has little to lose.
+- ``p20s2``: ``p20`` with snapshots 2 s apart instead of back to back, the
+  cadence the seal journal is for (issue 16).
 - ``p20`` and ``p50``: closer to a production cadence, where trainer
   checkpoints are many steps apart: shorter attempts (a step ~0.15 s),
   snapshots every 0.05 s (in practice back to back, ~0.1-0.2 s each here,
@@ -32,8 +34,12 @@ The regenerated-work ratio is roughly (time since the last trainer checkpoint
 in-flight) at a kill, so it grows with ``save_period`` and with the time
 between kills.
 
+Since issue 16 each scenario also runs ``latest`` without the seal journal
+(``latest_no_journal``, the behaviour before it); the baseline runs without
+the journal too (it never replays one).
+
 Usage: python benchmarks/bench_chaos.py [--scenarios ci,p20,p50] [--seeds 0] [--kills 10]
-       [--workdir DIR] [--keep] [--json]
+       [--variants latest,latest_no_journal,trainer_checkpoint] [--workdir DIR] [--keep] [--json]
 The runs go to .bench_tmp/chaos/ in the checkout and are removed at the end
 unless ``--keep``.
 """
@@ -61,12 +67,14 @@ class Scenario:
     kill_window_s: float
 
 
-def _long(save_period: int, num_prompts: int, kill_window_s: float) -> Scenario:
+def _long(
+    save_period: int, num_prompts: int, kill_window_s: float, interval_s: float = 0.05
+) -> Scenario:
     return Scenario(
         overrides=(
             f"dataset.num_prompts={num_prompts}",
             "gate.simulated.latency_per_token_s=0.005",
-            "rollout_checkpointing.interval_s=0.05",
+            f"rollout_checkpointing.interval_s={interval_s:g}",
             f"checkpointing.save_period={save_period}",
         ),
         kill_window_s=kill_window_s,
@@ -77,8 +85,28 @@ SCENARIOS = {
     "ci": Scenario(overrides=(), kill_window_s=1.0),
     "p20": _long(save_period=20, num_prompts=640, kill_window_s=8.0),
     "p50": _long(save_period=50, num_prompts=1200, kill_window_s=12.0),
+    # Snapshots 2 s apart (the seal journal's case: snapshots need not be back to back).
+    "p20s2": _long(save_period=20, num_prompts=640, kill_window_s=8.0, interval_s=2.0),
 }
-MODES = (RestoreMode.LATEST, RestoreMode.TRAINER_CHECKPOINT)
+JOURNAL_OFF = ("rollout_checkpointing.journal.enabled=false",)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One arm of a scenario: a restore mode, with or without the seal journal."""
+
+    label: str
+    mode: RestoreMode
+    overrides: tuple[str, ...] = ()
+
+
+VARIANTS = (
+    Variant("latest", RestoreMode.LATEST),
+    Variant("latest_no_journal", RestoreMode.LATEST, JOURNAL_OFF),
+    Variant("trainer_checkpoint", RestoreMode.TRAINER_CHECKPOINT, JOURNAL_OFF),
+)
+"""``latest`` with the seal journal (the default since issue 16), without it (as
+before issue 16), and the baseline (which never replays a journal)."""
 
 
 def figures(report: ChaosReport) -> dict[str, Any]:
@@ -101,62 +129,82 @@ def figures(report: ChaosReport) -> dict[str, Any]:
 def run_seed(root: Path, name: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     scenario = SCENARIOS[name]
     result: dict[str, Any] = {"seed": seed}
-    for mode in MODES:
+    for variant in _variants(args):
         plan = ChaosPlan(
-            run_dir=root / name / f"seed_{seed}" / mode.value,
+            run_dir=root / name / f"seed_{seed}" / variant.label,
             kills=args.kills,
             seed=seed,
-            restore_mode=mode,
-            overrides=scenario.overrides,
+            restore_mode=variant.mode,
+            overrides=(*scenario.overrides, *variant.overrides),
             kill_window_s=scenario.kill_window_s,
         )
-        result[mode.value] = figures(run_chaos(plan))
+        result[variant.label] = figures(run_chaos(plan))
     return result
 
 
-def totals(rows: list[dict[str, Any]]) -> dict[str, float]:
-    def total(mode: RestoreMode, key: str) -> int:
-        return sum(int(row[mode.value].get(key, 0)) for row in rows)
+def _variants(args: argparse.Namespace) -> list[Variant]:
+    wanted = args.variants.split(",")
+    unknown = sorted(set(wanted) - {v.label for v in VARIANTS})
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; known: {[v.label for v in VARIANTS]}")
+    return [v for v in VARIANTS if v.label in wanted]
 
-    logged = [total(mode, "lost_tokens") for mode in MODES]
-    inflight = [total(mode, "inflight_estimate_tokens") for mode in MODES]
-    with_inflight = [logged[i] + inflight[i] for i in range(len(MODES))]
-    return {
-        "latest_lost": logged[0],
-        "baseline_lost": logged[1],
-        "ratio_logged": lost_work_ratio(logged[0], logged[1]),
-        "latest_lost_with_inflight": with_inflight[0],
-        "baseline_lost_with_inflight": with_inflight[1],
-        "ratio_with_inflight": lost_work_ratio(with_inflight[0], with_inflight[1]),
-    }
+
+def totals(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Lost tokens per variant over all seeds, and each variant's ratio to the baseline."""
+    labels = [label for label in rows[0] if label != "seed"]
+    out: dict[str, float] = {}
+    for label in labels:
+        logged = sum(int(row[label].get("lost_tokens", 0)) for row in rows)
+        inflight = sum(int(row[label].get("inflight_estimate_tokens", 0)) for row in rows)
+        out[f"{label}_lost"] = logged
+        out[f"{label}_lost_with_inflight"] = logged + inflight
+    baseline = "trainer_checkpoint"
+    if f"{baseline}_lost" in out:
+        for label in labels:
+            if label != baseline:
+                out[f"{label}_ratio_logged"] = lost_work_ratio(
+                    int(out[f"{label}_lost"]), int(out[f"{baseline}_lost"])
+                )
+                out[f"{label}_ratio_with_inflight"] = lost_work_ratio(
+                    int(out[f"{label}_lost_with_inflight"]),
+                    int(out[f"{baseline}_lost_with_inflight"]),
+                )
+    return out
 
 
 def table(name: str, rows: list[dict[str, Any]], summary: dict[str, float]) -> str:
     scenario = SCENARIOS[name]
+    labels = [label for label in rows[0] if label != "seed"]
     lines = [
         f"scenario {name} (overrides: {' '.join(scenario.overrides) or 'harness defaults'}; "
         f"kills up to {scenario.kill_window_s:g}s after each start)",
-        "  seed mode                kills  generated  trained   lost  +in-flight  "
+        "  seed variant             kills  generated  trained   lost  +in-flight  "
         "restores@ckpt  seconds  problems",
     ]
     for row in rows:
-        for mode in MODES:
-            f = row[mode.value]
+        for label in labels:
+            f = row[label]
             if "kills" not in f:
-                lines.append(f"  {row['seed']:4d} {mode.value:19s} did not finish: {f['problems']}")
+                lines.append(f"  {row['seed']:4d} {label:19s} did not finish: {f['problems']}")
                 continue
             lines.append(
-                f"  {row['seed']:4d} {mode.value:19s} {f['kills']:5d} {f['generated_tokens']:10d} "
+                f"  {row['seed']:4d} {label:19s} {f['kills']:5d} {f['generated_tokens']:10d} "
                 f"{f['trained_tokens']:8d} {f['lost_tokens']:6d} {f['inflight_estimate_tokens']:11d} "
                 f"{f['restores_from_trainer_checkpoint']:14d} {f['seconds']:8.1f}  "
                 f"{len(f['problems'])}"
             )
-    lines.append(
-        f"  tokens regenerated, all seeds: latest {summary['latest_lost']:.0f}, trainer_checkpoint "
-        f"{summary['baseline_lost']:.0f}: ratio {summary['ratio_logged']:.1f}x logged; with the "
-        f"in-flight estimate {summary['latest_lost_with_inflight']:.0f} vs "
-        f"{summary['baseline_lost_with_inflight']:.0f}: ratio {summary['ratio_with_inflight']:.1f}x"
-    )
+    for label in labels:
+        line = (
+            f"  {label}: {summary[f'{label}_lost']:.0f} tokens regenerated (logged), "
+            f"{summary[f'{label}_lost_with_inflight']:.0f} with the in-flight estimate"
+        )
+        if f"{label}_ratio_logged" in summary:
+            line += (
+                f"; trainer_checkpoint / {label}: {summary[f'{label}_ratio_logged']:.1f}x logged, "
+                f"{summary[f'{label}_ratio_with_inflight']:.1f}x with the estimate"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -165,6 +213,12 @@ def main() -> None:
     parser.add_argument("--scenarios", default="ci,p20,p50")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument(
+        "--variants",
+        default=",".join(v.label for v in VARIANTS),
+        help="comma-separated: latest (with the seal journal), latest_no_journal, "
+        "trainer_checkpoint",
+    )
     parser.add_argument("--workdir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--keep", action="store_true", help="keep the runs' directories")
     parser.add_argument("--json", action="store_true")

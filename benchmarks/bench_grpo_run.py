@@ -6,7 +6,13 @@ in-process, several times, alternating two arms in the same run:
 
 - **snapshots**: rollout snapshots every ``rollout_checkpointing.interval_s``
   (5 s, the recipe's value);
-- **none**: no periodic snapshots (``interval_s`` longer than the run).
+- **none**: no periodic snapshots (``interval_s`` longer than the run) and no
+  seal journal.
+
+Since issue 16 the **snapshots** arm also writes the seal journal (every
+seal with its rows, every finalization and step, group-committed on a
+writer thread), as the recipe does by default; ``--journal off`` measures
+snapshots alone.
 
 Both arms keep the recipe's trainer checkpoints (every ``save_period`` = 50
 steps, each with its full rollout snapshot), so the arms differ only by the
@@ -118,6 +124,8 @@ class RunResult:
     snapshot_times: dict[str, SnapshotTimes] = field(
         default_factory=lambda: {name: SnapshotTimes() for name in TIMED_STEPS}
     )
+    journal: dict[str, float] = field(default_factory=dict)
+    """The seal journal's metrics at the last step (``journal/...``; empty: off)."""
 
 
 def vm_hwm_mib(pid: int) -> float:
@@ -202,8 +210,15 @@ def warm_model(tmp: Path) -> tuple[Path, dict[str, float]]:
 
 
 def run_arm(
-    arm: str, run_dir: Path, model_dir: Path, steps: int, overrides: Sequence[str] = ()
+    arm: str,
+    run_dir: Path,
+    model_dir: Path,
+    steps: int,
+    overrides: Sequence[str] = (),
+    *,
+    journal: bool = True,
 ) -> RunResult:
+    journaled = arm == "snapshots" and journal
     config = recipe_config(
         run_dir,
         *overrides,
@@ -212,6 +227,7 @@ def run_arm(
         "trainer.warmup.steps=0",
         f"grpo.max_num_steps={steps}",
         f"rollout_checkpointing.interval_s={5.0 if arm == 'snapshots' else 1e9}",
+        f"rollout_checkpointing.journal.enabled={'true' if journaled else 'false'}",
     )
     setup = prepare(config)
     marks: list[tuple[float, int, float]] = []
@@ -222,6 +238,7 @@ def run_arm(
         marks.append((time.perf_counter(), tokens, process_cpu_s()))
         result.rewards.append(metrics.get("reward_mean", float("nan")))
         result.accuracies.append(metrics.get("accuracy", float("nan")))
+        result.journal = {k: v for k, v in metrics.items() if k.startswith("journal/")}
         if len(marks) % MEMORY_SAMPLE_STEPS == 1:
             result.parent_peak_mib = max(result.parent_peak_mib, vm_hwm_mib(os.getpid()))
             for pid in descendants(os.getpid()):
@@ -254,6 +271,16 @@ def run_arm(
     return result
 
 
+def _journal_line(journal: dict[str, float]) -> str:
+    if not journal:
+        return ""
+    return (
+        f", journal: {journal['journal/seals_journaled']:.0f} seals "
+        f"({journal['journal/seals_kept']:.0f} durable), {journal['journal/fsyncs']:.0f} fsyncs, "
+        f"{journal['journal/bytes_written'] / 2**20:.1f} MiB"
+    )
+
+
 def curve_summary(rewards: list[float], accuracies: list[float], window: int = 25) -> list[str]:
     lines = []
     for start in range(0, len(rewards), window):
@@ -280,6 +307,12 @@ def main() -> int:
         help="override the recipe for every run after the warm-up (repeatable), e.g. "
         "trainer.learning_rate=1e-3; with --rounds 0 this sweeps the recipe's learning",
     )
+    parser.add_argument(
+        "--journal",
+        choices=("on", "off"),
+        default="on",
+        help="the seal journal in the snapshots arm (the none arm never has it)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as name:
@@ -294,7 +327,12 @@ def main() -> int:
             order = ARMS if round_index % 2 == 0 else ARMS[::-1]
             for arm in order:
                 result = run_arm(
-                    arm, tmp / f"r{round_index}_{arm}", model_dir, args.steps, args.set
+                    arm,
+                    tmp / f"r{round_index}_{arm}",
+                    model_dir,
+                    args.steps,
+                    args.set,
+                    journal=args.journal == "on",
                 )
                 results.append(result)
                 print(
@@ -304,7 +342,8 @@ def main() -> int:
                     f"{result.seconds:5.1f}s, "
                     f"{result.snapshots_written} snapshots, peak RSS parent "
                     f"{result.parent_peak_mib:.0f} MiB children "
-                    f"{sum(result.children_peak_mib.values()):.0f} MiB",
+                    f"{sum(result.children_peak_mib.values()):.0f} MiB"
+                    + _journal_line(result.journal),
                     flush=True,
                 )
         summary = _summarise(results, args.rounds) if args.rounds else {"ratios": []}

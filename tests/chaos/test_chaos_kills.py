@@ -102,7 +102,8 @@ def test_prompt_group_granularity_redoes_incomplete_groups_whole(
     assert f"{KILLS} kills, {KILLS + 1} starts" in out
     assert "OK: every prompt trained exactly once" in out
     restores = read_run_history(tmp_path / "latest" / "logs").restores
-    assert restores and all(r.siblings_reused == 0 for r in restores)
+    # Only whole groups are kept: those the seal journal (or the snapshot) holds complete.
+    assert restores and all(r.siblings_reused % 4 == 0 for r in restores)
     assert sum(r.attempts_redispatched for r in restores) > 0
 
 

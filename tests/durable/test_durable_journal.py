@@ -181,6 +181,18 @@ def test_rotate_then_drop_through_keeps_only_uncovered_segments(tmp_path: Path) 
     assert [r.seq for r in replay.records] == [7] and replay.damage is None
 
 
+def test_rotating_a_segment_without_records_keeps_it(tmp_path: Path) -> None:
+    # Two snapshots with no record between them rotate twice at the same seq.
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0)
+    writer.append(payload(0))
+    assert writer.rotate() == 1
+    assert writer.rotate() == 1
+    writer.append(payload(1))
+    writer.close()
+    assert [first for first, _ in list_segments(tmp_path)] == [0, 1]
+    assert [r.seq for r in read_journal(tmp_path).records] == [0, 1]
+
+
 def test_a_failed_write_stops_the_writer_and_every_waiter(tmp_path: Path) -> None:
     writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0)
     writer.wait_durable(writer.append(b"kept"), timeout=30)

@@ -1,4 +1,5 @@
-"""controller_state.json: version 2 carries the dispatch journal position; version 1 still loads."""
+"""controller_state.json: version 3 carries the seal journal position, version 2 the dispatch
+journal's; versions 1 and 2 still load."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def current() -> ControllerStateFile:
         log_sequence=42,
         dispatch_journal_seq=17,
         lost_interruptions=[LOST],
+        seal_journal_seq=23,
     )
 
 
@@ -55,21 +57,34 @@ def decode(state: dict[str, object]) -> ControllerStateFile:
     return _decode_controller_state(Path("snap"), raw)
 
 
-def test_version_2_round_trips() -> None:
+def test_version_3_round_trips() -> None:
     state = msgspec.to_builtins(current())
-    assert state["schema_version"] == 2
+    assert state["schema_version"] == 3
     assert decode(state) == current()
+
+
+def test_a_version_2_file_loads_reflecting_no_seal_journal() -> None:
+    old = msgspec.to_builtins(current())
+    del old["seal_journal_seq"]
+    old["schema_version"] = 2
+    loaded = decode(old)
+    assert loaded.seal_journal_seq == 0
+    assert msgspec.structs.replace(loaded, schema_version=3, seal_journal_seq=23) == current()
 
 
 def test_a_version_1_file_loads_reflecting_no_journal_and_no_pending_interruption() -> None:
     old = msgspec.to_builtins(current())
-    del old["dispatch_journal_seq"], old["lost_interruptions"]
+    del old["dispatch_journal_seq"], old["lost_interruptions"], old["seal_journal_seq"]
     old["schema_version"] = 1
     loaded = decode(old)
     assert (loaded.dispatch_journal_seq, loaded.lost_interruptions) == (0, [])
     assert (
         msgspec.structs.replace(
-            loaded, schema_version=2, dispatch_journal_seq=17, lost_interruptions=[LOST]
+            loaded,
+            schema_version=3,
+            dispatch_journal_seq=17,
+            lost_interruptions=[LOST],
+            seal_journal_seq=23,
         )
         == current()
     )
@@ -78,8 +93,10 @@ def test_a_version_1_file_loads_reflecting_no_journal_and_no_pending_interruptio
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: s.update(schema_version=3), "unsupported schema_version 3 (supported: 1, 2)"),
+        (lambda s: s.update(schema_version=4), "unsupported schema_version 4 (supported: 1, 2, 3)"),
         (lambda s: s.pop("dispatch_journal_seq"), "missing required field `dispatch_journal_seq`"),
+        (lambda s: s.pop("seal_journal_seq"), "missing required field `seal_journal_seq`"),
+        (lambda s: s.update(schema_version=2), "unknown field `seal_journal_seq`"),
         (lambda s: s.update(schema_version=1), "unknown field `dispatch_journal_seq`"),
         (lambda s: s.update(dispatch_journal_seq=-1), "at `$.dispatch_journal_seq`"),
     ],

@@ -224,7 +224,7 @@ def test_a_restored_snapshot_captures_back_to_the_same_group_maps(tmp_path: Path
         parts = build_parts(config, dataset=dataset_of(config))
         await _fill(parts)
         written = await _write(parts, first)
-        parts.logs.close()
+        _close(parts)
         snapshot = read_snapshot(
             first, written.manifest, generations_per_group=written.generations_per_group
         )
@@ -238,7 +238,7 @@ def test_a_restored_snapshot_captures_back_to_the_same_group_maps(tmp_path: Path
         await restorer.restore()
         restored.logs.sequence.value = parts.logs.sequence.value  # restore logged a line
         again = await _write(restored, second)
-        restored.logs.close()
+        _close(restored)
         return written, again
 
     written, again = asyncio.run(main())
@@ -253,6 +253,14 @@ def test_a_restored_snapshot_captures_back_to_the_same_group_maps(tmp_path: Path
         assert len(written.recovery_state[key]) == 2
     for name in (REPLAY_BUFFER_METADATA_FILENAME, CONTROLLER_STATE_FILENAME):
         assert (first / name).read_bytes() == (second / name).read_bytes()
+
+
+def _close(parts: RolloutParts) -> None:
+    """Close what a run would: the logs, and the seal journal (so that the next parts
+    on the same directory read every record it took; a real run holds the run lock)."""
+    parts.logs.close()
+    if parts.seal_journal is not None:
+        parts.seal_journal.close()
 
 
 def _mutable_parts(value: object, path: str) -> list[str]:
@@ -288,7 +296,7 @@ def test_what_the_finalizer_records_and_a_restore_reloads_cannot_change_in_place
             cut = take_cut_capture(parts)
         captured = [e.finalized for e in cut.groups.values() if e.finalized is not None]
         written = await _write(parts, tmp_path / "snapshot")
-        parts.logs.close()
+        _close(parts)
         snapshot = read_snapshot(
             tmp_path / "snapshot",
             written.manifest,
@@ -301,7 +309,7 @@ def test_what_the_finalizer_records_and_a_restore_reloads_cannot_change_in_place
             buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
             resume=ResumeSource(RestoreMode.LATEST, 0, snapshot, None),
         ).restore()
-        restored.logs.close()
+        _close(restored)
         reloaded = [e.finalized for e in restored.groups.values() if e.finalized is not None]
         return captured, reloaded
 
@@ -400,7 +408,7 @@ def test_finalization_unknown_is_resolved_by_the_canonical_rows_not_the_replay_i
         await _tear_publication(parts, group_id, rows_put=rows_put)
         torn = dict(await parts.data_plane.get(TRAIN_PARTITION, keys[:rows_put]))
         written = await _write(parts, tmp_path / "snapshot")
-        parts.logs.close()
+        _close(parts)
         if listed:
             _list_in_sidecar(tmp_path / "snapshot", group_id)
         snapshot = read_snapshot(
@@ -422,7 +430,7 @@ def test_finalization_unknown_is_resolved_by_the_canonical_rows_not_the_replay_i
         await Finalizer(restored, end_weight_version={}).finalize(group_id)
         final = dict(await restored.data_plane.get(TRAIN_PARTITION, keys))
         indexed = group_id in restored.replay and group_id not in restored.ledger
-        restored.logs.close()
+        _close(restored)
         return torn, final, after_restore, indexed
 
     torn, final, after_restore, indexed = asyncio.run(main())

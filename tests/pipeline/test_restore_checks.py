@@ -263,6 +263,8 @@ def test_a_sidecar_changed_after_the_snapshot_was_chosen_is_refused_by_the_resto
             ).restore()
         finally:
             parts.logs.close()
+            if parts.seal_journal is not None:
+                parts.seal_journal.close()
 
     with pytest.raises(SnapshotCorruptError, match=re.escape(f"{sidecar}: SHA-256")):
         asyncio.run(restore())

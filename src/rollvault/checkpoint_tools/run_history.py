@@ -294,14 +294,16 @@ class WorkAccounting:
 
 
 def work_accounting(history: RunHistory) -> WorkAccounting:
-    """Generated tokens count every sealed attempt ever logged, rolled back or not."""
-    tokens = {
-        a.gate_rollout_id: a.num_tokens
-        for a in history.attempts
-        if a.status is RolloutAttemptStatus.SEALED
-    }
+    """Generated tokens count every sealed attempt ever logged, rolled back or not.
+
+    An attempt a restore adopted from the seal journal generated nothing: its
+    tokens are those of the attempt it names (``adopted_from``), which trained.
+    """
+    sealed = [a for a in history.attempts if a.status is RolloutAttemptStatus.SEALED]
+    tokens = {a.gate_rollout_id: a.num_tokens for a in sealed if a.adopted_from is None}
+    generated_as = {a.gate_rollout_id: a.adopted_from for a in sealed if a.adopted_from}
     trained = sum(
-        tokens.get(rollout_id, 0)
+        tokens.get(generated_as.get(rollout_id, rollout_id), 0)
         for records in history.steps.values()
         for record in records
         for rollout_id in record.gate_rollout_ids

@@ -445,6 +445,20 @@ class CheckpointingConfig(_Section, frozen=True):
     keep_latest_k: PositiveInt = 2
 
 
+class SealJournalConfig(_Section, frozen=True):
+    """The seal journal: seals, finalizations and steps since the newest snapshot."""
+
+    # Journal each seal (with its staged rows), finalization and train step, so a
+    # restore replays what was sealed after the newest snapshot instead of
+    # generating it again. Needs rollout_checkpointing.enabled.
+    enabled: bool = True
+    # Group commit: one fsync at most this many milliseconds after the first
+    # record of a group; a seal is kept once its group is flushed.
+    commit_interval_ms: NonNegativeFloat = 20.0
+    # A group is flushed early once it holds this many records.
+    max_batch_records: PositiveInt = 512
+
+
 class RolloutCheckpointingConfig(_Section, frozen=True):
     """Rollout snapshots between trainer checkpoints, and restore."""
 
@@ -468,6 +482,8 @@ class RolloutCheckpointingConfig(_Section, frozen=True):
     # Keep it below the scheduler's grace before SIGKILL (30 s by default for
     # Kubernetes' terminationGracePeriodSeconds and SLURM's KillWait).
     shutdown_grace_s: PositiveFloat = 20.0
+    # The seal journal (see SealJournalConfig).
+    journal: SealJournalConfig = msgspec.field(default_factory=SealJournalConfig)
 
 
 class TransferQueueConfig(_Section, frozen=True):

@@ -58,6 +58,10 @@ _EXCLUDED_PATH_REASONS: Final[Mapping[str, str]] = MappingProxyType(
             "how many failed snapshots in a row stop the run: when it stops, not what it computes"
         ),
         "rollout_checkpointing.force_fresh": "how this start treats an existing run directory",
+        "rollout_checkpointing.journal": (
+            "whether and how often seals are journaled: what a restore keeps, not what the "
+            "run computes"
+        ),
         "rollout_checkpointing.shutdown_grace_s": (
             "how long a preempted start may take to write its final snapshot: when the run "
             "stops, not what it computes"

@@ -195,7 +195,11 @@ class JournalWriter:
             if not self._queue:
                 self._first_queued_at = time.monotonic()
             self._queue.append((seq, payload))
-            self._cond.notify_all()
+            # The writer thread waits for a group's first record, then for the
+            # interval to end or the group to fill: waking it for every record
+            # in between would only hand it the GIL to go back to sleep.
+            if len(self._queue) == 1 or len(self._queue) >= self._max_records:
+                self._cond.notify_all()
             return seq
 
     @property
@@ -339,6 +343,10 @@ class JournalWriter:
     def _rotate_segment(self) -> None:
         with self._cond:
             first_seq = self._durable_seq + 1
+            if self._segments and self._segments[-1][0] == first_seq:
+                # Nothing was written since the segment opened (two snapshots
+                # with no record between them): it already starts here.
+                return
         os.close(self._require_fd())
         self._fd = None
         self._fd = self._new_segment(first_seq)

@@ -95,10 +95,14 @@ def reuse_problems(history: RunHistory, config: RunConfig) -> list[str]:
         if config.rollout.recovery_granularity is RecoveryGranularity.SIBLING:
             problems += check_turn_lineage(history)
     if config.rollout.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
+        # Only whole groups: one whose every sibling the snapshot or the seal
+        # journal holds sealed is kept; an incomplete one is redone whole.
+        per_group = config.grpo.num_generations_per_prompt
         problems += [
-            f"start {r.incarnation} reused {r.siblings_reused} siblings under prompt_group"
+            f"start {r.incarnation} reused {r.siblings_reused} siblings under prompt_group, "
+            f"not whole groups of {per_group}"
             for r in history.restores
-            if r.siblings_reused
+            if r.siblings_reused % per_group
         ]
     return problems
 

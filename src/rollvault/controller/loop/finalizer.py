@@ -197,6 +197,10 @@ class Finalizer:
             parts.ledger.discard_group(parts.cut, group_id)
             parts.replay.add(entry)
             parts.record_finalization(group_id, finalized)
+        if parts.seal_journal is not None:
+            parts.seal_journal.finalized(
+                group_id, target_step=record.target_step, gate_rollout_ids=gate_rollout_ids
+            )
         await parts.notify()
         return entry
 

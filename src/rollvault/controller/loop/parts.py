@@ -33,6 +33,7 @@ from rollvault.controller.loop.run_logs import (
     TrainLogRecord,
     TurnLogRecord,
 )
+from rollvault.controller.loop.seal_journal import SealJournal, SealRecord
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.interface import DataPlane
 from rollvault.ledger.ledger import RolloutRecoveryLedger
@@ -210,6 +211,11 @@ class RolloutParts:
     """Interrupted attempts of groups a restore lost, until their prompts are reserved again."""
     episodes: EpisodeTable = field(default_factory=EpisodeTable)
     """In-flight episodes' environment state at their last committed turn."""
+    seal_journal: SealJournal | None = None
+    """The seal journal (None: off, or rollout checkpointing is off)."""
+    journaled_seals: dict[tuple[int, int], dict[int, SealRecord]] = field(default_factory=dict)
+    """Seals a restore read from the journal for groups it lost, by (epoch, dataset
+    index) and generation index, until the prompt is reserved again."""
 
     async def notify(self) -> None:
         """Wake every task waiting on ``changed``."""

@@ -58,6 +58,7 @@ from rollvault.controller.loop.run_logs import (
     LogSequence,
     ShutdownLogRecord,
 )
+from rollvault.controller.loop.seal_journal import SealJournal
 from rollvault.controller.loop.shutdown import Shutdown, record_shutdown
 from rollvault.controller.loop.train_pump import TrainPump
 from rollvault.controller.loop.trainer import Trainer, TrainerLostError
@@ -145,6 +146,13 @@ def build_parts(config: RunConfig, *, dataset: PromptDataset) -> RolloutParts:
         journal=(
             DispatchJournal(Path(config.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME)
             if config.rollout_checkpointing.enabled
+            else None
+        ),
+        seal_journal=(
+            SealJournal.open(
+                Path(config.checkpointing.checkpoint_dir), config.rollout_checkpointing.journal
+            )
+            if config.rollout_checkpointing.enabled and config.rollout_checkpointing.journal.enabled
             else None
         ),
     )
@@ -303,6 +311,8 @@ async def run_pipeline(
         parts.logs.close()
         if parts.journal is not None:
             parts.journal.close()
+        if parts.seal_journal is not None:
+            await parts.seal_journal.aclose()
     return RunSummary(
         incarnation=parts.logs.incarnation,
         trainer_version=parts.trainer_version,

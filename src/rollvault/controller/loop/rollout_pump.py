@@ -45,6 +45,7 @@ from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
 from rollvault.controller.loop.turn_commits import TurnCommitter
+from rollvault.controller.snapshots.journal_replay import adopt_journaled_seals
 from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.ledger.datum import DatumSpec
@@ -133,7 +134,35 @@ class RolloutPump:
             epoch, dataset_idx = source
             target_step = parts.sampler.admit(epoch=epoch, trainer_version=parts.trainer_version)
             self._refill_spares()
-            return self._reserve(epoch, dataset_idx, target_step)
+            group_id = self._reserve(epoch, dataset_idx, target_step)
+            await self._adopt_journaled(group_id)
+            return group_id
+
+    async def _adopt_journaled(self, group_id: str) -> None:
+        """A restore pooled journaled seals of this prompt's lost group: seal with them.
+
+        Inside the reservation's mutation section; the adopted seals are
+        journaled again (for the new attempts), so a kill before the next
+        snapshot keeps them too.
+        """
+        parts = self._parts
+        if not parts.journaled_seals:
+            return
+        adopted = await adopt_journaled_seals(parts, group_id)
+        if adopted and parts.seal_journal is not None:
+            record = parts.ledger.get_group(group_id)
+            origin = parts.group(group_id).origin
+            for index, seal in adopted.items():
+                await parts.seal_journal.seal(
+                    record,
+                    index,
+                    parts.data_plane,
+                    epoch=origin.epoch,
+                    dataset_idx=origin.dataset_idx,
+                    num_tokens=seal.num_tokens,
+                    checks=seal.checks,
+                    adopted_from=seal.adopted_from or seal.gate_rollout_id,
+                )
 
     def _out_of_steps(self) -> bool:
         # Only a stamping sampler knows which step a fresh group would train in;
@@ -329,7 +358,24 @@ class RolloutPump:
             if off_version is not None:
                 return await self._refuse_off_version(request, outcome, off_version)
             self._seal(request, outcome)
+        await self._journal_seal(request, outcome)
         return None
+
+    async def _journal_seal(self, request: AttemptRequest, outcome: AttemptOutcome) -> None:
+        """Hand the applied seal to the seal journal: after the cut, the fsync is the writer's."""
+        parts = self._parts
+        if parts.seal_journal is None:
+            return
+        origin = parts.group(request.group_id).origin
+        await parts.seal_journal.seal(
+            parts.ledger.get_group(request.group_id),
+            request.generation_index,
+            parts.data_plane,
+            epoch=origin.epoch,
+            dataset_idx=origin.dataset_idx,
+            num_tokens=outcome.num_tokens,
+            checks=outcome.checks,
+        )
 
     async def _refuse_off_version(
         self, request: AttemptRequest, outcome: AttemptOutcome, reason: str
@@ -464,6 +510,7 @@ class RolloutPump:
                     step, epoch=source[0], trainer_version=parts.trainer_version
                 )
                 replacement = self._reserve(source[0], source[1], target)
+                await self._adopt_journaled(replacement)
             elif step is not None:
                 parts.shortfall.record_loss(step)
             parts.logs.drops.write(

@@ -79,6 +79,9 @@ class AttemptLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     staging_keys: list[str] | None = None
     """A sealed attempt's turns in order (its receipt's keys; each names the attempt
     that generated it, an earlier one for a continued episode); None as for ``reward``."""
+    adopted_from: str | None = None
+    """A sealed attempt whose tokens a restore took from the seal journal: the gate
+    rollout id of the attempt (of a group the restore lost) that generated them."""
     seq: int = 0
 
 
@@ -137,6 +140,14 @@ class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     turn, the staging keys of the committed turns it continues from."""
     episodes_restarted: list[str] = msgspec.field(default_factory=list)
     """Episodes restarted from their first turn, each ``logical id: why``."""
+    journal_records: int = 0
+    """Seal journal records after the snapshot that the restore read."""
+    journal_seals_replayed: int = 0
+    """Seals after the snapshot re-applied from the seal journal (not generated again)."""
+    journal_seals_unmatched: int = 0
+    """Journaled seals of groups or attempts the snapshot does not hold: generated again."""
+    journal_damage: str | None = None
+    """The torn or corrupt journal record the restore cut off (None: none)."""
     seq: int = 0
 
 

@@ -162,6 +162,9 @@ class TrainPump:
         for _ in range(released):
             self._capacity.release()
         self.trained_groups += len(entries)
+        if parts.seal_journal is not None:
+            parts.seal_journal.step(parts.trainer_version, [e.group_id for e in entries])
+            metrics = {**metrics, **parts.seal_journal.metrics()}
         return metrics
 
     def _peek_batch(self) -> list[ReplayEntry]:

@@ -112,6 +112,7 @@ class CutCapture:
     mutation_version: int
     log_sequence: int
     journal_seq: int
+    seal_journal_seq: int
     lost_interruptions: tuple[LostGroupInterruption, ...]
     episodes: dict[str, EpisodeState]
 
@@ -138,6 +139,7 @@ def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> Cu
         mutation_version=parts.cut.mutation_version,
         log_sequence=parts.logs.sequence.value,
         journal_seq=parts.journal.seq if parts.journal is not None else 0,
+        seal_journal_seq=parts.seal_journal.next_seq if parts.seal_journal is not None else 0,
         lost_interruptions=tuple(parts.lost_interruptions),
         episodes=parts.episodes.capture(),
     )
@@ -194,6 +196,7 @@ def build_snapshot(
             },
             log_sequence=cut.log_sequence,
             dispatch_journal_seq=cut.journal_seq,
+            seal_journal_seq=cut.seal_journal_seq,
             lost_interruptions=list(cut.lost_interruptions),
         ),
         data_plane=cut.data_plane,
@@ -316,6 +319,7 @@ class Checkpointer:
             self.stats.write_seconds.append(time.perf_counter() - started)
             self.stats.snapshots += 1
             self._committed_journal_seq = capture.controller.dispatch_journal_seq
+            await self._rotate_seal_journal(capture.controller.seal_journal_seq)
             return path
 
     def _snapshot_failed(self, error: SnapshotWriteError) -> None:
@@ -397,6 +401,7 @@ class Checkpointer:
             await asyncio.to_thread(self._prune, path)
             self._committed_journal_seq = capture.controller.dispatch_journal_seq
             self._prune_journal()
+            await self._rotate_seal_journal(capture.controller.seal_journal_seq)
             self.stats.trainer_checkpoints += 1
             return path
 
@@ -455,6 +460,20 @@ class Checkpointer:
         """
         if self._parts.journal is not None:
             self._parts.journal.prune(self._committed_journal_seq)
+
+    async def _rotate_seal_journal(self, covered_seq: int) -> None:
+        """A committed snapshot reflects the seal journal below ``covered_seq``: rotate, drop.
+
+        A failure here loses nothing (the segments stay, and replaying what a
+        snapshot already holds is a no-op): logged, and the next snapshot tries again.
+        """
+        journal = self._parts.seal_journal
+        if journal is None:
+            return
+        try:
+            await asyncio.to_thread(journal.covered, covered_seq)
+        except OSError as exc:
+            _LOG.warning("seal journal: rotating after a snapshot failed: %s", exc)
 
     def _prune(self, latest: Path) -> None:
         try:

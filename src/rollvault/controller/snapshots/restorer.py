@@ -41,6 +41,10 @@ from rollvault.controller.loop.run_logs import AttemptLogRecord, RestoreLogRecor
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.crash_evidence import crash_evidence
 from rollvault.controller.snapshots.gc_pause import gc_paused_async
+from rollvault.controller.snapshots.journal_replay import (
+    JournalReplayCounts,
+    replay_seal_journal,
+)
 from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
@@ -87,6 +91,8 @@ class RestoreCounts:
     episodes_resumed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     episodes_restarted: list[str] = dataclasses.field(default_factory=list)
     """``logical id: why`` of each episode restarted from its first turn."""
+    journal: JournalReplayCounts = dataclasses.field(default_factory=JournalReplayCounts)
+    """What replaying the seal journal kept."""
 
 
 async def read_recovery_sidecar(
@@ -186,6 +192,11 @@ class RolloutRestorer:
                 await self._drop_orphan_rows()
                 await self._rehydrate_prompts(snapshot)
             elif resume.mode is RestoreMode.LATEST:
+                if parts.seal_journal is not None:
+                    # No snapshot yet: every journaled seal awaits its prompt's new group.
+                    self.counts.journal = await replay_seal_journal(
+                        parts, parts.seal_journal, from_seq=0
+                    )
                 self._record_interruptions(journal_seq=0, carried=[])
         self.restored_group_ids = [record.group_id for record in self._records]
         self._count_work()
@@ -260,6 +271,11 @@ class RolloutRestorer:
         """Unfinished groups, with interrupted attempts turned into fresh ones."""
         parts = self._parts
         parts.ledger.load_parsed_state(parts.cut, snapshot.recovery)
+        if self._resume.mode is RestoreMode.LATEST and parts.seal_journal is not None:
+            # Before crash evidence and prepare_for_restart: a replayed attempt is sealed.
+            self.counts.journal = await replay_seal_journal(
+                parts, parts.seal_journal, from_seq=snapshot.controller.seal_journal_seq
+            )
         before = parts.ledger.capture()  # copy-on-write: the state before the restart
         if self._resume.mode is RestoreMode.LATEST:
             controller = snapshot.controller
@@ -567,6 +583,10 @@ class RolloutRestorer:
                 turns_resumed=counts.turns_resumed,
                 episodes_resumed=dict(counts.episodes_resumed),
                 episodes_restarted=list(counts.episodes_restarted),
+                journal_records=counts.journal.records,
+                journal_seals_replayed=counts.journal.seals_replayed,
+                journal_seals_unmatched=counts.journal.seals_unmatched,
+                journal_damage=counts.journal.damage,
                 skipped=[f"{path}: {reason}" for path, reason in self._resume.skipped],
             )
         )

@@ -72,12 +72,13 @@ from rollvault.ledger.state_schema import (
 )
 
 SNAPSHOT_FILES_SCHEMA_VERSION: Final = 1
-CONTROLLER_STATE_SCHEMA_VERSION: Final = 2
+CONTROLLER_STATE_SCHEMA_VERSION: Final = 3
 """Version 2 of ``controller_state.json`` adds ``dispatch_journal_seq`` and
-``lost_interruptions``. Version 1 (every other file's version) is still read:
-it was written before the dispatch journal, so it reflects none of it and no
-interruption is pending."""
-SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2})
+``lost_interruptions``, version 3 ``seal_journal_seq``. Version 1 (every
+other file's version) is still read: it was written before the dispatch
+journal, so it reflects none of it and no interruption is pending; version 2
+was written before the seal journal (it reflects none of it, seq 0)."""
+SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -142,6 +143,9 @@ class ControllerStateFile(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     """The dispatch journal's position this snapshot reflects (version 2)."""
     lost_interruptions: list[LostGroupInterruption]
     """Interrupted attempts of lost groups, for their prompts' next groups (version 2)."""
+    seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
+    """The seal journal's next seq when the snapshot was cut: it reflects every
+    record below it, and a restore replays the records from it on (version 3)."""
 
 
 class EnvRolloutsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -168,6 +172,17 @@ class _ControllerStateFileV1(msgspec.Struct, forbid_unknown_fields=True, frozen=
     origins: dict[str, GroupOrigin]
     prompt_identities: dict[str, str]
     log_sequence: int
+
+
+class _ControllerStateFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    schema_version: int
+    sampler: SamplerState
+    dataloader: DataLoaderState
+    origins: dict[str, GroupOrigin]
+    prompt_identities: dict[str, str]
+    log_sequence: int
+    dispatch_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
+    lost_interruptions: list[LostGroupInterruption]
 
 
 class _Versioned(msgspec.Struct):
@@ -494,6 +509,9 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
             )
         if version == CONTROLLER_STATE_SCHEMA_VERSION:
             return msgspec.json.decode(data, type=ControllerStateFile, strict=True)
+        if version == 2:
+            v2 = msgspec.json.decode(data, type=_ControllerStateFileV2, strict=True)
+            return ControllerStateFile(**msgspec.structs.asdict(v2), seal_journal_seq=0)
         old = msgspec.json.decode(data, type=_ControllerStateFileV1, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SnapshotCorruptError(path / CONTROLLER_STATE_FILENAME, str(exc)) from exc
@@ -501,6 +519,7 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
         **msgspec.structs.asdict(old),
         dispatch_journal_seq=0,
         lost_interruptions=[],
+        seal_journal_seq=0,
     )
 
 

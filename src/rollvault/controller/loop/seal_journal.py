@@ -1,0 +1,373 @@
+"""The seal journal: every seal, finalization and train step since the newest snapshot.
+
+Snapshots are seconds apart; without the journal everything sealed since the
+last one is generated again after a kill. The rollout pump, the finalizer and
+the train pump hand a record of each applied change to a
+:class:`~rollvault.durable.journal_writer.JournalWriter` (CRC-framed
+segments, group commit on a writer thread, :mod:`rollvault.durable`), *after*
+the change was applied and *outside* the mutation cut: appending costs an
+encode and a queue put, the ``fsync`` happens on the writer thread once per
+``rollout_checkpointing.journal.commit_interval_ms`` (or per
+``max_batch_records``). A seal is *kept* once its record is durable.
+
+Consistency with snapshots: a snapshot records :attr:`SealJournal.next_seq`
+taken inside the cut (``controller_state.json``'s ``seal_journal_seq``).
+Because a record is appended after its change is applied, every record below
+that seq is reflected in the snapshot; a record at or above it may or may not
+be (it was appended after the capture, its change may have been applied
+before). Replay is therefore idempotent: a seal already in the snapshot is a
+no-op (the ledger and the data plane both accept an identical repeat). See
+:mod:`rollvault.controller.snapshots.journal_replay`.
+
+Records are msgpack (no pickle): a tagged union in a versioned envelope. Row
+arrays travel as raw bytes with their dtype (rows are 1-D, so the length is
+the shape). On disk: ``<checkpoint_dir>/journal/segment_<first seq>.journal``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import msgspec
+import numpy as np
+
+from rollvault.config.schema import SealJournalConfig
+from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
+from rollvault.dataplane.rows import Row, RowDtype, RowView, row_dtype
+from rollvault.durable.journal_format import (
+    RECORD_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES,
+    JournalReplay,
+)
+from rollvault.durable.journal_writer import JournalRepair, JournalWriteError, JournalWriter
+from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+from rollvault.ledger.statuses import RolloutAttemptStatus
+
+SEAL_JOURNAL_DIRNAME: Final = "journal"
+SEAL_JOURNAL_SCHEMA_VERSION: Final = 1
+_LOG = logging.getLogger("rollvault.journal")
+
+_NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class JournalArray(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A 1-D row array: its dtype and its raw little-endian bytes."""
+
+    dtype: RowDtype
+    data: bytes
+
+
+JournalValue = JournalArray | bool | int | float
+JournalRow = dict[str, JournalValue]
+
+
+class SealRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="seal"):
+    """One sealed sibling: what ``mark_sibling_sealed`` was given, and its staged rows."""
+
+    group_id: str
+    generation_index: _NonNegativeInt
+    gate_rollout_id: str
+    """Names the attempt (its UUID): replay seals only that very attempt (fencing)."""
+    epoch: _NonNegativeInt
+    dataset_idx: _NonNegativeInt
+    target_step: int | None
+    receipt: dict[str, Any]
+    reward: float
+    mask_sample: bool
+    reward_checks: RewardChecks | None
+    reward_log_context: RewardLogContext | None
+    rows: dict[str, JournalRow]
+    """The receipt's staging keys and their rows."""
+    num_tokens: _NonNegativeInt
+    """The gate's token count of the attempt (for the attempt log a replay writes)."""
+    checks: dict[str, bool | float] | None
+    adopted_from: str | None = None
+    """A seal a restore adopted: the attempt that generated the tokens (for the log)."""
+
+    @property
+    def attempt_hex(self) -> str:
+        return self.gate_rollout_id.rsplit("_a", 1)[1]
+
+
+class FinalizeRecord(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="finalize"
+):
+    """A group the finalizer published and indexed for training."""
+
+    group_id: str
+    target_step: int | None
+    gate_rollout_ids: list[str]
+    """Per sibling, the attempt whose rows were published."""
+
+
+class StepRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="step"):
+    """A train step boundary: the trainer version after it and the groups it trained."""
+
+    trainer_version: _NonNegativeInt
+    group_ids: list[str]
+
+
+JournalEntry = SealRecord | FinalizeRecord | StepRecord
+
+
+class JournalEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What one journal record's payload holds."""
+
+    schema_version: int
+    entry: JournalEntry
+
+
+class SealJournalRecordError(ValueError):
+    """A journal record passed its CRC but is not a record this rollvault reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRecord:
+    """A verified record, decoded, with where it is on disk (for messages)."""
+
+    seq: int
+    entry: JournalEntry
+    segment: Path
+    offset: int
+
+
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_DECODER: Final = msgspec.msgpack.Decoder(JournalEnvelope)
+
+
+def encode_entry(entry: JournalEntry) -> bytes:
+    """The payload of one journal record."""
+    return _ENCODER.encode(JournalEnvelope(schema_version=SEAL_JOURNAL_SCHEMA_VERSION, entry=entry))
+
+
+def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
+    """Decode one payload; ``where`` (segment and offset) is named in the error."""
+    try:
+        envelope = _DECODER.decode(payload)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SealJournalRecordError(f"{where}: not a seal journal record: {exc}") from exc
+    if envelope.schema_version != SEAL_JOURNAL_SCHEMA_VERSION:
+        raise SealJournalRecordError(
+            f"{where}: seal journal schema_version {envelope.schema_version}; this rollvault "
+            f"reads version {SEAL_JOURNAL_SCHEMA_VERSION} only"
+        )
+    return envelope.entry
+
+
+def decode_replay(replay: JournalReplay) -> list[DecodedRecord]:
+    """Every verified record of ``replay``, decoded, in order (raises on a bad one)."""
+    decoded = []
+    for scan in replay.segments:
+        offset = SEGMENT_HEADER_BYTES
+        for record in scan.records:
+            where = f"{scan.path} at byte {offset} (record {record.seq})"
+            entry = decode_entry(record.payload, where=where)
+            decoded.append(DecodedRecord(record.seq, entry, scan.path, offset))
+            offset += RECORD_HEADER_BYTES + len(record.payload)
+    return decoded
+
+
+def encode_row(row: RowView) -> JournalRow:
+    """A stored row as journal values (arrays as dtype + bytes)."""
+    out: JournalRow = {}
+    for name, value in row.items():
+        if isinstance(value, np.ndarray):
+            # Little-endian on disk; on a little-endian host no conversion copy.
+            little = value.astype(value.dtype.newbyteorder("<"), copy=False)
+            out[name] = JournalArray(dtype=row_dtype(value), data=little.tobytes())
+        else:
+            out[name] = value
+    return out
+
+
+def decode_row(row: Mapping[str, JournalValue], *, where: str) -> Row:
+    """The row a journal row describes; arrays whose bytes do not fit their dtype are refused."""
+    out: Row = {}
+    for name, value in row.items():
+        if isinstance(value, JournalArray):
+            dtype = np.dtype(value.dtype.value).newbyteorder("<")
+            if len(value.data) % dtype.itemsize:
+                raise SealJournalRecordError(
+                    f"{where}: field {name!r}: {len(value.data)} bytes are not a whole number "
+                    f"of {value.dtype.value} values"
+                )
+            # The data plane copies what it stores, so a read-only view suffices here.
+            array = np.frombuffer(value.data, dtype=dtype)
+            out[name] = array.astype(dtype.newbyteorder("="), copy=False)
+        else:
+            out[name] = value
+    return out
+
+
+@dataclass
+class SealJournalCounters:
+    """What the journal did in this start, for the run's metrics."""
+
+    seals_journaled: int = 0
+    finalizations_journaled: int = 0
+    steps_journaled: int = 0
+    rotations: int = 0
+    segments_dropped: int = 0
+
+
+class SealJournal:
+    """The run's seal journal: encodes records and hands them to the writer thread."""
+
+    def __init__(self, writer: JournalWriter, repair: JournalRepair) -> None:
+        self._writer = writer
+        self.repair = repair
+        """What opening found and cut off (a torn tail, quarantined segments): restore reports it."""
+        self.counters = SealJournalCounters()
+        self._seal_seqs: deque[int] = deque()
+        self._seals_kept = 0
+        self.failure: JournalWriteError | None = None
+        """Why the journal stopped taking records (None: it takes them)."""
+
+    @classmethod
+    def open(cls, checkpoint_dir: Path, settings: SealJournalConfig) -> SealJournal:
+        """Repair ``<checkpoint_dir>/journal`` and start writing after its last good record."""
+        writer, repair = JournalWriter.open(
+            checkpoint_dir / SEAL_JOURNAL_DIRNAME,
+            commit_interval_s=settings.commit_interval_ms / 1000.0,
+            commit_max_records=settings.max_batch_records,
+        )
+        if repair.truncated is not None:
+            _LOG.warning("seal journal: cut off a damaged tail: %s", repair.truncated.describe())
+        for path in repair.quarantined:
+            _LOG.warning("seal journal: quarantined %s (after the damage, never replayed)", path)
+        return cls(writer, repair)
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next record gets; a snapshot taken now reflects every record below it."""
+        return self._writer.stats().appended_seq + 1
+
+    async def seal(
+        self,
+        record: PromptGroupRecoveryRecord,
+        generation_index: int,
+        data_plane: DataPlane,
+        *,
+        epoch: int,
+        dataset_idx: int,
+        num_tokens: int,
+        checks: dict[str, bool | float] | None,
+        adopted_from: str | None = None,
+    ) -> int | None:
+        """Journal the sealed sibling ``generation_index`` of ``record`` (read after the seal)."""
+        attempt = record.siblings[generation_index].current_attempt
+        if attempt.status is not RolloutAttemptStatus.SEALED or attempt.receipt is None:
+            raise ValueError(
+                f"group {record.group_id!r} sibling {generation_index}: attempt "
+                f"{attempt.attempt_id} is {attempt.status.value}, not sealed; nothing to journal"
+            )
+        rows = await data_plane.get(STAGING_PARTITION, attempt.staging_keys)
+        entry = SealRecord(
+            group_id=record.group_id,
+            generation_index=generation_index,
+            gate_rollout_id=record.gate_rollout_id(generation_index),
+            epoch=epoch,
+            dataset_idx=dataset_idx,
+            target_step=record.target_step,
+            receipt=attempt.receipt,
+            reward=float(attempt.reward if attempt.reward is not None else 0.0),
+            mask_sample=bool(attempt.mask_sample),
+            reward_checks=attempt.reward_checks,
+            reward_log_context=attempt.reward_log_context,
+            rows={key: encode_row(rows[key]) for key in attempt.staging_keys},
+            num_tokens=num_tokens,
+            checks=checks,
+            adopted_from=adopted_from,
+        )
+        seq = self._append(entry)
+        if seq is not None:
+            self.counters.seals_journaled += 1
+            self._seal_seqs.append(seq)
+        return seq
+
+    def finalized(
+        self, group_id: str, *, target_step: int | None, gate_rollout_ids: list[str]
+    ) -> int | None:
+        """Journal a published group."""
+        entry = FinalizeRecord(
+            group_id=group_id, target_step=target_step, gate_rollout_ids=list(gate_rollout_ids)
+        )
+        self.counters.finalizations_journaled += 1
+        return self._append(entry)
+
+    def step(self, trainer_version: int, group_ids: list[str]) -> int | None:
+        """Journal a train step boundary."""
+        self.counters.steps_journaled += 1
+        return self._append(StepRecord(trainer_version=trainer_version, group_ids=list(group_ids)))
+
+    def _append(self, entry: JournalEntry) -> int | None:
+        """Queue one record; None once the writer has failed.
+
+        A journal that cannot write (disk full, I/O error) does not stop the
+        run: snapshots still keep everything up to the newest one, as before
+        the journal existed. The failure is logged once and the metrics show
+        ``journal/failed``.
+        """
+        if self.failure is not None:
+            return None
+        try:
+            return self._writer.append(encode_entry(entry))
+        except JournalWriteError as error:
+            self.failure = error
+            _LOG.warning(
+                "seal journal stopped: %s; seals are kept only up to the newest snapshot now",
+                error,
+            )
+            return None
+
+    def covered(self, snapshot_seq: int) -> None:
+        """A committed snapshot reflects every record below ``snapshot_seq``: rotate, drop.
+
+        Blocking (the rotation waits for the writer thread's flush): call it
+        in a worker thread. Only what the newest snapshot covers goes; a
+        restore that falls back to an older snapshot replays what is left
+        (seals whose records went are then generated again, never wrongly
+        applied: replay is fenced by attempt id).
+        """
+        self._writer.rotate()
+        self.counters.rotations += 1
+        dropped = self._writer.drop_through(snapshot_seq - 1)
+        self.counters.segments_dropped += len(dropped)
+
+    async def until_durable(self, seq: int) -> None:
+        """Wait until record ``seq`` is on disk."""
+        await self._writer.until_durable(seq)
+
+    def metrics(self) -> dict[str, float]:
+        """The journal's counters for the run's step metrics (``journal/...``)."""
+        stats = self._writer.stats()
+        while self._seal_seqs and self._seal_seqs[0] <= stats.durable_seq:
+            self._seal_seqs.popleft()
+            self._seals_kept += 1
+        counters = self.counters
+        return {
+            "journal/durable_seq": float(stats.durable_seq),
+            "journal/lag_records": float(stats.appended_seq - stats.durable_seq),
+            "journal/seals_journaled": float(counters.seals_journaled),
+            "journal/seals_kept": float(self._seals_kept),
+            "journal/finalizations": float(counters.finalizations_journaled),
+            "journal/steps": float(counters.steps_journaled),
+            "journal/fsyncs": float(stats.fsyncs),
+            "journal/bytes_written": float(stats.bytes_written),
+            "journal/rotations": float(counters.rotations),
+            "journal/failed": float(self.failure is not None),
+        }
+
+    def close(self) -> None:
+        """Flush what is queued and stop the writer thread."""
+        self._writer.close()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)

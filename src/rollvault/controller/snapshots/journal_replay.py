@@ -1,0 +1,301 @@
+"""Replay the seal journal on top of a restored snapshot.
+
+Restore = newest verified snapshot + the journal's records from the
+snapshot's ``seal_journal_seq`` on, in order, up to the first torn or corrupt
+record (:func:`~rollvault.durable.journal_writer.repair_journal` cut it off
+when the journal was opened; the restore log names it).
+
+What is replayed, and why it keeps DESIGN's invariants:
+
+* **Seals** are re-applied with the ledger's own transitions, to *the very
+  attempt* that sealed: a seal record names its attempt (its gate rollout
+  id), and it is applied only while that attempt is its sibling's current
+  attempt in the restored ledger (reserved: it is marked dispatched first;
+  dispatched: sealed). That is fencing by attempt id, unchanged: a record of
+  any other attempt is not applied. Its staged rows go back into the data
+  plane first. A seal the snapshot already holds is a no-op (both the ledger
+  and the data plane accept an identical repeat), so replay is idempotent.
+* **Groups reserved after the snapshot** are not in its ledger (their ids
+  and their attempts' ids were random), but the restored dataloader reserves
+  the same prompts again, in the same order. Their seals are pooled by
+  prompt (epoch, dataset index) and sibling in
+  :attr:`~rollvault.controller.loop.parts.RolloutParts.journaled_seals`;
+  when the rollout pump reserves the prompt again, :func:`adopt_journaled_seals`
+  seals the new group's fresh attempts with them, inside the same mutation
+  section as the reservation and before any of them is dispatched: the
+  journaled tokens are staged under the new attempt's keys, and its receipt
+  names the new attempt, so fencing holds for the new attempt as for any
+  other (the old one is dead with its process). Only a seal stamped for the
+  same target step is adopted (the staleness the sampler allowed then holds
+  now), and under ``prompt_group`` only a complete group of one old group
+  (siblings must share one weight version). The attempt log names the old
+  attempt (``adopted_from``). The pool lives in memory: a start that dies
+  before its first snapshot leaves the journal as it was, and the next start
+  pools the same seals again; but a start that commits a snapshot (which
+  drops the segments it covers) before it reserves a pooled prompt again, and
+  then dies, loses that prompt's pooled seals. The restored dataloader
+  reserves the pooled prompts first, so this needs a snapshot within the
+  first groups of a start. (Not done: record the oldest pooled seq as the
+  snapshot's ``seal_journal_seq`` and drop pooled seals whose prompt the
+  restored dataloader has drawn, so the segments stay until adopted.)
+* **Finalizations and step boundaries** need no re-application: a restore
+  rolls the trainer back to the snapshot's trainer checkpoint anyway, and a
+  group whose every sibling is sealed again is finalized again by the rollout
+  pump, deterministically (the same staged rows, rewards and settings), then
+  trained in its stamped step. They are counted, so the log says how much of
+  the lost timeline the journal held.
+
+Replay runs inside the restore's mutation section, after the ledger is
+loaded and before the dispatch journal's crash evidence and
+``prepare_for_restart`` (a replayed attempt is sealed, so neither charges nor
+re-mints it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.run_logs import AttemptLogRecord, TurnLogRecord
+from rollvault.controller.loop.seal_journal import (
+    DecodedRecord,
+    FinalizeRecord,
+    SealJournal,
+    SealRecord,
+    StepRecord,
+    decode_replay,
+    decode_row,
+)
+from rollvault.dataplane.interface import STAGING_PARTITION, staging_key
+from rollvault.dataplane.rows import Row
+from rollvault.ledger.receipts import validate_receipt
+from rollvault.ledger.statuses import (
+    PromptGroupStatus,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
+
+_LOG = logging.getLogger("rollvault.restore")
+
+
+@dataclass
+class JournalReplayCounts:
+    """What replaying the seal journal kept, for the restore log."""
+
+    records: int = 0
+    """Records at or after the snapshot's seq."""
+    seals_replayed: int = 0
+    seals_already_in_snapshot: int = 0
+    seals_unmatched: int = 0
+    """Seals of attempts the restored ledger holds no longer (fenced): generated again."""
+    seals_pooled: int = 0
+    """Seals of groups reserved after the snapshot, kept for their prompts' next groups."""
+    finalizations: int = 0
+    steps: int = 0
+    damage: str | None = None
+    """The torn or corrupt record the journal was cut back to (None: none)."""
+    quarantined: list[str] = dataclasses.field(default_factory=list)
+
+
+async def replay_seal_journal(
+    parts: RolloutParts, journal: SealJournal, *, from_seq: int
+) -> JournalReplayCounts:
+    """Re-apply the journal's seals from ``from_seq`` on; call inside a mutation section."""
+    counts = JournalReplayCounts(
+        damage=journal.repair.truncated.describe() if journal.repair.truncated else None,
+        quarantined=[str(path) for path in journal.repair.quarantined],
+    )
+    for record in decode_replay(journal.repair.replay):
+        if record.seq < from_seq:
+            continue
+        counts.records += 1
+        entry = record.entry
+        if isinstance(entry, SealRecord):
+            await _replay_seal(parts, record, entry, counts)
+        elif isinstance(entry, FinalizeRecord):
+            counts.finalizations += 1
+        elif isinstance(entry, StepRecord):
+            counts.steps += 1
+    _LOG.info(
+        "seal journal: %d records after the snapshot, %d seals replayed, %d already in it, "
+        "%d of groups reserved after it (adopted when their prompts are reserved again), "
+        "%d unmatched (generated again)%s",
+        counts.records,
+        counts.seals_replayed,
+        counts.seals_already_in_snapshot,
+        counts.seals_pooled,
+        counts.seals_unmatched,
+        f"; cut off {counts.damage}" if counts.damage else "",
+    )
+    return counts
+
+
+async def _replay_seal(
+    parts: RolloutParts, record: DecodedRecord, seal: SealRecord, counts: JournalReplayCounts
+) -> None:
+    if seal.group_id not in parts.ledger:
+        if seal.group_id in parts.groups:
+            counts.seals_already_in_snapshot += 1  # canonical (or trained) in the snapshot
+        else:
+            pool = parts.journaled_seals.setdefault((seal.epoch, seal.dataset_idx), {})
+            pool[seal.generation_index] = seal  # a later seal of the sibling replaces it
+            counts.seals_pooled += 1
+        return
+    group = parts.ledger.get_group(seal.group_id)
+    if seal.generation_index >= len(group.siblings):
+        counts.seals_unmatched += 1
+        return
+    attempt = group.siblings[seal.generation_index].current_attempt
+    if attempt.attempt_id != seal.attempt_hex:
+        counts.seals_unmatched += 1  # fenced: another attempt owns the sibling now
+        return
+    if attempt.status is RolloutAttemptStatus.SEALED:
+        counts.seals_already_in_snapshot += 1
+        return
+    if group.status is not PromptGroupStatus.GENERATING or attempt.status not in (
+        RolloutAttemptStatus.RESERVED,
+        RolloutAttemptStatus.DISPATCHED,
+    ):
+        counts.seals_unmatched += 1
+        return
+    where = f"{record.segment} at byte {record.offset} (record {record.seq})"
+    rows = {key: decode_row(row, where=f"{where}, row {key!r}") for key, row in seal.rows.items()}
+    await parts.data_plane.put(STAGING_PARTITION, rows)
+    if attempt.status is RolloutAttemptStatus.RESERVED:
+        parts.ledger.mark_group_dispatched(
+            parts.cut, seal.group_id, generation_indices=[seal.generation_index]
+        )
+    parts.ledger.mark_sibling_sealed(
+        parts.cut,
+        seal.group_id,
+        generation_index=seal.generation_index,
+        gate_rollout_id=seal.gate_rollout_id,
+        receipt=seal.receipt,
+        reward=seal.reward,
+        mask_sample=seal.mask_sample,
+        reward_checks=seal.reward_checks,
+        reward_log_context=seal.reward_log_context,
+    )
+    counts.seals_replayed += 1
+    _relog_turns(parts, seal, rows, committed=len(attempt.turn_keys))
+    # The first start's line of this seal comes after the snapshot, so the
+    # restore rolls it back; the seal stands again, and so must its line.
+    parts.logs.attempts.write(
+        AttemptLogRecord(
+            gate_rollout_id=seal.gate_rollout_id,
+            group_id=seal.group_id,
+            generation_index=seal.generation_index,
+            status=RolloutAttemptStatus.SEALED,
+            num_tokens=seal.num_tokens,
+            incarnation=parts.logs.incarnation,
+            reason="replayed from the seal journal",
+            reward=seal.reward,
+            checks=seal.checks,
+            staging_keys=list(seal.rows),
+            adopted_from=seal.adopted_from,
+        )
+    )
+
+
+def _relog_turns(
+    parts: RolloutParts, seal: SealRecord, rows: Mapping[str, Row], *, committed: int
+) -> None:
+    """Log again the turns the seal holds beyond the ones the snapshot has committed.
+
+    Their ``turns.jsonl`` lines came after the snapshot and are rolled back
+    with it; the turns stand again (in the replayed seal), so must their lines.
+    """
+    keys = validate_receipt(seal.receipt, where=seal.gate_rollout_id).staging_keys
+    for turn_index, key in enumerate(keys):
+        if turn_index < committed:
+            continue
+        mask = rows[key].get("token_mask")
+        parts.logs.turns.write(
+            TurnLogRecord(
+                gate_rollout_id=seal.gate_rollout_id,
+                group_id=seal.group_id,
+                generation_index=seal.generation_index,
+                turn_index=turn_index,
+                staging_key=key,
+                num_tokens=int(np.asarray(mask).sum()) if mask is not None else 0,
+                incarnation=parts.logs.incarnation,
+            )
+        )
+
+
+async def adopt_journaled_seals(parts: RolloutParts, group_id: str) -> dict[int, SealRecord]:
+    """Seal a just-reserved group's siblings with the journaled seals of its prompt.
+
+    Call inside the reservation's mutation section, before the group is
+    dispatched. Returns the seals adopted by generation index (see the module docstring).
+    """
+    origin = parts.group(group_id).origin
+    pool = parts.journaled_seals.pop((origin.epoch, origin.dataset_idx), None)
+    if not pool:
+        return {}
+    record = parts.ledger.get_group(group_id)
+    seals = {
+        index: seal
+        for index, seal in pool.items()
+        if seal.target_step == record.target_step and index < len(record.siblings)
+    }
+    if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP and (
+        len(seals) != len(record.siblings) or len({s.group_id for s in seals.values()}) != 1
+    ):
+        return {}
+    if not seals:
+        return {}
+    adopted = sorted(seals)
+    parts.ledger.mark_group_dispatched(parts.cut, group_id, generation_indices=adopted)
+    for index in adopted:
+        await _adopt_one(parts, record.gate_rollout_id(index), group_id, index, seals[index])
+    return {index: seals[index] for index in adopted}
+
+
+async def _adopt_one(
+    parts: RolloutParts, gate_rollout_id: str, group_id: str, index: int, seal: SealRecord
+) -> None:
+    old_keys = validate_receipt(seal.receipt, where=seal.gate_rollout_id).staging_keys
+    new_keys = [staging_key(gate_rollout_id, call) for call in range(len(old_keys))]
+    where = f"journaled seal of {seal.gate_rollout_id}"
+    rows = {
+        new: decode_row(seal.rows[old], where=f"{where}, row {old!r}")
+        for old, new in zip(old_keys, new_keys, strict=True)
+    }
+    await parts.data_plane.put(STAGING_PARTITION, rows)
+    parts.ledger.mark_sibling_sealed(
+        parts.cut,
+        group_id,
+        generation_index=index,
+        gate_rollout_id=gate_rollout_id,
+        receipt={**seal.receipt, "gate_rollout_id": gate_rollout_id, "staging_keys": new_keys},
+        reward=seal.reward,
+        mask_sample=seal.mask_sample,
+        reward_checks=seal.reward_checks,
+        reward_log_context=seal.reward_log_context,
+    )
+    parts.logs.attempts.write(
+        AttemptLogRecord(
+            gate_rollout_id=gate_rollout_id,
+            group_id=group_id,
+            generation_index=index,
+            status=RolloutAttemptStatus.SEALED,
+            num_tokens=seal.num_tokens,
+            incarnation=parts.logs.incarnation,
+            reason=f"adopted from the seal journal: the tokens of {_generated_by(seal)}",
+            reward=seal.reward,
+            checks=seal.checks,
+            staging_keys=new_keys,
+            adopted_from=_generated_by(seal),
+        )
+    )
+
+
+def _generated_by(seal: SealRecord) -> str:
+    """The attempt that generated a seal's tokens (an adopted seal names its origin)."""
+    return seal.adopted_from if seal.adopted_from is not None else seal.gate_rollout_id

@@ -1,0 +1,185 @@
+"""The seal journal's records: codec round trip, refusals, and the writer wiring."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from rollvault.config.schema import SealJournalConfig
+from rollvault.controller.loop.seal_journal import (
+    SEAL_JOURNAL_DIRNAME,
+    FinalizeRecord,
+    JournalArray,
+    JournalEnvelope,
+    SealJournal,
+    SealJournalRecordError,
+    SealRecord,
+    StepRecord,
+    decode_entry,
+    decode_replay,
+    decode_row,
+    encode_entry,
+    encode_row,
+)
+from rollvault.dataplane.rows import RowDtype
+from rollvault.durable.journal_format import read_journal
+from rollvault.durable.journal_writer import JournalWriteError, JournalWriter
+from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+
+
+def _seal(rows: dict[str, dict[str, object]] | None = None) -> SealRecord:
+    row = {
+        "input_ids": np.arange(7, dtype=np.int64),
+        "logprobs": np.linspace(-1.0, 0.0, 7, dtype=np.float32),
+        "token_mask": np.array([0, 0, 1, 1, 1, 1, 1], dtype=np.bool_),
+        "reward": 0.5,
+        "turn": 0,
+        "done": True,
+    }
+    key = "g1_g2_a" + "ab" * 16 + "/0"
+    return SealRecord(
+        group_id="g1",
+        generation_index=2,
+        gate_rollout_id="g1_g2_a" + "ab" * 16,
+        epoch=1,
+        dataset_idx=17,
+        target_step=3,
+        receipt={"gate_rollout_id": "g1_g2_a" + "ab" * 16, "staging_keys": [key], "reward": 0.5},
+        reward=0.5,
+        mask_sample=False,
+        reward_checks=RewardChecks(overlong=False, format_ok=True, finite_logprobs=True),
+        reward_log_context=RewardLogContext(response_length=5, stop_reason="stop"),
+        rows={key: encode_row(row)} if rows is None else rows,  # type: ignore[arg-type]
+        num_tokens=5,
+        checks={"correct": True, "score": 0.25},
+    )
+
+
+def test_every_record_kind_round_trips() -> None:
+    for entry in (
+        _seal(),
+        FinalizeRecord(group_id="g1", target_step=None, gate_rollout_ids=["a", "b"]),
+        StepRecord(trainer_version=4, group_ids=["g1", "g2"]),
+    ):
+        assert decode_entry(encode_entry(entry), where="test") == entry
+
+
+def test_row_arrays_round_trip_with_dtype_and_values() -> None:
+    seal = _seal()
+    (row,) = seal.rows.values()
+    decoded = decode_row(row, where="test")
+    assert decoded["input_ids"].dtype == np.int64  # type: ignore[union-attr]
+    assert decoded["input_ids"].tolist() == list(range(7))  # type: ignore[union-attr]
+    assert decoded["logprobs"].dtype == np.float32  # type: ignore[union-attr]
+    assert np.array_equal(decoded["token_mask"], [0, 0, 1, 1, 1, 1, 1])
+    assert decoded["reward"] == 0.5 and decoded["turn"] == 0 and decoded["done"] is True
+
+
+def test_an_array_whose_bytes_do_not_fit_its_dtype_is_refused_naming_field() -> None:
+    row = {"input_ids": JournalArray(dtype=RowDtype.INT64, data=b"\x00" * 12)}
+    with pytest.raises(SealJournalRecordError, match=r"seg at 9.*'input_ids'.*int64"):
+        decode_row(row, where="seg at 9")
+
+
+def test_an_unknown_schema_version_is_refused() -> None:
+    payload = msgspec.msgpack.encode(JournalEnvelope(schema_version=99, entry=_seal()))
+    with pytest.raises(SealJournalRecordError, match="schema_version 99"):
+        decode_entry(payload, where="x")
+
+
+def test_a_record_that_is_not_ours_is_refused_naming_segment_and_offset(tmp_path: Path) -> None:
+    writer = JournalWriter(tmp_path, first_seq=0, commit_interval_s=0.0)
+    writer.append(encode_entry(StepRecord(trainer_version=1, group_ids=[])))
+    writer.append(b"\x93not a record")  # passes the CRC: written by the writer itself
+    writer.close()
+    replay = read_journal(tmp_path)
+    assert replay.damage is None
+    with pytest.raises(SealJournalRecordError, match=r"segment_0000000000000000\.journal at byte"):
+        decode_replay(replay)
+
+
+def test_decode_replay_names_where_each_record_is(tmp_path: Path) -> None:
+    writer = JournalWriter(tmp_path, first_seq=5, commit_interval_s=0.0)
+    writer.append(encode_entry(StepRecord(trainer_version=1, group_ids=[])))
+    writer.append(encode_entry(_seal()))
+    writer.close()
+    records = decode_replay(read_journal(tmp_path))
+    assert [r.seq for r in records] == [5, 6]
+    assert records[0].offset < records[1].offset
+    assert isinstance(records[1].entry, SealRecord)
+
+
+def test_a_torn_tail_is_cut_off_when_the_journal_opens(tmp_path: Path) -> None:
+    settings = SealJournalConfig(commit_interval_ms=0.0)
+    journal = SealJournal.open(tmp_path, settings)
+    for version in range(3):
+        journal.step(version, ["g"])
+    journal.close()
+    (segment,) = (tmp_path / SEAL_JOURNAL_DIRNAME).iterdir()
+    data = segment.read_bytes()
+    segment.write_bytes(data[:-3])  # the last record torn by a kill
+    reopened = SealJournal.open(tmp_path, settings)
+    try:
+        assert reopened.repair.truncated is not None
+        assert "torn" in reopened.repair.truncated.describe()
+        kept = decode_replay(reopened.repair.replay)
+        assert [r.seq for r in kept] == [0, 1]
+        assert reopened.next_seq == 2  # the torn record's seq is written again, never skipped
+    finally:
+        reopened.close()
+
+
+def test_metrics_count_seals_kept_once_durable(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        seq = journal.step(1, [])
+        assert seq is not None
+        asyncio.run(journal.until_durable(seq))
+        metrics = journal.metrics()
+        assert metrics["journal/durable_seq"] == seq
+        assert metrics["journal/steps"] == 1
+        assert metrics["journal/fsyncs"] >= 1
+        assert metrics["journal/failed"] == 0.0
+    finally:
+        journal.close()
+
+
+def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        for version in range(3):
+            journal.step(version, [])
+        journal.covered(2)  # a snapshot reflects records 0 and 1, not 2
+        directory = tmp_path / SEAL_JOURNAL_DIRNAME
+        assert len(list(directory.iterdir())) == 2  # record 2's segment stays, plus the new one
+        journal.step(3, [])
+        journal.covered(4)
+        assert [r.seq for r in decode_replay(read_journal(directory))] == []
+        journal.step(4, [])
+    finally:
+        journal.close()
+    assert [r.seq for r in decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))] == [4]
+
+
+def test_a_journal_that_cannot_write_stops_without_stopping_the_run(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    writer = journal._writer
+    seq = journal.step(1, [])
+    assert seq is not None and writer.wait_durable(seq, timeout=30)
+    assert writer._fd is not None
+    os.close(writer._fd)  # the next write fails, as a full or lost disk would make it
+    lost = journal.step(2, [])
+    assert lost is not None
+    with pytest.raises(JournalWriteError):
+        writer.wait_durable(lost, timeout=30)
+    assert journal.step(3, []) is None  # refused from now on, without raising
+    assert journal.failure is not None
+    assert journal.metrics()["journal/failed"] == 1.0
+    writer._fd = None
+    with pytest.raises(JournalWriteError):
+        journal.close()

@@ -1,0 +1,118 @@
+"""Crash a run in-process (the trainer raises, no final snapshot), restore, replay the journal.
+
+The SIGKILL proofs at the journal's fault points are in test_seal_journal_crash.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pipeline_helpers import expected_prompts, run_simulated, run_until_crash, small_config
+
+from rollvault.checkpoint_tools.run_history import (
+    check_exactly_once,
+    check_sibling_reuse,
+    read_run_history,
+    work_accounting,
+)
+from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.seal_journal import SEAL_JOURNAL_DIRNAME, SealRecord, decode_replay
+from rollvault.durable.journal_format import list_segments, read_journal
+from rollvault.ledger.statuses import RolloutAttemptStatus
+
+pytestmark = pytest.mark.slow
+
+# Snapshots 0.1 s apart on a gate that seals a group in tens of ms: a crash
+# finds seals (and whole groups) after the newest snapshot.
+SETTINGS = (
+    "gate.simulated.latency_per_token_s=0.002",
+    "rollout_checkpointing.interval_s=0.1",
+    "checkpointing.save_period=1000",
+)
+
+
+def _config(tmp_path: Path, *overrides: str) -> RunConfig:
+    return small_config(tmp_path, *SETTINGS, *overrides)
+
+
+def test_seals_after_the_snapshot_are_kept_not_generated_again(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    run_until_crash(config, 6)
+    run_simulated(config)
+    history = read_run_history(Path(config.logging.log_dir))
+    (restore,) = history.restores
+    assert restore.snapshot is not None and restore.journal_records > 0
+    adopted = [a for a in history.attempts if a.adopted_from is not None]
+    assert restore.journal_seals_replayed + len(adopted) > 0
+    # Every attempt that sealed, in either start, trained: nothing sealed was thrown away.
+    accounting = work_accounting(history)
+    assert accounting.generated_tokens > 0
+    assert accounting.lost_tokens == 0
+    assert check_sibling_reuse(history) == []
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []
+    # The second start generated nothing the first one had sealed.
+    first = {
+        (a.group_id, a.generation_index)
+        for a in history.attempts
+        if a.incarnation == 1 and a.status is RolloutAttemptStatus.SEALED
+    }
+    regenerated = [
+        a
+        for a in history.attempts
+        if a.incarnation == 2
+        and a.status is RolloutAttemptStatus.SEALED
+        and a.reason is None
+        and (a.group_id, a.generation_index) in first
+    ]
+    assert regenerated == []
+
+
+def test_prompt_group_granularity_replays_and_trains_every_prompt_once(tmp_path: Path) -> None:
+    # An incomplete prompt_group group is redone whole after the replay (by design);
+    # a complete one, replayed or adopted, trains as it was sealed.
+    config = _config(tmp_path, "rollout.recovery_granularity=prompt_group")
+    run_until_crash(config, 6)
+    run_simulated(config)
+    history = read_run_history(Path(config.logging.log_dir))
+    (restore,) = history.restores
+    assert restore.journal_records > 0
+    assert check_sibling_reuse(history) == []
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []
+
+
+def test_without_the_journal_seals_after_the_snapshot_are_lost(tmp_path: Path) -> None:
+    # The same crash with the journal off: the loss the journal removes is real.
+    config = _config(tmp_path, "rollout_checkpointing.journal.enabled=false")
+    run_until_crash(config, 6)
+    run_simulated(config)
+    history = read_run_history(Path(config.logging.log_dir))
+    assert work_accounting(history).lost_tokens > 0
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []
+
+
+def test_a_torn_journal_tail_is_cut_off_reported_and_the_run_trains_once(tmp_path: Path) -> None:
+    # Before the first snapshot: every journaled seal waits for its prompt's new group.
+    config = _config(tmp_path, "rollout_checkpointing.interval_s=3600")
+    run_until_crash(config, 4)
+    directory = Path(config.checkpointing.checkpoint_dir) / SEAL_JOURNAL_DIRNAME
+    # Tear the newest seal record: cut the newest segment inside its last seal.
+    records = decode_replay(read_journal(directory))
+    last_seal = max((r for r in records if isinstance(r.entry, SealRecord)), key=lambda r: r.seq)
+    assert last_seal.segment == list_segments(directory)[-1][1]
+    with open(last_seal.segment, "r+b") as handle:
+        handle.truncate(last_seal.offset + 20)
+    run_simulated(config)
+    history = read_run_history(Path(config.logging.log_dir))
+    (restore,) = history.restores
+    assert restore.snapshot is None and restore.journal_damage is not None
+    assert f"at byte {last_seal.offset}: torn" in restore.journal_damage
+    assert check_sibling_reuse(history) == []
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []
+    # Only what the torn record held (and what followed it) was generated again.
+    entry = last_seal.entry
+    assert isinstance(entry, SealRecord)
+    lost = work_accounting(history).lost_tokens
+    later = [r for r in records if r.seq > last_seal.seq and isinstance(r.entry, SealRecord)]
+    assert later == []
+    assert 0 < lost <= entry.num_tokens
