@@ -145,7 +145,9 @@ def read_checkpoint_metadata(directory: Path) -> DataPlaneCheckpointContent:
     For a cheap look (``inspect``, choosing a snapshot); :func:`read_checkpoint`
     is the full verification.
     """
-    return decode_metadata(_read_file(directory / METADATA_FILENAME), directory / METADATA_FILENAME)
+    return decode_metadata(
+        read_checkpoint_file(directory / METADATA_FILENAME), directory / METADATA_FILENAME
+    )
 
 
 def _check_file_set(directory: Path, content: DataPlaneCheckpointContent) -> None:
@@ -163,7 +165,9 @@ def _check_file_set(directory: Path, content: DataPlaneCheckpointContent) -> Non
         )
 
 
-def _read_file(path: Path) -> bytes:
+def read_checkpoint_file(path: Path) -> bytes:
+    """The bytes of one of a checkpoint's files; a missing or unreadable one raises
+    :class:`DataPlaneCheckpointError` naming it."""
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -173,7 +177,7 @@ def _read_file(path: Path) -> bytes:
 
 
 def _read_partition(path: Path, entry: PartitionEntry, index: int) -> dict[str, RowView]:
-    data = _read_file(path)
+    data = read_checkpoint_file(path)
     if len(data) != entry.byte_size:
         raise DataPlaneCheckpointError(
             path,

@@ -53,7 +53,11 @@ from rollvault.dataplane.checkpoint_format import (
     decode_metadata,
     encode_envelope,
 )
-from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint
+from rollvault.dataplane.checkpoint_io import (
+    LoadedCheckpoint,
+    read_checkpoint,
+    read_checkpoint_file,
+)
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowView
 from rollvault.dataplane.segments import (
@@ -284,7 +288,7 @@ class LoadedSegmented:
 def read_segmented_content(directory: Path) -> SegmentedCheckpointContent:
     """Read and check a version 2 ``metadata.json`` (no segment is read)."""
     path = directory / METADATA_FILENAME
-    data = _read_metadata_bytes(path)
+    data = read_checkpoint_file(path)
     version, content_bytes = decode_envelope(data, path)
     if version != DATA_PLANE_SCHEMA_VERSION:
         raise DataPlaneCheckpointError(
@@ -293,15 +297,6 @@ def read_segmented_content(directory: Path) -> SegmentedCheckpointContent:
     content = decode_content(content_bytes, SegmentedCheckpointContent, path)
     _check_segmented_content(content, path)
     return content
-
-
-def _read_metadata_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise DataPlaneCheckpointError(path, "missing file") from None
-    except OSError as exc:
-        raise DataPlaneCheckpointError(path, f"unreadable: {exc}") from exc
 
 
 def live_bitmap(reference: SegmentReference, path: Path, where: str) -> list[bool]:
@@ -412,7 +407,7 @@ def read_any_checkpoint(directory: Path, segments_dir: Path) -> LoadedSegmented:
 
 
 def _version(path: Path) -> int:
-    data = _read_metadata_bytes(path)
+    data = read_checkpoint_file(path)
     version, _content = decode_envelope(data, path)
     return version
 
@@ -420,7 +415,7 @@ def _version(path: Path) -> int:
 def checkpoint_summary(directory: Path, segments_dir: Path) -> CheckpointSummary:
     """Read only ``metadata.json`` (either version): row counts, files and sizes, user metadata."""
     path = directory / METADATA_FILENAME
-    data = _read_metadata_bytes(path)
+    data = read_checkpoint_file(path)
     version, _content = decode_envelope(data, path)
     if version == DATA_PLANE_SCHEMA_VERSION:
         content = read_segmented_content(directory)
