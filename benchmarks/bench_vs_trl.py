@@ -324,8 +324,10 @@ def process_kind(proc: Any) -> str:
         return "gone"
     if "resource_tracker" in cmdline:
         return "resource tracker"
+    if name == "rollvault-train":  # trainer.placement=process (it names itself)
+        return "trainer process"
     if "--side" in cmdline:
-        return "main (controller + trainer)" if "rollvault" in cmdline else "main"
+        return "main (controller [+ trainer])" if "rollvault" in cmdline else "main"
     if "multiprocessing" in cmdline or "spawn_main" in cmdline:
         return "generation worker"
     return str(name)
