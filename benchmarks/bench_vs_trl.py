@@ -364,7 +364,12 @@ def run_child(
     while proc.poll() is None:
         try:
             for p in [proc, *proc.children(recursive=True)]:
-                last[p.pid] = (last.get(p.pid, ("", 0.0))[0] or process_kind(p), cpu_of(p))
+                kind = last.get(p.pid, ("", 0.0))[0]
+                # A spawned child names itself once it runs (the trainer process): until then
+                # it looks like the generation worker, so look again.
+                if kind in ("", "generation worker"):
+                    kind = process_kind(p)
+                last[p.pid] = (kind, cpu_of(p))
         except psutil.Error:
             pass  # a process exited while sampled: its last sample stands
         time.sleep(CPU_SAMPLE_S)
