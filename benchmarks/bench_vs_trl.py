@@ -364,11 +364,12 @@ def run_child(
     while proc.poll() is None:
         try:
             for p in [proc, *proc.children(recursive=True)]:
-                kind = last.get(p.pid, ("", 0.0))[0]
+                kind = last.get(p.pid, ("", 0.0))[0] or process_kind(p)
                 # A spawned child names itself once it runs (the trainer process): until then
-                # it looks like the generation worker, so look again.
-                if kind in ("", "generation worker"):
-                    kind = process_kind(p)
+                # it looks like the generation worker, so look again (but an exiting child's
+                # empty command line must not undo what it was).
+                if kind == "generation worker" and process_kind(p) == "trainer process":
+                    kind = "trainer process"
                 last[p.pid] = (kind, cpu_of(p))
         except psutil.Error:
             pass  # a process exited while sampled: its last sample stands
