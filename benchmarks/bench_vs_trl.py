@@ -324,8 +324,10 @@ def process_kind(proc: Any) -> str:
         return "gone"
     if "resource_tracker" in cmdline:
         return "resource tracker"
+    if name == "rollvault-train":  # trainer.placement=process (it names itself)
+        return "trainer process"
     if "--side" in cmdline:
-        return "main (controller + trainer)" if "rollvault" in cmdline else "main"
+        return "main (controller [+ trainer])" if "rollvault" in cmdline else "main"
     if "multiprocessing" in cmdline or "spawn_main" in cmdline:
         return "generation worker"
     return str(name)
@@ -362,7 +364,13 @@ def run_child(
     while proc.poll() is None:
         try:
             for p in [proc, *proc.children(recursive=True)]:
-                last[p.pid] = (last.get(p.pid, ("", 0.0))[0] or process_kind(p), cpu_of(p))
+                kind = last.get(p.pid, ("", 0.0))[0] or process_kind(p)
+                # A spawned child names itself once it runs (the trainer process): until then
+                # it looks like the generation worker, so look again (but an exiting child's
+                # empty command line must not undo what it was).
+                if kind == "generation worker" and process_kind(p) == "trainer process":
+                    kind = "trainer process"
+                last[p.pid] = (kind, cpu_of(p))
         except psutil.Error:
             pass  # a process exited while sampled: its last sample stands
         time.sleep(CPU_SAMPLE_S)

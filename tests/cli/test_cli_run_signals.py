@@ -320,3 +320,37 @@ def test_sigterm_during_the_warm_up_exits_143_before_anything_is_written(tmp_pat
     assert "SIGTERM while not training: exiting" in stderr
     # Nothing was written but the run lock, which the start takes first.
     assert sorted(p.name for p in run.checkpoint_dir.iterdir()) == [RUN_LOCK_FILENAME]
+
+
+def test_sigkill_leaves_no_trainer_process_and_the_run_resumes(tmp_path: Path) -> None:
+    # trainer.placement=process: the trainer is a second spawned child. Neither it nor
+    # the generation worker may outlive a controller killed without a chance to stop them.
+    run = Run(
+        tmp_path,
+        "trainer.warmup.steps=0",
+        "logging.tensorboard=false",
+        "trainer.placement=process",
+        "grpo.max_num_steps=12",
+        "checkpointing.save_period=4",
+        "rollout_checkpointing.interval_s=0.5",
+        f"model.path={tmp_path / 'model'}",
+        config=GRPO_RECIPE,
+    )
+    child = run.start()
+    run.wait_for_attempts(child, 3 * 128)  # a few steps: a trainer checkpoint or snapshot
+    children = _generation_workers(child.pid)
+    assert len(children) == 2, children  # the generation worker and the trainer
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 30.0
+    while any(_is_running(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_is_running(pid) for pid in children), "a child outlived the killed run"
+    restart = run.finish()
+    assert restart.returncode == 0, restart.stderr
+    history = read_run_history(run.log_dir)
+    assert len(history.restores) == 1 and history.restores[0].snapshot is not None
+    # Every step trained once in the effective timeline, each prompt in one step only.
+    assert sorted(history.steps) == list(range(12))
+    prompts = [t.sample_id for step in history.steps.values() for t in step]
+    assert len(prompts) == 12 * 16 and len(set(prompts)) == len(prompts)

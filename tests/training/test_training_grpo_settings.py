@@ -67,17 +67,21 @@ def test_micro_batches_give_the_whole_batch_step(
         for a, b in zip(whole.model.parameters(), micro.model.parameters(), strict=True):
             assert a.grad is not None and b.grad is not None
             scale = float(a.grad.abs().max()) + 1e-12
-            assert float((a.grad - b.grad).abs().max()) / scale <= 1e-5
+            # 3e-5: a micro-batch runs the shared-prompt pass on other batch shapes than
+            # the whole batch (training/shared_prefix.py), which rounds differently;
+            # measured up to 1.2e-5 on the second (off-policy) step.
+            assert float((a.grad - b.grad).abs().max()) / scale <= 3e-5
     if kl_coef:
         assert expected["kl"] > 0
     # Measured: at most 6e-6 after two steps of lr 1e-3, all of it at weights whose
     # gradient is ~1e-8, where AdamW's first steps (g / (|g| + 1e-8)) turn float
     # rounding of the summation order into a visible difference; elsewhere ~1e-8.
+    # With the shared-prompt pass (other batch shapes per micro-batch) up to 1.4e-5.
     worst = max(
         float((micro.model.state_dict()[name] - tensor).abs().max())
         for name, tensor in whole.model.state_dict().items()
     )
-    assert worst <= 1e-5, worst
+    assert worst <= 3e-5, worst
     moved = max(
         float((tensor - build_model(directory)[0].state_dict()[name]).abs().max())
         for name, tensor in whole.model.state_dict().items()

@@ -66,7 +66,8 @@ IO_STOP_EXIT_STATUS = 3
 """The run stopped on writes it could not make (disk full, I/O error); see the README."""
 
 TRAINER_LOST_EXIT_STATUS = 4
-"""The trainer's Ray actor died (trainer.placement: ray); a restart resumes the run."""
+"""The trainer's Ray actor or process died (trainer.placement: ray or process); a restart
+resumes the run."""
 
 
 def run_command(config: RunConfig) -> int:

@@ -106,7 +106,10 @@ class TrainerPlacement(enum.StrEnum):
     """Where the GRPO trainer runs."""
 
     LOCAL = "local"
-    """In the controller's process."""
+    """In the controller's process (a thread beside its event loop)."""
+    PROCESS = "process"
+    """In a process of its own on this machine, started and reaped by the controller; the
+    controller keeps the ledger and the snapshots and sends it samples and checkpoint paths."""
     RAY = "ray"
     """In a Ray actor (on any node of the cluster); the controller keeps the ledger and
     the snapshots and sends it batches and checkpoint paths."""
@@ -382,7 +385,9 @@ class TrainerConfig(_Section, frozen=True):
     # step. null: the whole step's batch in one pass. Lower it when a step runs out of memory.
     micro_batch_size: PositiveInt | None = None
     warmup: WarmupConfig = msgspec.field(default_factory=WarmupConfig)
-    # local: the trainer runs in the controller's process; ray: in a Ray actor (grpo only).
+    # local: the trainer runs in the controller's process (a thread beside the event loop);
+    # process: in a process of its own on this machine (grpo only), so that it does not share
+    # the controller's GIL; ray: in a Ray actor (grpo only).
     placement: TrainerPlacement = TrainerPlacement.LOCAL
     # Ray resources of the trainer actor (placement: ray).
     ray_num_cpus: NonNegativeFloat = 1.0

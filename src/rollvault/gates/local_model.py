@@ -132,6 +132,11 @@ class LocalModelGate:
         """Generation stops a response at the first of these."""
         self.worker_dtype: str | None = None
         """The parameter dtype the current worker reported when it loaded the model."""
+        self._worker: WorkerProcess | None = None
+        self._worker_ready = False
+        # The worker loads its model while the provider makes the weights (a trainer in
+        # another process may still be starting up).
+        self.start()
         self._weights = (weight_version, weights_provider())
         self._pending: list[_Pending] = []
         self._held_groups: set[str] = set()
@@ -143,15 +148,12 @@ class LocalModelGate:
         self._losses_in_a_row = 0
         self._closed = False
         self._fatal: WorkerStartError | None = None
-        self._worker: WorkerProcess | None = None
-        self._worker_ready = False
         self.tokens_generated = 0
         """Response tokens of every finished generation, including attempts that failed later."""
         self.worker_restarts = 0
         self.batches = 0
         """Generation batches the worker completed."""
         self.largest_batch = 0
-        self.start()
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from rollvault.tasks.protocols import Task
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.policy_dirs import DamagedPolicyError, load_policy
+from rollvault.training.trainer_process import ProcessTrainer
 from rollvault.training.warmup import supervised_warmup
 
 if TYPE_CHECKING:
@@ -87,9 +88,17 @@ def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
             top_k=sampling.top_k,
         ),
     )
-    trainer: GrpoTrainer | RayTrainer = local_trainer
+    trainer: GrpoTrainer | RayTrainer | ProcessTrainer = local_trainer
     if config.trainer.placement is TrainerPlacement.RAY:
         trainer = _trainer_actor(config, local_trainer, model_path, int(tokenizer.pad_token_id))
+    elif config.trainer.placement is TrainerPlacement.PROCESS:
+        trainer = ProcessTrainer(
+            local_trainer,
+            model_path=model_path,
+            dtype=config.model.dtype,
+            pad_token_id=int(tokenizer.pad_token_id),
+            settings=local_trainer.settings,
+        )
     gates: list[CountingGate] = []
 
     def vllm_gate(data_plane: DataPlane) -> VllmGate:

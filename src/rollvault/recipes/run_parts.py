@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from rollvault.training.grpo_trainer import GrpoTrainer
     from rollvault.training.ray_trainer import RayTrainer
+    from rollvault.training.trainer_process import ProcessTrainer
     from rollvault.training.warmup import WarmupReport
 
 __all__ = [
@@ -81,8 +82,9 @@ class PolicyStart(StrEnum):
 class Policy:
     """A GRPO run's policy: the model ``trainer`` trains in place, and its tokenizer."""
 
-    trainer: GrpoTrainer | RayTrainer
-    """In this process, or in a Ray actor (``trainer.placement: ray``)."""
+    trainer: GrpoTrainer | RayTrainer | ProcessTrainer
+    """In this process, in a process of its own (``trainer.placement: process``), or in a
+    Ray actor (``trainer.placement: ray``)."""
     tokenizer: PreTrainedTokenizerBase
     start: PolicyStart
     """Where this start's version-0 weights came from."""

@@ -230,8 +230,14 @@ def episode_factory(environment: EpisodeSource, *, where: str) -> Callable[[], E
     """A fresh episode per attempt: a factory as it is; a scorer wrapped as one turn."""
     is_class = isinstance(environment, type)
     if not is_class and (hasattr(environment, "score") or hasattr(environment, "score_text")):
-        scorer = environment
-        return lambda: as_episode(scorer)
+        # Decided once, not per attempt: as_episode's isinstance against a runtime
+        # protocol costs more than the rest of a single-turn episode's set-up.
+        scorer: Any = environment
+        if isinstance(scorer, EpisodeEnvironment):
+            return lambda: scorer
+        if hasattr(scorer, "score_text"):
+            return lambda: SingleTurnTextEpisode(scorer)
+        return lambda: SingleTurnEpisode(scorer)
     if (not is_class and isinstance(environment, EpisodeEnvironment)) or not callable(environment):
         raise TypeError(
             f"{where}: give a multi-turn environment as a factory (its class), so that every "

@@ -42,6 +42,11 @@ from rollvault.gates.sampling import LeftPadded, left_pad
 from rollvault.training.grpo_loss import GrpoLossStats, grpo_loss, summed_stats
 from rollvault.training.logprobs import left_pad_values, token_logprobs
 from rollvault.training.policy_dirs import publish_policy
+from rollvault.training.shared_prefix import (
+    right_pad_suffixes,
+    shared_prefix_batch,
+    suffix_logprobs,
+)
 from rollvault.training.trainer_files import (
     MODEL_FILENAME,
     OPTIMIZER_FILENAME,
@@ -57,7 +62,7 @@ from rollvault.training.trainer_files import (
     write_tensors,
 )
 
-__all__ = ["GrpoSettings", "GrpoTrainer"]
+__all__ = ["GrpoSettings", "GrpoTrainer", "PackedSample", "StepSamples", "step_samples"]
 
 
 class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -198,11 +203,16 @@ class GrpoTrainer:
             return self._step(batch)
 
     def _step(self, batch: TrainBatch) -> dict[str, float]:
-        rows = _batch_rows(batch)
-        samples = [s for s in (_sample(row) for row in rows) if s is not None]
-        metrics = _reward_metrics(rows)
-        metrics["groups"] = float(len(batch.groups))
-        metrics["staleness"] = _mean([batch.step - e.start_weight_version for e in batch.groups])
+        return self._train(step_samples(batch))
+
+    def train_samples(self, step: StepSamples) -> dict[str, float]:
+        """One optimizer step on samples :func:`step_samples` took from a batch (blocking)."""
+        with self._lock:
+            return self._train(step)
+
+    def _train(self, step: StepSamples) -> dict[str, float]:
+        samples = step.unpacked()
+        metrics = dict(step.metrics)
         if samples:
             stats, grad_norm = self._optimize(samples)
             metrics.update(
@@ -235,6 +245,9 @@ class GrpoTrainer:
         self, samples: Sequence[_Sample], token_count: int
     ) -> tuple[torch.Tensor, GrpoLossStats]:
         """The loss of ``samples``, normalized by the whole step's ``token_count``."""
+        shared = self._shared_prefix_loss(samples, token_count)
+        if shared is not None:
+            return shared
         settings = self._settings
         padded = left_pad([s.input_ids.tolist() for s in samples], self._pad_token_id)
         length = padded.input_ids.shape[1]
@@ -257,6 +270,39 @@ class GrpoTrainer:
             token_count=token_count,
         )
 
+    def _shared_prefix_loss(
+        self, samples: Sequence[_Sample], token_count: int
+    ) -> tuple[torch.Tensor, GrpoLossStats] | None:
+        """The same loss, with each distinct prompt run once for the siblings sharing it
+        (:mod:`rollvault.training.shared_prefix`); None when that saves nothing."""
+        settings = self._settings
+        starts = [int(np.argmax(s.token_mask > 0)) for s in samples]
+        batch = shared_prefix_batch([s.input_ids for s in samples], starts, self._pad_token_id)
+        if batch is None:
+            return None
+        sampling = {"temperature": settings.temperature, "top_p": settings.top_p}
+        reference = None
+        if self._reference is not None:
+            with torch.no_grad():
+                reference = suffix_logprobs(
+                    self._reference, batch, top_k=settings.top_k, **sampling
+                )
+            if reference is None:
+                return None
+        logprobs = suffix_logprobs(self._model, batch, top_k=settings.top_k, **sampling)
+        if logprobs is None:
+            return None
+        return grpo_loss(
+            logprobs,
+            right_pad_suffixes([s.generation_logprobs for s in samples], batch),
+            right_pad_suffixes([s.advantages for s in samples], batch),
+            right_pad_suffixes([s.token_mask for s in samples], batch),
+            clip_epsilon=settings.clip_epsilon,
+            reference_logprobs=reference,
+            kl_coef=settings.kl_coef,
+            token_count=token_count,
+        )
+
     def _logprobs(self, model: PreTrainedModel, padded: LeftPadded) -> torch.Tensor:
         """Per-token logprobs under the gate's sampling distribution."""
         settings = self._settings
@@ -267,6 +313,57 @@ class GrpoTrainer:
             top_p=settings.top_p,
             top_k=settings.top_k,
         )
+
+
+class PackedSample(msgspec.Struct, frozen=True, array_like=True):
+    """A :class:`_Sample`'s arrays as raw bytes (int64 ids, float32 values), cheap to send."""
+
+    input_ids: bytes
+    generation_logprobs: bytes
+    token_mask: bytes
+    advantages: bytes
+
+
+class StepSamples(msgspec.Struct, frozen=True, kw_only=True):
+    """What a step trains on, taken from its batch: the trainable samples, in batch order,
+    and the metrics the rows give (reward, accuracy, groups, staleness).
+
+    The trainer process (:mod:`rollvault.training.trainer_process`) receives this
+    instead of the batch: the rows' other fields stay in the controller."""
+
+    step: int
+    metrics: dict[str, float]
+    samples: list[PackedSample]
+
+    def unpacked(self) -> list[_Sample]:
+        return [
+            _Sample(
+                input_ids=np.frombuffer(s.input_ids, dtype=np.int64),
+                generation_logprobs=np.frombuffer(s.generation_logprobs, dtype=np.float32),
+                token_mask=np.frombuffer(s.token_mask, dtype=np.float32),
+                advantages=np.frombuffer(s.advantages, dtype=np.float32),
+            )
+            for s in self.samples
+        ]
+
+
+def step_samples(batch: TrainBatch) -> StepSamples:
+    """The trainable samples and the row metrics of ``batch`` (see :class:`StepSamples`)."""
+    rows = _batch_rows(batch)
+    samples = [s for s in (_sample(row) for row in rows) if s is not None]
+    metrics = _reward_metrics(rows)
+    metrics["groups"] = float(len(batch.groups))
+    metrics["staleness"] = _mean([batch.step - e.start_weight_version for e in batch.groups])
+    packed = [
+        PackedSample(
+            input_ids=s.input_ids.tobytes(),
+            generation_logprobs=s.generation_logprobs.tobytes(),
+            token_mask=s.token_mask.tobytes(),
+            advantages=s.advantages.tobytes(),
+        )
+        for s in samples
+    ]
+    return StepSamples(step=batch.step, metrics=metrics, samples=packed)
 
 
 def _reward_metrics(rows: Sequence[RowView]) -> dict[str, float]:
