@@ -1,5 +1,5 @@
-"""controller_state.json: version 3 carries the seal journal position, version 2 the dispatch
-journal's; versions 1 and 2 still load."""
+"""controller_state.json: version 4 carries the pooled journaled seals, version 3 the seal
+journal position, version 2 the dispatch journal's; versions 1 to 3 still load."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 
 from rollvault.config.schema import SamplerKind
@@ -18,6 +19,7 @@ from rollvault.controller.data.dataloader import DataLoaderState
 from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.parts import GroupOrigin
+from rollvault.controller.loop.seal_journal import SealRecord, encode_row
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     CONTROLLER_STATE_SCHEMA_VERSION,
@@ -35,6 +37,23 @@ LOST = LostGroupInterruption(
     reason="interrupted: test",
 )
 
+POOLED = SealRecord(
+    group_id="lost",
+    generation_index=2,
+    gate_rollout_id="lost_g2_a" + "cd" * 16,
+    epoch=1,
+    dataset_idx=3,
+    target_step=4,
+    receipt={"gate_rollout_id": "lost_g2_a" + "cd" * 16, "staging_keys": ["k/0"]},
+    reward=1.1,
+    mask_sample=False,
+    reward_checks=None,
+    reward_log_context=None,
+    rows={"k/0": encode_row({"input_ids": np.arange(5, dtype=np.int64), "reward": 1.1})},
+    num_tokens=3,
+    checks=None,
+)
+
 
 def current() -> ControllerStateFile:
     return ControllerStateFile(
@@ -49,6 +68,7 @@ def current() -> ControllerStateFile:
         dispatch_journal_seq=17,
         lost_interruptions=[LOST],
         seal_journal_seq=23,
+        pooled_seals=[POOLED],
     )
 
 
@@ -57,34 +77,52 @@ def decode(state: dict[str, object]) -> ControllerStateFile:
     return _decode_controller_state(Path("snap"), raw)
 
 
-def test_version_3_round_trips() -> None:
+def test_version_4_round_trips_with_the_pooled_seals_rows() -> None:
     state = msgspec.to_builtins(current())
-    assert state["schema_version"] == 3
+    assert state["schema_version"] == 4
     assert decode(state) == current()
+    (row,) = decode(state).pooled_seals[0].rows.values()
+    assert msgspec.json.decode(msgspec.json.encode(row)) == msgspec.to_builtins(row)
+
+
+def test_a_version_3_file_loads_with_no_pooled_seal() -> None:
+    old = msgspec.to_builtins(current())
+    del old["pooled_seals"]
+    old["schema_version"] = 3
+    loaded = decode(old)
+    assert loaded.pooled_seals == []
+    assert msgspec.structs.replace(loaded, schema_version=4, pooled_seals=[POOLED]) == current()
 
 
 def test_a_version_2_file_loads_reflecting_no_seal_journal() -> None:
     old = msgspec.to_builtins(current())
-    del old["seal_journal_seq"]
+    del old["seal_journal_seq"], old["pooled_seals"]
     old["schema_version"] = 2
     loaded = decode(old)
     assert loaded.seal_journal_seq == 0
-    assert msgspec.structs.replace(loaded, schema_version=3, seal_journal_seq=23) == current()
+    assert (
+        msgspec.structs.replace(
+            loaded, schema_version=4, seal_journal_seq=23, pooled_seals=[POOLED]
+        )
+        == current()
+    )
 
 
 def test_a_version_1_file_loads_reflecting_no_journal_and_no_pending_interruption() -> None:
     old = msgspec.to_builtins(current())
     del old["dispatch_journal_seq"], old["lost_interruptions"], old["seal_journal_seq"]
+    del old["pooled_seals"]
     old["schema_version"] = 1
     loaded = decode(old)
     assert (loaded.dispatch_journal_seq, loaded.lost_interruptions) == (0, [])
     assert (
         msgspec.structs.replace(
             loaded,
-            schema_version=3,
+            schema_version=4,
             dispatch_journal_seq=17,
             lost_interruptions=[LOST],
             seal_journal_seq=23,
+            pooled_seals=[POOLED],
         )
         == current()
     )
@@ -93,10 +131,15 @@ def test_a_version_1_file_loads_reflecting_no_journal_and_no_pending_interruptio
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: s.update(schema_version=4), "unsupported schema_version 4 (supported: 1, 2, 3)"),
+        (
+            lambda s: s.update(schema_version=5),
+            "unsupported schema_version 5 (supported: 1, 2, 3, 4)",
+        ),
+        (lambda s: s.pop("pooled_seals"), "missing required field `pooled_seals`"),
+        (lambda s: s.update(schema_version=3), "unknown field `pooled_seals`"),
         (lambda s: s.pop("dispatch_journal_seq"), "missing required field `dispatch_journal_seq`"),
         (lambda s: s.pop("seal_journal_seq"), "missing required field `seal_journal_seq`"),
-        (lambda s: s.update(schema_version=2), "unknown field `seal_journal_seq`"),
+        (lambda s: s.update(schema_version=2), "unknown field `"),
         (lambda s: s.update(schema_version=1), "unknown field `dispatch_journal_seq`"),
         (lambda s: s.update(dispatch_journal_seq=-1), "at `$.dispatch_journal_seq`"),
     ],

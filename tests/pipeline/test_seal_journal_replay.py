@@ -5,10 +5,17 @@ The SIGKILL proofs at the journal's fault points are in test_seal_journal_crash.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
-from pipeline_helpers import expected_prompts, run_simulated, run_until_crash, small_config
+from pipeline_helpers import (
+    dataset_of,
+    expected_prompts,
+    run_simulated,
+    run_until_crash,
+    small_config,
+)
 
 from rollvault.checkpoint_tools.run_history import (
     check_exactly_once,
@@ -17,9 +24,16 @@ from rollvault.checkpoint_tools.run_history import (
     work_accounting,
 )
 from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.pipeline import build_parts
 from rollvault.controller.loop.seal_journal import SEAL_JOURNAL_DIRNAME, SealRecord, decode_replay
+from rollvault.controller.snapshots.checkpointer import Checkpointer
+from rollvault.controller.snapshots.restorer import RolloutRestorer
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
 from rollvault.durable.journal_format import list_segments, read_journal
 from rollvault.ledger.statuses import RolloutAttemptStatus
+from rollvault.training.recording import RecordingTrainer
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +130,57 @@ def test_a_torn_journal_tail_is_cut_off_reported_and_the_run_trains_once(tmp_pat
     later = [r for r in records if r.seq > last_seal.seq and isinstance(r.entry, SealRecord)]
     assert later == []
     assert 0 < lost <= entry.num_tokens
+
+
+def test_seals_still_pooled_when_a_snapshot_commits_are_kept_by_that_snapshot(
+    tmp_path: Path,
+) -> None:
+    # No snapshot before the crash: the restore pools every journaled seal. A
+    # snapshot that commits before their prompts come back drops the journal
+    # segments that held them, so the snapshot itself must keep them.
+    config = _config(tmp_path, "rollout_checkpointing.interval_s=3600")
+    run_until_crash(config, 4)
+    directory = Path(config.checkpointing.checkpoint_dir) / SEAL_JOURNAL_DIRNAME
+
+    async def restore() -> RolloutParts:
+        source = prepare_checkpoint_dir(config)
+        assert source is not None
+        parts = build_parts(config, dataset=dataset_of(config))
+        await RolloutRestorer(
+            parts,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=source,
+        ).restore()
+        return parts
+
+    def close(parts: RolloutParts) -> None:
+        parts.logs.close()
+        if parts.seal_journal is not None:
+            parts.seal_journal.close()
+
+    async def main() -> tuple[dict[tuple[int, int], dict[int, SealRecord]], RolloutParts]:
+        parts = await restore()
+        try:
+            pooled = {prompt: dict(seals) for prompt, seals in parts.journaled_seals.items()}
+            checkpointer = Checkpointer(
+                parts, RecordingTrainer(), fingerprint=run_fingerprint(config)
+            )
+            assert await checkpointer.snapshot_if_changed() is not None
+        finally:
+            close(parts)
+        again = await restore()
+        close(again)
+        return pooled, again
+
+    pooled, again = asyncio.run(main())
+    assert sum(len(seals) for seals in pooled.values()) > 0
+    # The pooled seals' records are gone from the journal: only the snapshot has them.
+    pooled_ids = {s.gate_rollout_id for seals in pooled.values() for s in seals.values()}
+    left = {
+        r.entry.gate_rollout_id
+        for r in decode_replay(read_journal(directory))
+        if isinstance(r.entry, SealRecord)
+    }
+    assert pooled_ids.isdisjoint(left)
+    assert again.journaled_seals == pooled

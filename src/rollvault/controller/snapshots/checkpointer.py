@@ -48,6 +48,7 @@ from rollvault.controller.loop.io_failures import (
     TrainerCheckpointWriteError,
 )
 from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entry
+from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (
@@ -113,6 +114,7 @@ class CutCapture:
     log_sequence: int
     journal_seq: int
     seal_journal_seq: int
+    pooled_seals: tuple[SealRecord, ...]
     lost_interruptions: tuple[LostGroupInterruption, ...]
     episodes: dict[str, EpisodeState]
 
@@ -140,6 +142,9 @@ def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> Cu
         log_sequence=parts.logs.sequence.value,
         journal_seq=parts.journal.seq if parts.journal is not None else 0,
         seal_journal_seq=parts.seal_journal.next_seq if parts.seal_journal is not None else 0,
+        pooled_seals=tuple(
+            seal for pool in parts.journaled_seals.values() for seal in pool.values()
+        ),
         lost_interruptions=tuple(parts.lost_interruptions),
         episodes=parts.episodes.capture(),
     )
@@ -197,6 +202,7 @@ def build_snapshot(
             log_sequence=cut.log_sequence,
             dispatch_journal_seq=cut.journal_seq,
             seal_journal_seq=cut.seal_journal_seq,
+            pooled_seals=list(cut.pooled_seals),
             lost_interruptions=list(cut.lost_interruptions),
         ),
         data_plane=cut.data_plane,

@@ -29,15 +29,11 @@ What is replayed, and why it keeps DESIGN's invariants:
   same target step is adopted (the staleness the sampler allowed then holds
   now), and under ``prompt_group`` only a complete group of one old group
   (siblings must share one weight version). The attempt log names the old
-  attempt (``adopted_from``). The pool lives in memory: a start that dies
-  before its first snapshot leaves the journal as it was, and the next start
-  pools the same seals again; but a start that commits a snapshot (which
-  drops the segments it covers) before it reserves a pooled prompt again, and
-  then dies, loses that prompt's pooled seals. The restored dataloader
-  reserves the pooled prompts first, so this needs a snapshot within the
-  first groups of a start. (Not done: record the oldest pooled seq as the
-  snapshot's ``seal_journal_seq`` and drop pooled seals whose prompt the
-  restored dataloader has drawn, so the segments stay until adopted.)
+  attempt (``adopted_from``). The pool is controller state: a snapshot
+  keeps the seals still pooled (``controller_state.json``'s
+  ``pooled_seals``), because once it commits the journal segments that
+  held them are dropped; a restore pools the snapshot's seals first, then
+  the journal's records after it.
 * **Finalizations and step boundaries** need no re-application: a restore
   rolls the trainer back to the snapshot's trainer checkpoint anyway, and a
   group whose every sibling is sealed again is finalized again by the rollout
@@ -135,6 +131,12 @@ async def replay_seal_journal(
     return counts
 
 
+def pool_seal(parts: RolloutParts, seal: SealRecord) -> None:
+    """Keep ``seal`` of a lost group for its prompt's next group (see the module docstring)."""
+    pool = parts.journaled_seals.setdefault((seal.epoch, seal.dataset_idx), {})
+    pool[seal.generation_index] = seal  # a later seal of the sibling replaces it
+
+
 async def _replay_seal(
     parts: RolloutParts, record: DecodedRecord, seal: SealRecord, counts: JournalReplayCounts
 ) -> None:
@@ -142,8 +144,7 @@ async def _replay_seal(
         if seal.group_id in parts.groups:
             counts.seals_already_in_snapshot += 1  # canonical (or trained) in the snapshot
         else:
-            pool = parts.journaled_seals.setdefault((seal.epoch, seal.dataset_idx), {})
-            pool[seal.generation_index] = seal  # a later seal of the sibling replaces it
+            pool_seal(parts, seal)
             counts.seals_pooled += 1
         return
     group = parts.ledger.get_group(seal.group_id)

@@ -43,6 +43,7 @@ from rollvault.controller.snapshots.crash_evidence import crash_evidence
 from rollvault.controller.snapshots.gc_pause import gc_paused_async
 from rollvault.controller.snapshots.journal_replay import (
     JournalReplayCounts,
+    pool_seal,
     replay_seal_journal,
 )
 from rollvault.controller.snapshots.resume import ResumeSource
@@ -271,6 +272,9 @@ class RolloutRestorer:
         """Unfinished groups, with interrupted attempts turned into fresh ones."""
         parts = self._parts
         parts.ledger.load_parsed_state(parts.cut, snapshot.recovery)
+        if self._resume.mode is RestoreMode.LATEST:
+            for seal in snapshot.controller.pooled_seals:
+                pool_seal(parts, seal)  # before the journal's own: a newer seal replaces
         if self._resume.mode is RestoreMode.LATEST and parts.seal_journal is not None:
             # Before crash evidence and prepare_for_restart: a replayed attempt is sealed.
             self.counts.journal = await replay_seal_journal(

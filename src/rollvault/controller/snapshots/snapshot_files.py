@@ -51,6 +51,7 @@ from rollvault.controller.data.shortfall import SparePromptsState
 from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.episodes import EpisodeState
 from rollvault.controller.loop.parts import GroupOrigin
+from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
@@ -72,13 +73,15 @@ from rollvault.ledger.state_schema import (
 )
 
 SNAPSHOT_FILES_SCHEMA_VERSION: Final = 1
-CONTROLLER_STATE_SCHEMA_VERSION: Final = 3
+CONTROLLER_STATE_SCHEMA_VERSION: Final = 4
 """Version 2 of ``controller_state.json`` adds ``dispatch_journal_seq`` and
-``lost_interruptions``, version 3 ``seal_journal_seq``. Version 1 (every
-other file's version) is still read: it was written before the dispatch
-journal, so it reflects none of it and no interruption is pending; version 2
-was written before the seal journal (it reflects none of it, seq 0)."""
-SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
+``lost_interruptions``, version 3 ``seal_journal_seq``, version 4
+``pooled_seals``. Version 1 (every other file's version) is still read: it
+was written before the dispatch journal, so it reflects none of it and no
+interruption is pending; version 2 was written before the seal journal (it
+reflects none of it, seq 0); version 3 before seals were pooled across
+snapshots (none pooled)."""
+SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4})
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -146,6 +149,10 @@ class ControllerStateFile(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
     """The seal journal's next seq when the snapshot was cut: it reflects every
     record below it, and a restore replays the records from it on (version 3)."""
+    pooled_seals: list[SealRecord]
+    """Journaled seals of groups an earlier start lost, still waiting for their
+    prompts to be reserved again (version 4). The journal segments that held
+    them are dropped once this snapshot commits, so the snapshot keeps them."""
 
 
 class EnvRolloutsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -183,6 +190,18 @@ class _ControllerStateFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=
     log_sequence: int
     dispatch_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
     lost_interruptions: list[LostGroupInterruption]
+
+
+class _ControllerStateFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    schema_version: int
+    sampler: SamplerState
+    dataloader: DataLoaderState
+    origins: dict[str, GroupOrigin]
+    prompt_identities: dict[str, str]
+    log_sequence: int
+    dispatch_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
+    lost_interruptions: list[LostGroupInterruption]
+    seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class _Versioned(msgspec.Struct):
@@ -509,9 +528,14 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
             )
         if version == CONTROLLER_STATE_SCHEMA_VERSION:
             return msgspec.json.decode(data, type=ControllerStateFile, strict=True)
+        if version == 3:
+            v3 = msgspec.json.decode(data, type=_ControllerStateFileV3, strict=True)
+            return ControllerStateFile(**msgspec.structs.asdict(v3), pooled_seals=[])
         if version == 2:
             v2 = msgspec.json.decode(data, type=_ControllerStateFileV2, strict=True)
-            return ControllerStateFile(**msgspec.structs.asdict(v2), seal_journal_seq=0)
+            return ControllerStateFile(
+                **msgspec.structs.asdict(v2), seal_journal_seq=0, pooled_seals=[]
+            )
         old = msgspec.json.decode(data, type=_ControllerStateFileV1, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SnapshotCorruptError(path / CONTROLLER_STATE_FILENAME, str(exc)) from exc
@@ -520,6 +544,7 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
         dispatch_journal_seq=0,
         lost_interruptions=[],
         seal_journal_seq=0,
+        pooled_seals=[],
     )
 
 
