@@ -91,7 +91,7 @@ def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stalled_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run killed before any step, sibling 3 of every group stuck: bootstrap snapshots."""
     root = tmp_path_factory.mktemp("stalled")
-    run_stalled_then_kill(small_config(root, *SLOW_GATE), stalled_index=3, min_snapshots=2)
+    run_stalled_then_kill(small_config(root, *SLOW_GATE), stalled_index=3)
     return root / "ckpt"
 
 
@@ -201,7 +201,9 @@ def test_inspect_json_lists_every_snapshot_with_the_counts_of_its_files(
     inventory = inspect_json(capsys, checkpoint_dir)
     entries = {Path(s.path): s for a in inventory.anchors for s in a.snapshots}
     assert set(entries) == snapshot_dirs(checkpoint_dir)
-    assert len(entries) >= 2
+    # A stalled run may reach its stuck state before its second snapshot; after that
+    # nothing changes, so no other snapshot is written (waiting for one would hang).
+    assert len(entries) >= (2 if which == "trained" else 1)
     for path, entry in entries.items():
         assert counts_from_entry(entry) == counts_from_files(path), path
 
@@ -475,7 +477,7 @@ def test_an_orphan_staged_row_is_reported_and_an_in_flight_one_is_not(
 
     orphaned = with_rows(tolerated, STAGING_PARTITION, {stale_key: row, "not-a-key": row})
     (problem,) = cross_reference_problems(orphaned, generations_per_group=GENERATIONS)
-    assert problem.path == str(snapshot.path / "data_plane" / "rollout_staging.safetensors")
+    assert problem.path == str(snapshot.path / "data_plane" / "metadata.json")  # the row index
     assert problem.problem.startswith("2 orphan rollout_staging rows")
     assert repr(stale_key) in problem.problem and "'not-a-key'" in problem.problem
     assert repr(in_flight_key) not in problem.problem
@@ -500,7 +502,9 @@ def test_orphan_and_missing_train_rows_are_reported(trained_dir: Path) -> None:
     entry = snapshot.replay.replay.entries[0]
     ghost = with_rows(snapshot, TRAIN_PARTITION, {"ghost_g0": any_row(snapshot)})
     (problem,) = cross_reference_problems(ghost, generations_per_group=GENERATIONS)
-    assert problem.path == str(snapshot.path / "data_plane" / "train.safetensors")
+    # A segmented snapshot's rows are listed in its data-plane index.
+    assert snapshot.segments is not None
+    assert problem.path == str(snapshot.path / "data_plane" / "metadata.json")
     assert "1 orphan train rows" in problem.problem and "'ghost_g0'" in problem.problem
 
     gone = without_rows(snapshot, TRAIN_PARTITION, {f"{entry.group_id}_g2"})

@@ -223,10 +223,10 @@ class HangingGate(SimulatedGate):
 
 
 def run_stalled_then_kill(
-    config: RunConfig, *, stalled_index: int, timeout_s: float = 60.0, min_snapshots: int = 1
+    config: RunConfig, *, stalled_index: int, timeout_s: float = 60.0
 ) -> None:
-    """Run with one sibling slot stuck until a committed snapshot holds the stuck state
-    and at least ``min_snapshots`` are committed, then cancel the run.
+    """Run with one sibling slot stuck until a committed snapshot holds the stuck state,
+    then cancel the run.
 
     The stuck state: ``max_inflight_prompts`` groups in flight, each with every
     sibling sealed but the stalled one. Waiting for that snapshot, not for a
@@ -248,8 +248,6 @@ def run_stalled_then_kill(
 
     def stuck_snapshot_committed() -> bool:
         committed = committed_snapshot_paths(snapshots)
-        if len(committed) < min_snapshots:
-            return False
         for path in reversed(committed):
             try:
                 siblings = read_snapshot_contents(path).siblings

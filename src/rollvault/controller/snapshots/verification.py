@@ -49,7 +49,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     read_snapshot_files,
     segments_dir_for,
 )
-from rollvault.dataplane.checkpoint_format import partition_file_name
+from rollvault.dataplane.checkpoint_format import METADATA_FILENAME, partition_file_name
 from rollvault.dataplane.errors import DataPlaneCheckpointError, DataPlaneValidationError
 from rollvault.dataplane.interface import (
     STAGING_PARTITION,
@@ -512,7 +512,9 @@ def _orphan_problem(
 ) -> list[SnapshotProblem]:
     if not keys:
         return []
-    path = snapshot.path / DATA_PLANE_DIRNAME / partition_file_name(partition)
+    # A segmented snapshot lists its rows in the data plane's index, not in a file per partition.
+    name = METADATA_FILENAME if snapshot.segments is not None else partition_file_name(partition)
+    path = snapshot.path / DATA_PLANE_DIRNAME / name
     keys = sorted(keys)
     message = f"{len(keys)} orphan {partition} rows, {why}: {_some(keys)}"
     return [
