@@ -181,5 +181,23 @@ def test_a_journal_that_cannot_write_stops_without_stopping_the_run(tmp_path: Pa
     assert journal.failure is not None
     assert journal.metrics()["journal/failed"] == 1.0
     writer._fd = None
+    journal.close()  # logged once already: the close does not raise it again
+    assert journal.failure is not None
+
+
+def test_a_failure_no_append_saw_is_recorded_by_the_close_not_raised(tmp_path: Path) -> None:
+    # A full disk ends the run through the snapshots; the journal's close must not
+    # replace that stop with its own error (it did: exit 1 and a traceback).
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    writer = journal._writer
+    assert writer._fd is not None
+    os.close(writer._fd)
+    lost = journal.step(1, [])
+    assert lost is not None
     with pytest.raises(JournalWriteError):
-        journal.close()
+        writer.wait_durable(lost, timeout=30)
+    assert journal.failure is None  # no append came after the failure
+    writer._fd = None
+    journal.close()
+    assert isinstance(journal.failure, JournalWriteError)
+    assert journal.metrics()["journal/failed"] == 1.0

@@ -320,12 +320,14 @@ class SealJournal:
         try:
             return self._writer.append(encode_entry(entry))
         except JournalWriteError as error:
-            self.failure = error
-            _LOG.warning(
-                "seal journal stopped: %s; seals are kept only up to the newest snapshot now",
-                error,
-            )
+            self._stopped(error)
             return None
+
+    def _stopped(self, error: JournalWriteError) -> None:
+        self.failure = error
+        _LOG.warning(
+            "seal journal stopped: %s; seals are kept only up to the newest snapshot now", error
+        )
 
     def covered(self, snapshot_seq: int) -> None:
         """A committed snapshot reflects every record below ``snapshot_seq``: rotate, drop.
@@ -366,8 +368,18 @@ class SealJournal:
         }
 
     def close(self) -> None:
-        """Flush what is queued and stop the writer thread."""
-        self._writer.close()
+        """Flush what is queued and stop the writer thread.
+
+        A writer that failed does not fail the close, for the reason a failed
+        append does not fail the run (:meth:`_append`): the failure is logged
+        once, and whatever ended the run (a full disk stops it through the
+        snapshots) is what the run reports.
+        """
+        try:
+            self._writer.close()
+        except JournalWriteError as error:
+            if self.failure is None:
+                self._stopped(error)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
