@@ -46,6 +46,7 @@ import contextlib
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import msgspec
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
@@ -100,6 +101,11 @@ class _Pending(msgspec.Struct):
 class LocalModelGate:
     """Generates with a local model in a worker process (see the module docstring)."""
 
+    starts_before_weights: ClassVar[bool] = True
+    """The constructor starts the worker before asking the provider for the weights, so
+    the worker loads its model meanwhile (a trainer in another process may still be
+    starting up). A subclass whose start needs the weights sets it False."""
+
     def __init__(
         self,
         config: LocalModelGateConfig,
@@ -134,10 +140,11 @@ class LocalModelGate:
         """The parameter dtype the current worker reported when it loaded the model."""
         self._worker: WorkerProcess | None = None
         self._worker_ready = False
-        # The worker loads its model while the provider makes the weights (a trainer in
-        # another process may still be starting up).
-        self.start()
+        if self.starts_before_weights:
+            self.start()
         self._weights = (weight_version, weights_provider())
+        if not self.starts_before_weights:
+            self.start()
         self._pending: list[_Pending] = []
         self._held_groups: set[str] = set()
         """Groups with siblings generated and siblings still waiting: the worker keeps its

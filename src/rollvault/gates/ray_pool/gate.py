@@ -60,6 +60,8 @@ __all__ = ["RayPoolGate"]
 class RayPoolGate(LocalModelGate):
     """Generates with a pool of Ray actors (see the module docstring)."""
 
+    starts_before_weights = False  # the actors start with the weights they broadcast
+
     def __init__(
         self,
         config: LocalModelGateConfig,
