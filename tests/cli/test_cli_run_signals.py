@@ -337,7 +337,14 @@ def test_sigkill_leaves_no_trainer_process_and_the_run_resumes(tmp_path: Path) -
         config=GRPO_RECIPE,
     )
     child = run.start()
-    run.wait_for_attempts(child, 3 * 128)  # a few steps: a trainer checkpoint or snapshot
+    run.wait_for_attempts(child, 3 * 128)  # a few steps
+    # And a committed snapshot: killed before the first (a loaded CI machine), the
+    # restart resumes from the seal journal alone, which this test is not about.
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not run.committed_snapshots() and time.monotonic() < deadline:
+        assert child.poll() is None, "the run ended before it was killed"
+        time.sleep(0.05)  # a poll of the disk, not a synchronization
+    assert run.committed_snapshots(), "no rollout snapshot committed before the kill"
     children = _generation_workers(child.pid)
     assert len(children) == 2, children  # the generation worker and the trainer
     child.kill()
