@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,43 @@ def test_rollvault_run_refuses_an_unknown_task_by_name(
     assert "did you mean 'addition'?" in err
     # Refused before anything was written but the run lock, which the start takes first.
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [RUN_LOCK_FILENAME]
+
+
+_REFUSE_WITHOUT_TORCH = """
+import sys
+from rollvault.config.errors import ConfigError
+from rollvault.config.loading import load_run_config
+from rollvault.recipes.async_grpo import prepare
+config = load_run_config(None, sys.argv[1:])
+try:
+    prepare(config)
+except ConfigError as error:
+    print(error)
+else:
+    raise SystemExit("prepare accepted a bad dataset")
+print("torch imported" if "torch" in sys.modules else "torch not imported")
+"""
+
+
+def test_a_bad_dataset_file_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "1+2=", "answer": "3"}\n{"prompt": 7}\n')
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _REFUSE_WITHOUT_TORCH,
+            "gate.kind=local_model",
+            "trainer.kind=grpo",
+            "dataset.kind=jsonl",
+            f"dataset.path={tmp_path / 'bad.jsonl'}",
+            "reward.function=exact_match",
+            f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "line 2, field 'prompt'" in result.stdout
+    assert result.stdout.strip().endswith("torch not imported")

@@ -44,6 +44,7 @@ from rollvault.recipes.run_parts import (
     PolicyStart,
     PreparedRun,
     final_model_path,
+    model_run_inputs,
     policy_start,
     prompt_dataset,
     text_environment,
@@ -78,11 +79,13 @@ def prepare(config: RunConfig) -> PreparedRun:
     """
     task = get_task(config.dataset.kind)
     if config.gate.kind in (GateKind.LOCAL_MODEL, GateKind.RAY, GateKind.VLLM):
+        inputs = model_run_inputs(config, task)
         # Imported here, not at the top: torch and transformers cost about five
-        # CPU-seconds to import, which the simulated run never needs.
+        # CPU-seconds to import, which the simulated run never needs and a
+        # refused dataset or reward function should not wait for.
         from rollvault.recipes.model_run import prepare_model_run
 
-        return prepare_model_run(config, task)
+        return prepare_model_run(config, task, inputs)
     return prepare_simulated_run(config, task)
 
 

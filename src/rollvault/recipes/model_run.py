@@ -21,14 +21,12 @@ from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
 from rollvault.gates.vllm.gate import VllmGate
 from rollvault.recipes.run_parts import (
     CountingGate,
+    ModelRunInputs,
     Policy,
     PolicyStart,
     PreparedRun,
     policy_start,
-    prompt_dataset,
-    text_environment,
     version_zero_policy_path,
-    warmup_source,
 )
 from rollvault.tasks.protocols import Task
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
@@ -43,11 +41,13 @@ if TYPE_CHECKING:
 __all__ = ["prepare_model_run"]
 
 
-def prepare_model_run(config: RunConfig, task: Task) -> PreparedRun:
-    """A causal LM generating in a worker process, scored as text, trained by GRPO."""
-    environment = text_environment(config, task)
-    examples = warmup_source(config, task)
-    dataset = prompt_dataset(config, task)
+def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> PreparedRun:
+    """A causal LM generating in a worker process, scored as text, trained by GRPO.
+
+    ``inputs`` are :func:`~rollvault.recipes.run_parts.model_run_inputs`' for
+    ``config`` and ``task``, already checked.
+    """
+    environment, examples, dataset = inputs
     # One torch thread here and one in the generation worker keep two cores busy.
     torch.set_num_threads(1)
     model_path = ensure_model_dir(

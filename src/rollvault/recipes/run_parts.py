@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RestoreMode, RunConfig
@@ -46,10 +46,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CountingGate",
+    "ModelRunInputs",
     "Policy",
     "PolicyStart",
     "PreparedRun",
     "final_model_path",
+    "model_run_inputs",
     "policy_start",
     "prompt_dataset",
     "text_environment",
@@ -172,6 +174,28 @@ def token_environment(config: RunConfig, task: Task) -> EpisodeSource:
             f"dataset.kind={task.name} has none"
         )
     return task.token_environment()
+
+
+class ModelRunInputs(NamedTuple):
+    """What a model run reads from the user's task: checked before any model is built."""
+
+    environment: EpisodeSource
+    warmup_examples: WarmupSource | None
+    dataset: PromptDataset
+
+
+def model_run_inputs(config: RunConfig, task: Task) -> ModelRunInputs:
+    """The scoring, warm-up examples and dataset of a model run, each refused if wrong.
+
+    A bad dataset file or reward function is refused from here, before torch
+    and transformers are imported (seconds a user should not wait for "line
+    2, field 'prompt'").
+    """
+    return ModelRunInputs(
+        environment=text_environment(config, task),
+        warmup_examples=warmup_source(config, task),
+        dataset=prompt_dataset(config, task),
+    )
 
 
 def warmup_source(config: RunConfig, task: Task) -> WarmupSource | None:
