@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "pipeline"))
 
 from pipeline_helpers import (  # noqa: E402
     run_stalled_then_kill,
-    run_until_crash,
+    run_until_crash_holding_rows,
     small_config,
 )
 
@@ -81,9 +81,10 @@ SNAPSHOT_FILES = (
 
 @pytest.fixture(scope="module")
 def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run that died after step 6: step_4/ (trainer checkpoint) and its snapshots."""
+    """A run that died after step 6: step_4/ (trainer checkpoint, holding staged and train
+    rows) and its snapshots."""
     root = tmp_path_factory.mktemp("trained")
-    run_until_crash(small_config(root, *SLOW_GATE), 6)
+    run_until_crash_holding_rows(small_config(root, *SLOW_GATE), 6)
     return root / "ckpt"
 
 
@@ -126,7 +127,8 @@ def newest_rollout_snapshot(checkpoint_dir: Path) -> Path:
 def snapshot_file(directory: Path, name: str) -> Path:
     """``name`` in the snapshot at ``directory``; ``segment:<partition>`` the newest segment
     of that partition the snapshot references, or if it holds none of its rows, that an
-    older snapshot beside it references (segments are shared by an anchor's snapshots)."""
+    older snapshot beside it references (segments are shared by an anchor's snapshots).
+    The fixtures make sure some snapshot holds rows of each partition."""
     if not name.startswith("segment:"):
         return directory / name
     partition = name.removeprefix("segment:")
@@ -135,8 +137,7 @@ def snapshot_file(directory: Path, name: str) -> Path:
         files = [r.file for r in content.segments if r.partition == partition]
         if files:
             return segments_dir_for(directory) / max(files)
-    # This run's trainer checkpoint holds no rows at all (a v1 snapshot had an empty file).
-    pytest.skip(f"no snapshot beside {directory} holds {partition} rows")
+    raise AssertionError(f"no snapshot beside {directory} holds {partition} rows")
 
 
 def flip_middle_byte(path: Path) -> None:

@@ -12,6 +12,7 @@ from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RunConfig, SimulatedGateConfig
 from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.gate import AttemptOutcome, AttemptRequest
+from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.pipeline import RunSummary, run
 from rollvault.controller.loop.run_logs import (
     ATTEMPTS_LOG_FILENAME,
@@ -24,7 +25,7 @@ from rollvault.controller.loop.run_logs import (
 )
 from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError
-from rollvault.dataplane.interface import DataPlane
+from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, DataPlane
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.gates.simulated import SimulatedGate
@@ -163,6 +164,110 @@ def run_until_crash(config: RunConfig, crash_after_step: int) -> None:
     crashed = False
     try:
         asyncio.run(run(config, gate_factory=gate, trainer=trainer, dataset=dataset_of(config)))
+    except* SimulatedCrash:
+        crashed = True
+    assert crashed, f"the run finished before step {crash_after_step}"
+
+
+class HoldingGate(SimulatedGate):
+    """Holds the last sibling of every group after the first ``groups`` until ``release``
+    is set: the other siblings of those groups are sealed, their rows staged."""
+
+    def __init__(
+        self,
+        config: SimulatedGateConfig,
+        data_plane: DataPlane,
+        environment: Environment,
+        *,
+        seed: int = 0,
+        groups: int,
+        held_index: int,
+        release: asyncio.Event,
+    ) -> None:
+        super().__init__(config, data_plane, environment, seed=seed)
+        self._groups = groups
+        self._held_index = held_index
+        self._release = release
+        self._seen: list[str] = []
+
+    async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
+        if request.group_id not in self._seen:
+            self._seen.append(request.group_id)
+        late = self._seen.index(request.group_id) >= self._groups
+        if late and request.generation_index == self._held_index:
+            await self._release.wait()
+        return await super().run_attempt(request)
+
+
+class RowsAtCheckpointTrainer(CrashingTrainer):
+    """Before the step that the first trainer checkpoint follows, waits until the data
+    plane holds staged rows and the train rows of at least one group beyond that step."""
+
+    def __init__(
+        self, crash_after_step: int, *, checkpoint_after_step: int, generations: int
+    ) -> None:
+        super().__init__(crash_after_step)
+        self.checkpoint_after_step = checkpoint_after_step
+        self.generations = generations
+        self.data_plane: DataPlane | None = None
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        if batch.step == self.checkpoint_after_step:
+            # Trained rows stay until the checkpoint: steps 0..k's groups and one more.
+            wanted = (batch.step + 1) * len(batch.groups) * self.generations + self.generations
+            async with asyncio.timeout(60):
+                while not self._holds_rows(wanted):
+                    await asyncio.sleep(0.005)  # polls the test's own condition
+        return await super().train_step(batch)
+
+    def _holds_rows(self, train_rows: int) -> bool:
+        plane = self.data_plane
+        assert plane is not None
+        return (
+            len(plane.keys(STAGING_PARTITION)) > 0
+            and len(plane.keys(TRAIN_PARTITION)) >= train_rows
+        )
+
+
+def run_until_crash_holding_rows(config: RunConfig, crash_after_step: int) -> None:
+    """Like :func:`run_until_crash`, but the first trainer checkpoint's rollout state surely
+    holds rows of both partitions: staged rows of groups whose last sibling is held, and
+    the rows of a finalized group not yet trained (no timing decides it)."""
+    period = config.checkpointing.save_period
+    generations = config.grpo.num_generations_per_prompt
+    trainer = RowsAtCheckpointTrainer(
+        crash_after_step, checkpoint_after_step=period - 1, generations=generations
+    )
+    release = asyncio.Event()
+    per_step = config.grpo.num_prompts_per_step
+
+    def gate(data_plane: DataPlane) -> SimulatedGate:
+        trainer.data_plane = data_plane
+        return HoldingGate(
+            config.gate.simulated,
+            data_plane,
+            ParityEnvironment(),
+            seed=config.seed,
+            groups=period * per_step + 1,
+            held_index=generations - 1,
+            release=release,
+        )
+
+    def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
+        if parts.trainer_version >= period:
+            release.set()  # the checkpoint is taken: let the held groups finish
+
+    crashed = False
+    try:
+        asyncio.run(
+            run(
+                config,
+                gate_factory=gate,
+                trainer=trainer,
+                dataset=dataset_of(config),
+                on_step=on_step,
+            )
+        )
     except* SimulatedCrash:
         crashed = True
     assert crashed, f"the run finished before step {crash_after_step}"
