@@ -20,6 +20,7 @@ from rollvault.rewards.errors import (
     RewardFunctionRaisedError,
     RewardFunctionResultError,
     RewardFunctionScoreError,
+    RewardFunctionTimeoutError,
 )
 from rollvault.rewards.loading import LoadedRewardFunction
 from rollvault.rewards.spec import parse_reward_function
@@ -38,10 +39,13 @@ ROW_PROMPT: dict[str, Any] = {
 ADDITION_PROMPT = {**addition_pair(7, 35), "idx": 3}
 
 
-def _environment(function: Any, *, is_async: bool = False) -> RewardFunctionEnvironment:
+def _environment(
+    function: Any, *, is_async: bool = False, timeout_s: float | None = None
+) -> RewardFunctionEnvironment:
     spec = parse_reward_function("user_rewards:score")
     return RewardFunctionEnvironment(
-        LoadedRewardFunction(spec=spec, function=function, is_async=is_async)
+        LoadedRewardFunction(spec=spec, function=function, is_async=is_async),
+        timeout_s=timeout_s,
     )
 
 
@@ -161,6 +165,50 @@ def test_a_function_that_raises_fails_the_attempt_naming_exception_and_row() -> 
     )
     assert isinstance(info.value, PromptEnvironmentError)  # the gate: a data failure
     assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_an_async_function_past_its_timeout_fails_the_attempt_naming_the_limit() -> None:
+    async def hangs(response_text: str, sample: Mapping[str, Any]) -> float:
+        await asyncio.Event().wait()
+        return 1.0
+
+    with pytest.raises(RewardFunctionTimeoutError) as info:
+        _score(_environment(hangs, is_async=True, timeout_s=0.05), ROW_PROMPT, "42")
+    assert str(info.value) == (
+        "reward.function='user_rewards:score' did not return within reward.timeout_s=0.05 s "
+        "(dataset row idx=7)"
+    )
+    assert isinstance(info.value, PromptEnvironmentError)  # the gate: a data failure
+
+
+def test_a_hung_sync_function_releases_its_attempt_at_the_timeout() -> None:
+    release = threading.Event()
+
+    def hangs(response_text: str, sample: Mapping[str, Any]) -> float:
+        release.wait(timeout=30)
+        return 1.0
+
+    try:
+        with pytest.raises(RewardFunctionTimeoutError, match=r"timeout_s=0.05 s"):
+            _score(_environment(hangs, timeout_s=0.05), ROW_PROMPT, "42")
+    finally:
+        release.set()  # the thread Python cannot stop ends here
+
+
+def test_a_timeout_error_the_function_raises_itself_is_its_own_failure() -> None:
+    def score(response_text: str, sample: Mapping[str, Any]) -> float:
+        raise TimeoutError("the grader's sandbox timed out")
+
+    with pytest.raises(RewardFunctionRaisedError, match="raised TimeoutError: the grader's"):
+        _score(_environment(score, timeout_s=30.0), ROW_PROMPT, "42")
+
+
+def test_the_timeout_comes_from_the_config() -> None:
+    assert RewardConfig().timeout_s == 300.0
+    environment = RewardFunctionEnvironment.from_config(
+        RewardConfig(function="exact_match", timeout_s=2.5)
+    )
+    assert environment.timeout_s == 2.5
 
 
 def test_an_async_function_that_raises_fails_the_attempt() -> None:

@@ -217,6 +217,11 @@ class RewardConfig(_Section, frozen=True):
     # The regex_format built-in's pattern, matched against the whole response
     # (re.fullmatch, re.DOTALL); only that built-in uses it.
     format_regex: NonEmptyStr | None = None
+    # Seconds one call of a user's reward function may take; a call still running
+    # then fails its attempt as a data failure (named in attempts.jsonl), and the
+    # retry budgets decide the rest. A sync function runs in a thread, which keeps
+    # running until the function returns: only its attempt is released. null: no limit.
+    timeout_s: PositiveFloat | None = 300.0
 
 
 class SimulatedGateConfig(_Section, frozen=True):

@@ -149,6 +149,10 @@ _REWARD_SEMANTIC_KEYS: Final[Mapping[str, str]] = MappingProxyType(
         "advantage_epsilon": "added to the std before that division",
         "function": "the reward function that scores every response",
         "format_regex": "the pattern the regex_format reward function matches",
+        "timeout_s": (
+            "how long a reward call may take before its attempt fails and is retried: "
+            "which responses are scored"
+        ),
         "function_sha256": (
             "the digest of the reward function's source file (added by the run's identity): "
             "changed reward code is a changed reward"

@@ -32,6 +32,10 @@ data failure, the run goes on, and ``rollout.max_group_retries`` decides
 when the prompt is given up. ``async def`` functions are awaited; any other
 user function runs in a worker thread (:func:`asyncio.to_thread`), so a slow
 reward never blocks the controller's event loop; the built-ins run inline.
+A user function's call that runs past ``reward.timeout_s`` fails its attempt
+the same way (:class:`RewardFunctionTimeoutError`): a hung function holds
+no generation slot forever. Python cannot stop a thread, so a hung sync
+function keeps its worker thread; only its attempt is released.
 
 ``finished`` (whether the model ended its response itself) is not passed on:
 a response cut at ``gate.local_model.max_new_tokens`` is the finalizer's
@@ -51,7 +55,11 @@ from typing import Any, Final
 import numpy as np
 
 from rollvault.config.schema import RewardConfig
-from rollvault.rewards.errors import RewardFunctionRaisedError, RewardFunctionResultError
+from rollvault.rewards.errors import (
+    RewardFunctionRaisedError,
+    RewardFunctionResultError,
+    RewardFunctionTimeoutError,
+)
 from rollvault.rewards.loading import LoadedRewardFunction, load_reward_function
 from rollvault.tasks.protocols import TextScore
 
@@ -64,40 +72,57 @@ RESERVED_RESULT_KEYS: Final = ("reward", "correct", "format_ok")
 class RewardFunctionEnvironment:
     """Scores responses with a reward function (see the module docstring)."""
 
-    def __init__(self, loaded: LoadedRewardFunction) -> None:
+    def __init__(self, loaded: LoadedRewardFunction, *, timeout_s: float | None = None) -> None:
         self._loaded = loaded
+        self._timeout_s = timeout_s
 
     @classmethod
     def from_config(cls, config: RewardConfig) -> RewardFunctionEnvironment:
         """The environment of ``config.function``, imported and checked (a ``ConfigError`` if not)."""
-        return cls(load_reward_function(config))
+        return cls(load_reward_function(config), timeout_s=config.timeout_s)
 
     @property
     def loaded(self) -> LoadedRewardFunction:
         """The function this environment calls."""
         return self._loaded
 
+    @property
+    def timeout_s(self) -> float | None:
+        """Seconds a call of a user function may take (``reward.timeout_s``); None: no limit."""
+        return self._timeout_s
+
     async def score_text(
         self, prompt: Mapping[str, Any], response_text: str, *, finished: bool
     ) -> TextScore:
         loaded = self._loaded
         sample = reward_sample(prompt, task_answer=loaded.is_builtin)
-        function = loaded.function
+        limit = asyncio.timeout(None if loaded.is_builtin else self._timeout_s)
         try:
-            if loaded.is_async:
-                result = await function(response_text, sample)
-            elif loaded.is_builtin:
-                result = function(response_text, sample)
-            else:
-                result = await asyncio.to_thread(function, response_text, sample)
-            if inspect.isawaitable(result):  # e.g. a partial of an async function
-                result = await result
+            async with limit:
+                result = await self._call(response_text, sample)
         # User code: whatever it raises fails this attempt, never the run (DESIGN, Security).
         except Exception as error:
+            if limit.expired():  # not a TimeoutError the function raised itself
+                raise RewardFunctionTimeoutError(
+                    f"{loaded.spec.setting} did not return within reward.timeout_s="
+                    f"{self._timeout_s} s ({_row_of(prompt)})"
+                ) from error
             raise RewardFunctionRaisedError(
                 f"{loaded.spec.setting} raised {type(error).__name__}: {error} ({_row_of(prompt)})"
             ) from error
         return text_score_of(result, where=f"{loaded.spec.setting} ({_row_of(prompt)})")
+
+    async def _call(self, response_text: str, sample: dict[str, Any]) -> object:
+        function = self._loaded.function
+        if self._loaded.is_async:
+            result = await function(response_text, sample)
+        elif self._loaded.is_builtin:
+            result = function(response_text, sample)
+        else:
+            result = await asyncio.to_thread(function, response_text, sample)
+        if inspect.isawaitable(result):  # e.g. a partial of an async function
+            result = await result
+        return result
 
 
 def reward_sample(prompt: Mapping[str, Any], *, task_answer: bool = False) -> dict[str, Any]:

@@ -7,7 +7,7 @@ run`` refuses to start (exit 2) and the message names ``reward.function``,
 the module or file, and the attribute.
 
 A function that fails on one response (it raises, returns a non-finite
-reward or a value of the wrong type) is a
+reward or a value of the wrong type, or runs past ``reward.timeout_s``) is a
 :class:`~rollvault.tasks.protocols.PromptEnvironmentError`: the gate turns it
 into a data failure of that attempt, logged with the exception and the
 dataset row in ``attempts.jsonl``, and the retry budgets decide the rest.
@@ -28,6 +28,7 @@ __all__ = [
     "RewardFunctionScoreError",
     "RewardFunctionSignatureError",
     "RewardFunctionSpecError",
+    "RewardFunctionTimeoutError",
 ]
 
 
@@ -65,3 +66,7 @@ class RewardFunctionRaisedError(RewardFunctionScoreError):
 
 class RewardFunctionResultError(RewardFunctionScoreError):
     """The reward function returned something that is not a finite reward."""
+
+
+class RewardFunctionTimeoutError(RewardFunctionScoreError):
+    """The reward function did not return within ``reward.timeout_s``."""
