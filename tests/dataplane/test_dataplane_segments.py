@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,23 @@ def test_a_segment_round_trips_every_schema_exactly(tmp_path: Path) -> None:
     for key, row in mixed_rows().items():
         assert list(loaded.rows[key]) == list(row)  # field order kept
         assert_rows_identical(dict(loaded.rows[key]), row)
+    arrays = [v for row in loaded.rows.values() for v in row.values() if isinstance(v, np.ndarray)]
+    # Rows are read-only views of their column (a copy per row cost more than the load).
+    assert arrays and not any(array.flags.writeable for array in arrays)
+    # Only the wanted rows are handed out, the others are not even sliced.
+    wanted = [ordinal % 2 == 0 for ordinal in range(segment.row_count)]
+    some = read_segment(
+        tmp_path / segment.file,
+        partition=STAGING_PARTITION,
+        sha256=segment.sha256,
+        byte_size=segment.byte_size,
+        row_count=segment.row_count,
+        wanted=wanted,
+    )
+    assert some.keys == segment.keys
+    assert list(some.rows) == [key for key, kept in zip(segment.keys, wanted, strict=True) if kept]
+    for key in some.rows:
+        assert_rows_identical(dict(some.rows[key]), mixed_rows()[key])
     # The orphan of a failed try at the same snapshot sequence number is replaced.
     fewer = {key: rows[key] for key in list(rows)[:2]}
     again = write_segment(tmp_path, segment.file, STAGING_PARTITION, fewer)
@@ -272,3 +290,20 @@ def test_a_segment_listed_under_another_partition_is_refused(
         "segment holds partition 'rollout_staging', the snapshot says 'train'",
     )
     del path
+
+
+def test_a_segment_holding_a_key_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    rows = {key: validate_row(STAGING_PARTITION, key, sample_row(1)) for key in ("dup-x", "dup-y")}
+    segment = write_segment(tmp_path, "1-s.segment.safetensors", STAGING_PARTITION, rows)
+    path = tmp_path / segment.file
+    data = path.read_bytes()
+    assert data.count(b"dup-xdup-y") == 1  # the one group's keys, concatenated
+    path.write_bytes(data.replace(b"dup-xdup-y", b"dup-xdup-x"))
+    with pytest.raises(DataPlaneCheckpointError, match="segment holds key 'dup-x' twice"):
+        read_segment(
+            path,
+            partition=STAGING_PARTITION,
+            sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+            byte_size=segment.byte_size,
+            row_count=segment.row_count,
+        )

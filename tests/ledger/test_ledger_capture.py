@@ -90,3 +90,27 @@ def test_prepare_for_restart_copies_only_the_groups_it_changes(harness: Harness)
         RolloutAttemptStatus.RESERVED,
         RolloutAttemptStatus.RESERVED,
     ]
+
+
+def test_a_capture_of_some_groups_copies_only_those_when_they_change(harness: Harness) -> None:
+    kept, other = harness.reserve(2), harness.reserve(2)
+    before = harness.ledger.get_group(kept)
+    captured = harness.mutate(lambda: harness.ledger.capture([kept]))
+    assert captured.group_ids() == [kept]
+    shared_other = harness.ledger._groups[other]
+    harness.dispatch(kept)
+    harness.dispatch(other)
+    assert captured.get_group(kept) == before  # copied before it changed
+    assert harness.ledger._groups[other] is shared_other  # not captured: changed in place
+    with pytest.raises(LedgerError, match="no group 'nope'"):
+        harness.mutate(lambda: harness.ledger.capture(["nope"]))
+
+
+def test_borrowed_groups_are_the_live_records_and_freeze_nothing(harness: Harness) -> None:
+    group_id = harness.reserve(2)
+    (borrowed,) = harness.mutate(harness.ledger.borrowed_groups)
+    assert borrowed is harness.ledger._groups[group_id]
+    harness.dispatch(group_id)
+    # Not frozen: the change went into the same record, no copy was made.
+    assert harness.ledger._groups[group_id] is borrowed
+    assert borrowed.siblings[0].current_attempt.status is RolloutAttemptStatus.DISPATCHED

@@ -194,3 +194,51 @@ def test_interruptions_are_recorded_only_while_generating(harness: Harness) -> N
     group_id = harness.ready_group(1)
     with pytest.raises(LedgerTransitionError, match="'ready_to_finalize'"):
         harness.call("mark_attempt_interrupted", group_id, interrupted(0))
+
+
+def test_interruptions_recorded_at_once_equal_one_by_one(harness: Harness) -> None:
+    one_by_one, at_once = harness.reserve(3), harness.reserve(3)
+    for group_id in (one_by_one, at_once):
+        harness.dispatch(group_id)
+    later = uuid.uuid4()
+
+    def items(group_id: str) -> list[InterruptedAttempt]:
+        # A snapshot attempt, then one minted after it on the same sibling, then another.
+        return [
+            interrupted(0, current_uuid(harness, group_id, 0)),
+            interrupted(0, later),
+            interrupted(2, current_uuid(harness, group_id, 2)),
+        ]
+
+    for item in items(one_by_one):
+        harness.call("mark_attempt_interrupted", one_by_one, item)
+    harness.call("mark_attempts_interrupted", at_once, items(at_once))
+    lineage = [
+        [(a.status, a.failure_kind, a.failure_reason) for a in sibling.attempts]
+        for sibling in harness.group(at_once).siblings
+    ]
+    assert lineage == [
+        [(a.status, a.failure_kind, a.failure_reason) for a in sibling.attempts]
+        for sibling in harness.group(one_by_one).siblings
+    ]
+    assert [len(sibling.attempts) for sibling in harness.group(at_once).siblings] == [2, 1, 1]
+
+
+def test_interruptions_recorded_at_once_are_all_or_nothing(harness: Harness) -> None:
+    group_id = harness.reserve(3)
+    harness.dispatch(group_id)
+    harness.seal(group_id, 1)
+    before = harness.ledger.state_dict()
+    # The first two would be recorded; the third (a sealed sibling, sibling
+    # granularity) is refused, after the first changed sibling 0's attempts.
+    doomed = [
+        interrupted(0, current_uuid(harness, group_id, 0)),
+        interrupted(0),
+        interrupted(1),
+    ]
+    with pytest.raises(LedgerTransitionError, match="cannot have been retried"):
+        harness.call("mark_attempts_interrupted", group_id, doomed)
+    assert harness.ledger.state_dict() == before
+    with pytest.raises(InvalidLedgerInputError, match="expected InterruptedAttempt"):
+        harness.call("mark_attempts_interrupted", group_id, [interrupted(0), "x"])
+    assert harness.ledger.state_dict() == before

@@ -40,6 +40,17 @@ def test_round_trip(tmp_path: Path) -> None:
     assert read_jsonl(path, TrainLogRecord) == [_stamped(0, 1), _stamped(1, 2), _stamped(2, 3)]
 
 
+def test_many_records_go_in_order_in_one_write(tmp_path: Path) -> None:
+    path = tmp_path / "train_log.jsonl"
+    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path, LogSequence())
+    writer.write(_record(0))
+    writer.write_many([_record(1), _record(2)])
+    writer.write_many([])  # nothing to write, no seq taken
+    writer.write(_record(3))
+    writer.close()
+    assert read_jsonl(path, TrainLogRecord) == [_stamped(step, step + 1) for step in range(4)]
+
+
 def test_reader_drops_a_torn_last_line(tmp_path: Path) -> None:
     path = tmp_path / "train_log.jsonl"
     writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path, LogSequence())

@@ -373,17 +373,24 @@ def read_segmented(directory: Path, segments_dir: Path) -> LoadedSegmented:
             wanted=wanted,
         )
         rows = partitions[reference.partition]
-        for ordinal, key in enumerate(loaded.keys):
-            if not wanted[ordinal]:
-                continue
-            if key in rows:
-                raise DataPlaneCheckpointError(
-                    segment_path,
-                    f"key {key!r} of partition {reference.partition!r} is also held from "
-                    f"segment {locations[reference.partition][key][0]!r}",
-                )
-            rows[key] = loaded.rows[key]
-            locations[reference.partition][key] = (reference.file, ordinal)
+        held = locations[reference.partition]
+        # loaded.rows holds exactly the wanted rows, each key once: a set
+        # intersection in C finds a key another segment holds too.
+        twice = rows.keys() & loaded.rows.keys()
+        if twice:
+            key = min(twice)
+            raise DataPlaneCheckpointError(
+                segment_path,
+                f"key {key!r} of partition {reference.partition!r} is also held from "
+                f"segment {held[key][0]!r}",
+            )
+        rows.update(loaded.rows)
+        file = reference.file
+        held.update(
+            (key, (file, ordinal))
+            for ordinal, (key, kept) in enumerate(zip(loaded.keys, wanted, strict=True))
+            if kept
+        )
         segments[reference.file] = WrittenSegment(
             file=reference.file,
             partition=reference.partition,

@@ -34,6 +34,7 @@ import enum
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Final, cast
@@ -294,22 +295,40 @@ def _decode_rows(
             _column(path, f"{index}/{position}", spec, group.rows, tensors, keep)
             for position, spec in enumerate(group.fields)
         ]
-        for row_index, key in enumerate(group_keys):
-            if keep is None or keep[row_index]:
-                if key in rows:
-                    raise DataPlaneCheckpointError(path, f"segment holds key {key!r} twice")
-                rows[key] = MappingProxyType(
-                    {
-                        # Kept rows have every value (only left-out rows are None).
-                        spec.name: cast(RowValue, column[row_index])
-                        for spec, column in zip(group.fields, columns, strict=True)
-                    }
-                )
+        names = [spec.name for spec in group.fields]
+        # One pass in C per row (zip, dict): no per-field Python work. Kept rows
+        # have every value (only left-out rows are None).
+        values = zip(*columns, strict=True) if columns else ((),) * group.rows
+        if keep is None:
+            kept_keys = group_keys
+            views = [MappingProxyType(dict(zip(names, row, strict=True))) for row in values]
+        else:
+            pairs = [
+                (key, row) for key, row, held in zip(group_keys, values, keep, strict=True) if held
+            ]
+            kept_keys = [key for key, _row in pairs]
+            views = [MappingProxyType(dict(zip(names, row, strict=True))) for _key, row in pairs]
+        before = len(rows)
+        rows.update(zip(kept_keys, cast(list[RowView], views), strict=True))
+        if len(rows) != before + len(kept_keys):
+            raise DataPlaneCheckpointError(
+                path, f"segment holds key {_first_repeat(keys + group_keys)!r} twice"
+            )
         keys += group_keys
         ordinal += group.rows
     if len(set(keys)) != len(keys):
-        raise DataPlaneCheckpointError(path, "segment holds a key twice")
+        raise DataPlaneCheckpointError(path, f"segment holds key {_first_repeat(keys)!r} twice")
     return SegmentRows(header=header, keys=tuple(keys), rows=rows)
+
+
+def _first_repeat(keys: Sequence[str]) -> str:
+    """The first key of ``keys`` seen twice (called only once a repeat is known)."""
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("no repeated key")  # pragma: no cover - callers checked
 
 
 def _checked(path: Path, name: str, array: RowArray, dtype: RowDtype, length: int | None) -> None:
@@ -324,25 +343,37 @@ def _checked(path: Path, name: str, array: RowArray, dtype: RowDtype, length: in
         )
 
 
-def _split(
-    path: Path, name: str, data: RowArray, lengths: RowArray, keep: Sequence[bool] | None = None
-) -> list[RowArray | None]:
-    """Each row's slice of ``data`` (None for a row ``keep`` leaves out)."""
+def _bounds(path: Path, name: str, data: RowArray, lengths: RowArray) -> list[int]:
+    """Row offsets into ``data``: row ``i`` is ``data[bounds[i]:bounds[i + 1]]``."""
     if (lengths < 0).any() or int(lengths.sum(dtype=np.int64)) != data.shape[0]:
         raise DataPlaneCheckpointError(
             path, f"tensor {name!r}: its lengths do not add up to its {data.shape[0]} elements"
         )
-    bounds = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))).tolist()
-    parts: list[RowArray | None] = []
-    for row, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-        if keep is not None and not keep[row]:
-            parts.append(None)  # a row no longer held: not copied
-            continue
-        # A copy per row, so that clearing rows later frees their memory.
-        part = data[start:end].copy()
-        part.flags.writeable = False
-        parts.append(part)
-    return parts
+    bounds: list[int] = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))).tolist()
+    return bounds
+
+
+def _split(
+    path: Path, name: str, data: RowArray, lengths: RowArray, keep: Sequence[bool] | None = None
+) -> list[RowArray | None]:
+    """Each row's slice of ``data`` (None for a row ``keep`` leaves out).
+
+    The slices are read-only views of the one column array, not copies: a
+    copy per row cost more than the rest of a restore's row load. The price
+    is memory: a column's buffer is freed once the last of its rows is
+    cleared, so rows restored from one segment hold at most what the
+    restore read, never more.
+    """
+    bounds = _bounds(path, name, data, lengths)
+    if data.flags.writeable:
+        data = data.view()
+        data.flags.writeable = False  # its views inherit it
+    if keep is None:
+        return [data[start:end] for start, end in pairwise(bounds)]
+    return [
+        data[start:end] if held else None
+        for (start, end), held in zip(pairwise(bounds), keep, strict=True)
+    ]
 
 
 def _group_keys(
@@ -351,14 +382,18 @@ def _group_keys(
     raw, lengths = tensors[f"{index}/keys"], tensors[f"{index}/key_lengths"]
     _checked(path, f"{index}/keys", raw, RowDtype.UINT8, None)
     _checked(path, f"{index}/key_lengths", lengths, RowDtype.INT32, group.rows)
+    bounds = _bounds(path, f"{index}/keys", raw, lengths)
+    blob = raw.tobytes()
     try:
-        keys = [
-            bytes(cast(RowArray, part)).decode("utf-8")
-            for part in _split(path, f"{index}/keys", raw, lengths)
-        ]
+        if blob.isascii():
+            # Byte offsets are character offsets: decode once, slice the str.
+            text = blob.decode("ascii")
+            keys = [text[start:end] for start, end in pairwise(bounds)]
+        else:
+            keys = [blob[start:end].decode("utf-8") for start, end in pairwise(bounds)]
     except UnicodeDecodeError as exc:
         raise DataPlaneCheckpointError(path, f"tensor '{index}/keys': not UTF-8: {exc}") from exc
-    if any(not key for key in keys):
+    if not all(keys):
         raise DataPlaneCheckpointError(path, f"tensor '{index}/keys' holds an empty key")
     return keys
 

@@ -51,6 +51,7 @@ from rollvault.ledger.recovery import (
     carry_interruptions,
     needs_redo_on_restart,
     record_interruption,
+    record_interruptions,
     redo_interrupted,
     retry_incomplete,
     retryable_siblings,
@@ -175,18 +176,25 @@ class RolloutRecoveryLedger:
         """Every group's id, in reservation order (no copies of the records)."""
         return list(self._groups)
 
-    def capture(self) -> RolloutRecoveryLedger:
+    def capture(self, group_ids: Collection[str] | None = None) -> RolloutRecoveryLedger:
         """A read-only ledger holding this ledger's state now, in O(groups) time.
 
         For the checkpointer, inside the exclusive cut: the records are not
         copied but shared, and this ledger copies a shared record before its
         next change (copy-on-write), so the capture never changes and the
         sidecar can be built from it after the cut is released.
+        ``group_ids`` (not in the reference API) captures only those groups,
+        so that only they are copied when they change; an unknown one raises
+        :class:`UnknownGroupError`.
         """
         view = type(self)()
-        view._groups = dict(self._groups)
         view._read_only = True
-        self._captured = set(self._groups)
+        if group_ids is None:
+            view._groups = dict(self._groups)
+            self._captured = set(self._groups)
+            return view
+        view._groups = {group_id: self._require_group(group_id) for group_id in group_ids}
+        self._captured.update(view._groups)
         return view
 
     def shared_groups(self) -> list[PromptGroupRecoveryRecord]:
@@ -200,6 +208,18 @@ class RolloutRecoveryLedger:
         copies to change at will.
         """
         self._captured = set(self._groups)
+        return list(self._groups.values())
+
+    def borrowed_groups(self) -> list[PromptGroupRecoveryRecord]:
+        """Every group's record itself, in reservation order, valid until the next change.
+
+        Not in the reference API. Nothing is copied and nothing is frozen, so
+        the records change with the ledger: for a reader that is done with
+        them before its next mutation (a restore's crash evidence reads every
+        group once, then changes a few hundred; :meth:`shared_groups` would
+        make each of those a copy). Read-only: changing one would change the
+        ledger.
+        """
         return list(self._groups.values())
 
     def __contains__(self, group_id: object) -> bool:
@@ -652,6 +672,20 @@ class RolloutRecoveryLedger:
         record = self._mutable_group(group_id)
         self._check_interrupted(record, [interrupted], "record an interrupted attempt")
         record_interruption(record, interrupted)
+
+    def mark_attempts_interrupted(
+        self, cut: DataPlaneMutationCut, group_id: str, interrupted: list[InterruptedAttempt]
+    ) -> None:
+        """:meth:`mark_attempt_interrupted` for each of ``interrupted``, in order, at once.
+
+        Not in the reference API. A restore records thousands: one call per
+        group checks the cut, the group and its status once. All or nothing:
+        when one of them is refused, none is recorded.
+        """
+        self._enter(cut, "mark_attempts_interrupted", group_id)
+        record = self._mutable_group(group_id)
+        self._check_interrupted(record, interrupted, "record an interrupted attempt")
+        record_interruptions(record, interrupted)
 
     def carry_interrupted_attempts(
         self,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from rollvault.ledger.errors import LedgerTransitionError
 from rollvault.ledger.records import (
     InterruptedAttempt,
@@ -181,6 +183,33 @@ def record_interruption(record: PromptGroupRecoveryRecord, interrupted: Interrup
         clear_result(current)
         current.status = target
     sibling.attempts.append(interrupted.failed_record())
+
+
+def record_interruptions(
+    record: PromptGroupRecoveryRecord, interrupted: Sequence[InterruptedAttempt]
+) -> None:
+    """:func:`record_interruption` of each item in order; changes nothing when it raises.
+
+    An item may depend on the one before it (a sibling's snapshot attempt,
+    then the attempts minted after it), so they are applied in turn; what
+    they change is only each touched sibling's attempt list and its current
+    attempt, and a refusal puts both back as they were.
+    """
+    saved: dict[int, tuple[RolloutSiblingRecord, list[RolloutAttemptRecord]]] = {}
+    try:
+        for item in interrupted:
+            index = item.generation_index
+            if index not in saved:
+                sibling = record.siblings[index]
+                attempts = sibling.attempts
+                # A shallow copy of the current attempt: a refusal's undo. Its
+                # fields are replaced, never mutated in place, by the changes.
+                saved[index] = (sibling, [*attempts[:-1], msgspec.structs.replace(attempts[-1])])
+            record_interruption(record, item)
+    except BaseException:
+        for sibling, attempts in saved.values():
+            sibling.attempts[:] = attempts
+        raise
 
 
 def _fail_interrupted(

@@ -80,18 +80,34 @@ def crash_evidence(
     for record in records:
         if record.status is not PromptGroupStatus.GENERATING:
             continue  # nothing of it can have been dispatched since the snapshot
-        interrupted = [
-            InterruptedAttempt(
-                generation_index=sibling.generation_index,
-                attempt_uuid=uuid.UUID(hex=attempt_hex),
-                reason=reason,
-            )
-            for sibling in record.siblings
-            for attempt_hex in _in_flight_since(
-                sibling, later[(record.group_id, sibling.generation_index)]
-            )
-            if attempt_hex not in tail.returned
-        ]
+        interrupted = []
+        for sibling in record.siblings:
+            journaled = later.get((record.group_id, sibling.generation_index))
+            current = sibling.attempts[-1]
+            if journaled is None:
+                # Nothing dispatched since the snapshot (most siblings): only the
+                # current attempt can be in flight, and its UUID is at hand.
+                if (
+                    current.status is RolloutAttemptStatus.DISPATCHED
+                    and current.attempt_uuid.hex not in tail.returned
+                ):
+                    interrupted.append(
+                        InterruptedAttempt(
+                            generation_index=sibling.generation_index,
+                            attempt_uuid=current.attempt_uuid,
+                            reason=reason,
+                        )
+                    )
+                continue
+            interrupted += [
+                InterruptedAttempt(
+                    generation_index=sibling.generation_index,
+                    attempt_uuid=uuid.UUID(hex=attempt_hex),
+                    reason=reason,
+                )
+                for attempt_hex in _in_flight_since(sibling, journaled)
+                if attempt_hex not in tail.returned
+            ]
         if interrupted:
             evidence.in_ledger[record.group_id] = interrupted
     return evidence

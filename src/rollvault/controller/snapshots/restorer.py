@@ -280,7 +280,16 @@ class RolloutRestorer:
             self.counts.journal = await replay_seal_journal(
                 parts, parts.seal_journal, from_seq=snapshot.controller.seal_journal_seq
             )
-        before = parts.ledger.capture()  # copy-on-write: the state before the restart
+        # Copy-on-write: the state before the restart, of the groups whose sealed
+        # siblings it may discard (prompt_group); a capture of every group would
+        # make each group the restart changes a copy.
+        before = parts.ledger.capture(
+            [
+                record.group_id
+                for record in parts.ledger.borrowed_groups()
+                if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP
+            ]
+        )
         if self._resume.mode is RestoreMode.LATEST:
             controller = snapshot.controller
             self._record_interruptions(
@@ -347,28 +356,35 @@ class RolloutRestorer:
             f"interrupted: in flight when the process died (found by start "
             f"{parts.logs.incarnation})"
         )
-        evidence = crash_evidence(parts.ledger.shared_groups(), tail, reason=reason)
+        # Crash evidence reads every group and keeps none of them: borrowed, not
+        # frozen (frozen, each group recorded below would be copied first).
+        evidence = crash_evidence(parts.ledger.borrowed_groups(), tail, reason=reason)
+        lines: list[AttemptLogRecord] = []
         for group_id, interrupted in evidence.in_ledger.items():
-            for attempt in interrupted:
-                parts.ledger.mark_attempt_interrupted(parts.cut, group_id, attempt)
-                self._log_interrupted(group_id, attempt.generation_index, attempt.attempt_uuid.hex)
-        for lost in evidence.lost:
-            self._log_interrupted(lost.group_id, lost.generation_index, lost.attempt_uuid)
+            parts.ledger.mark_attempts_interrupted(parts.cut, group_id, interrupted)
+            lines += [
+                self._interrupted_line(group_id, attempt.generation_index, attempt.attempt_uuid.hex)
+                for attempt in interrupted
+            ]
+        lines += [
+            self._interrupted_line(lost.group_id, lost.generation_index, lost.attempt_uuid)
+            for lost in evidence.lost
+        ]
+        parts.logs.attempts.write_many(lines)  # one write for thousands of lines
         parts.lost_interruptions = [*carried, *evidence.lost]
         self.counts.attempts_interrupted = evidence.count
 
-    def _log_interrupted(self, group_id: str, generation_index: int, attempt_hex: str) -> None:
-        parts = self._parts
-        parts.logs.attempts.write(
-            AttemptLogRecord(
-                gate_rollout_id=f"{group_id}_g{generation_index}_a{attempt_hex}",
-                group_id=group_id,
-                generation_index=generation_index,
-                status=RolloutAttemptStatus.FAILED,
-                num_tokens=0,
-                incarnation=parts.logs.incarnation,
-                reason="interrupted: in flight when the process died",
-            )
+    def _interrupted_line(
+        self, group_id: str, generation_index: int, attempt_hex: str
+    ) -> AttemptLogRecord:
+        return AttemptLogRecord(
+            gate_rollout_id=f"{group_id}_g{generation_index}_a{attempt_hex}",
+            group_id=group_id,
+            generation_index=generation_index,
+            status=RolloutAttemptStatus.FAILED,
+            num_tokens=0,
+            incarnation=self._parts.logs.incarnation,
+            reason="interrupted: in flight when the process died",
         )
 
     def _restore_spare_prompts(self, snapshot: LoadedSnapshot) -> None:
