@@ -123,6 +123,45 @@ def figures(report: ChaosReport) -> dict[str, Any]:
         "restores_from_trainer_checkpoint": sum(r.base_train_step > 0 for r in restores),
         "seconds": report.seconds,
         "problems": report.problems,
+        **measured_loss(report),
+    }
+
+
+def measured_loss(report: ChaosReport) -> dict[str, Any]:
+    """The loss measured at each kill (:mod:`rollvault.checkpoint_tools.chaos.loss`)."""
+    loss = report.loss
+    if loss is None:
+        return {}
+    counters = (
+        "in_flight_attempts",
+        "in_flight_tokens",
+        "in_flight_unmatched",
+        "not_durable_seals",
+        "not_durable_tokens",
+        "dropped_seals",
+        "dropped_tokens",
+        "durable_lost_tokens",
+    )
+    return {
+        "measured": {name: loss.total(name) for name in counters}
+        | {
+            "after_last_kill_tokens": loss.after_last_kill_tokens,
+            "total_lost_tokens": loss.total_lost_tokens,
+            "physical_limit_tokens": loss.physical_limit_tokens,
+            "limit_ratio": loss.limit_ratio(),
+            "limit_ratio_half_done": loss.limit_ratio(0.5),
+            "durable_lost": [rid for kill in loss.kills for rid in kill.durable_lost],
+            "per_kill": [
+                {
+                    "start": kill.start,
+                    "in_flight_tokens": kill.in_flight_tokens,
+                    "not_durable_tokens": kill.not_durable_tokens,
+                    "dropped_tokens": kill.dropped_tokens,
+                    "durable_lost_tokens": kill.durable_lost_tokens,
+                }
+                for kill in loss.kills
+            ],
+        }
     }
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from rollvault.checkpoint_tools.chaos.checks import RunCheck
+from rollvault.checkpoint_tools.chaos.kill_evidence import KillEvidence
+from rollvault.checkpoint_tools.chaos.loss import LossAccount
 from rollvault.checkpoint_tools.chaos.plan import ChaosPlan
 from rollvault.checkpoint_tools.run_history import EpochAccount, RunHistory, WorkAccounting
 from rollvault.config.schema import RunConfig
@@ -51,6 +53,10 @@ class ChaosReport:
     check: RunCheck | None = None
     """None when the last start did not finish."""
     seconds: float = 0.0
+    kill_evidence: list[KillEvidence] = field(default_factory=list)
+    """What each kill left on disk, read before the next start."""
+    loss: LossAccount | None = None
+    """The lost tokens by kill and kind (None when the last start did not finish)."""
 
     @property
     def kills_delivered(self) -> int:
@@ -73,6 +79,8 @@ def format_report(report: ChaosReport) -> str:
     if report.check is not None:
         lines.append(_format_restores(report.check.history))
         lines.append(_format_work(report.check.accounting))
+        if report.loss is not None:
+            lines += format_loss(report.loss)
         lines += [_format_epoch(account) for account in report.check.epochs]
         lines.append(f"  final snapshot checked: {report.check.final_snapshot}")
     lines.append(
@@ -128,6 +136,30 @@ def _format_work(accounting: WorkAccounting) -> str:
         f"  work: {accounting.generated_tokens} tokens generated, {accounting.trained_tokens} "
         f"trained, {accounting.lost_tokens} lost ({share:.1%})"
     )
+
+
+def format_loss(loss: LossAccount) -> list[str]:
+    """The lost tokens by kind, measured at each kill (see :mod:`.loss`)."""
+    lines = [
+        "  lost per kill (tokens: in flight [attempts] / sealed not yet durable / "
+        "durable, dropped by the retry budget / durable, lost):"
+    ]
+    lines += [
+        f"    start {kill.start:2d}: {kill.in_flight_tokens} [{kill.in_flight_attempts}] / "
+        f"{kill.not_durable_tokens} / {kill.dropped_tokens} / {kill.durable_lost_tokens}"
+        for kill in loss.kills
+    ]
+    lines.append(
+        f"  measured: {loss.total('in_flight_tokens')} tokens in flight at the kills "
+        f"({loss.total('in_flight_unmatched')} attempts never redone, at the mean), "
+        f"{loss.total('not_durable_tokens')} sealed not yet durable, "
+        f"{loss.total('dropped_tokens')} durable but dropped, "
+        f"{loss.total('durable_lost_tokens')} durable and lost, "
+        f"{loss.after_last_kill_tokens} after the last kill; total lost / (in flight + "
+        f"not durable) = {loss.limit_ratio():.2f} ({loss.limit_ratio(0.5):.2f} with in-flight "
+        "attempts half done)"
+    )
+    return lines
 
 
 def lost_work_ratio(latest_lost: int, baseline_lost: int) -> float:
