@@ -11,7 +11,7 @@ from typing import IO, Final
 
 from rollvault.checkpoint_tools.chaos.checks import check_finished_run
 from rollvault.checkpoint_tools.chaos.kill_evidence import read_kill_evidence
-from rollvault.checkpoint_tools.chaos.loss import loss_account
+from rollvault.checkpoint_tools.chaos.loss import durable_loss_problems, loss_account
 from rollvault.checkpoint_tools.chaos.plan import (
     ChaosPlan,
     ChaosUsageError,
@@ -53,6 +53,8 @@ def run_chaos(plan: ChaosPlan) -> ChaosReport:
     if report.starts[-1].outcome is StartOutcome.FINISHED:
         report.check = check_finished_run(config)
         report.loss = loss_account(report.check.history, report.kill_evidence)
+        report.check.problems.extend(report.loss.problems)
+        report.check.problems.extend(durable_loss_problems(config, report.loss))
     report.seconds = time.perf_counter() - started
     return report
 
