@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rollvault.checkpoint_tools.chaos.kill_evidence import (
@@ -168,3 +169,18 @@ def test_a_durable_seal_generated_again_is_a_problem_only_where_the_journal_prom
     ]
     assert durable_loss_problems(baseline, account) == []
     assert durable_loss_problems(no_journal, account) == []
+
+
+def test_a_journaled_seal_of_a_lost_group_whose_prompt_was_dropped_counts_as_dropped() -> None:
+    journaled = _sealed("lost", 0, 6, incarnation=1, seq=12, name="journaled")
+    drop = DropLogRecord(
+        group_id="next", sample_id="4", epoch=0, target_step=0, replaced=True, incarnation=2
+    )
+    history = RunHistory(train=[], drops=[drop], attempts=[journaled], restores=[])
+    kill = dataclasses.replace(
+        _kill(journaled={"journaled"}, in_flight=[]), group_prompts={"lost": (0, 4)}
+    )
+
+    [loss] = loss_account(history, [kill]).kills
+
+    assert (loss.dropped_tokens, loss.durable_lost) == (6, [])

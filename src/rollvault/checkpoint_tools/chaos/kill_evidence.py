@@ -20,7 +20,8 @@ would see it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -68,6 +69,9 @@ class KillEvidence:
     journal_next_seq: int
     """The seal journal's next record number on disk: its durable position."""
     in_flight: tuple[InFlightAttempt, ...]
+    group_prompts: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """(epoch, dataset index) of every group the snapshot, the seal journal or the
+    dispatch journal names: the prompt of a group lost with the process, too."""
     problem: str | None = None
     """Why part of the evidence could not be read (None: all of it was)."""
 
@@ -76,11 +80,9 @@ def read_kill_evidence(config: RunConfig, *, start: int, incarnation: int) -> Ki
     """Read what the kill of ``start`` left in ``config``'s checkpoint directory."""
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
     replay = read_journal(checkpoint_dir / SEAL_JOURNAL_DIRNAME)
-    journaled = frozenset(
-        record.entry.gate_rollout_id
-        for record in decode_replay(replay)
-        if isinstance(record.entry, SealRecord)
-    )
+    seals = [r.entry for r in decode_replay(replay) if isinstance(r.entry, SealRecord)]
+    journaled = frozenset(seal.gate_rollout_id for seal in seals)
+    prompts = {seal.group_id: (seal.epoch, seal.dataset_idx) for seal in seals}
     records: list[PromptGroupRecoveryRecord] = []
     log_seq, dispatch_seq, problem = 0, 0, None
     try:
@@ -91,7 +93,10 @@ def read_kill_evidence(config: RunConfig, *, start: int, incarnation: int) -> Ki
         log_seq = snapshot.controller.log_sequence
         dispatch_seq = snapshot.controller.dispatch_journal_seq
         records = RolloutRecoveryLedger.from_state_dict(snapshot.recovery.ledger_state).groups()
+        origins = snapshot.controller.origins.items()
+        prompts |= {group: (origin.epoch, origin.dataset_idx) for group, origin in origins}
     tail = read_dispatch_journal(checkpoint_dir / DISPATCH_JOURNAL_DIRNAME, after_seq=dispatch_seq)
+    prompts |= {line.group_id: (line.epoch, line.dataset_idx) for line in tail.dispatched}
     evidence = crash_evidence(records, tail, reason="measured by the chaos harness")
     in_flight = [
         InFlightAttempt(group_id, attempt.generation_index, attempt.attempt_uuid.hex, None)
@@ -111,6 +116,7 @@ def read_kill_evidence(config: RunConfig, *, start: int, incarnation: int) -> Ki
         journaled_seals=journaled,
         journal_next_seq=replay.next_seq,
         in_flight=tuple(in_flight),
+        group_prompts=prompts,
         problem=problem,
     )
 

@@ -103,7 +103,7 @@ def loss_account(history: RunHistory, evidence: Sequence[KillEvidence]) -> LossA
     sealed = [a for a in attempts if a.status is RolloutAttemptStatus.SEALED]
     tokens = {a.gate_rollout_id: a.num_tokens for a in sealed if a.adopted_from is None}
     trained = _trained_rollout_ids(history, sealed)
-    dropped = _dropped_rollout_ids(history, sealed)
+    dropped = _dropped_rollout_ids(history, sealed, evidence)
     by_incarnation = {kill.incarnation: kill for kill in evidence}
     account = LossAccount(kills=[KillLoss(start=kill.start) for kill in evidence])
     losses = {kill.incarnation: loss for kill, loss in zip(evidence, account.kills, strict=True)}
@@ -156,9 +156,22 @@ def _trained_rollout_ids(history: RunHistory, sealed: list[AttemptLogRecord]) ->
     }
 
 
-def _dropped_rollout_ids(history: RunHistory, sealed: list[AttemptLogRecord]) -> set[str]:
-    """Sealed attempts of a dropped group, or adopted into one (any start's drop)."""
+def _dropped_rollout_ids(
+    history: RunHistory, sealed: list[AttemptLogRecord], evidence: Sequence[KillEvidence]
+) -> set[str]:
+    """Sealed attempts of a dropped prompt (any start's drop).
+
+    Of a dropped group, adopted into one, or of a group lost with the process
+    whose prompt's next group was dropped (maybe before it adopted them).
+    """
     groups = {drop.group_id for drop in history.drops}
+    prompts = {(drop.epoch, drop.sample_id) for drop in history.drops}
+    for kill in evidence:
+        groups |= {
+            group
+            for group, (epoch, dataset_idx) in kill.group_prompts.items()
+            if (epoch, str(dataset_idx)) in prompts
+        }
     found = {a.gate_rollout_id for a in sealed if a.group_id in groups}
     found |= {a.adopted_from for a in sealed if a.adopted_from and a.group_id in groups}
     return found
