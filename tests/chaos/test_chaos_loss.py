@@ -8,7 +8,9 @@ from pathlib import Path
 from rollvault.checkpoint_tools.chaos.kill_evidence import (
     InFlightAttempt,
     KillEvidence,
+    load_kill_evidence,
     read_kill_evidence,
+    write_kill_evidence,
 )
 from rollvault.checkpoint_tools.chaos.loss import (
     KillLoss,
@@ -156,6 +158,8 @@ def test_a_kills_evidence_names_the_dispatched_attempts_that_never_came_back(
     assert (evidence.snapshot_log_seq, evidence.journaled_seals) == (0, frozenset())
     assert evidence.problem is None
     assert not (tmp_path / "ckpt" / "bootstrap").exists()
+    write_kill_evidence(tmp_path / "evidence.json", [evidence])
+    assert load_kill_evidence(tmp_path / "evidence.json") == [evidence]
 
 
 def test_a_durable_seal_generated_again_is_a_problem_only_where_the_journal_promises_it() -> None:

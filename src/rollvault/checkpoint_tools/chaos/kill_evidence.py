@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import msgspec
 
@@ -119,6 +120,23 @@ def read_kill_evidence(config: RunConfig, *, start: int, incarnation: int) -> Ki
         group_prompts=prompts,
         problem=problem,
     )
+
+
+KILL_EVIDENCE_FILENAME: Final = "kill_evidence.json"
+"""In the harness's run dir: every kill's evidence, so a run's loss can be re-read."""
+
+
+def write_kill_evidence(path: Path, evidence: list[KillEvidence]) -> None:
+    """Write the kills' evidence as JSON (the run dir is the harness's own)."""
+    path.write_bytes(msgspec.json.encode(evidence))
+
+
+def load_kill_evidence(path: Path) -> list[KillEvidence]:
+    """The kills' evidence :func:`write_kill_evidence` wrote; raises naming the file if bad."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=list[KillEvidence])
+    except msgspec.ValidationError as error:
+        raise ValueError(f"{path}: not the chaos harness's kill evidence: {error}") from error
 
 
 def _newest_snapshot(config: RunConfig) -> LoadedSnapshot | None:

@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import IO, Final
 
 from rollvault.checkpoint_tools.chaos.checks import check_finished_run
-from rollvault.checkpoint_tools.chaos.kill_evidence import read_kill_evidence
+from rollvault.checkpoint_tools.chaos.kill_evidence import (
+    KILL_EVIDENCE_FILENAME,
+    read_kill_evidence,
+    write_kill_evidence,
+)
 from rollvault.checkpoint_tools.chaos.loss import durable_loss_problems, loss_account
 from rollvault.checkpoint_tools.chaos.plan import (
     ChaosPlan,
@@ -49,6 +53,7 @@ def run_chaos(plan: ChaosPlan) -> ChaosReport:
             report.kill_evidence.append(
                 read_kill_evidence(config, start=number, incarnation=incarnation)
             )
+    write_kill_evidence(plan.run_dir / KILL_EVIDENCE_FILENAME, report.kill_evidence)
     report.start_problems = _start_problems(report)
     if report.starts[-1].outcome is StartOutcome.FINISHED:
         report.check = check_finished_run(config)
