@@ -16,7 +16,9 @@ to the kill that ended its start and sorted by what that kill left on disk
 - **after the last kill**: sealed by the start that finished (a prompt dropped
   then, or ``prompt_group`` discarding its siblings).
 
-The attempts in flight at each kill lost their tokens too, though no log
+The attempts in flight at each kill (each counted at the first kill that names
+it: one a kill interrupted stays unreturned on disk until a snapshot records
+its charge) lost their tokens too, though no log
 counts them: each is measured by the tokens of the attempt that redid its
 sibling (the same sibling of the same group, or of the prompt's next group
 when the group was lost with the process); one never redone (its prompt
@@ -118,9 +120,15 @@ def loss_account(history: RunHistory, evidence: Sequence[KillEvidence]) -> LossA
         _charge(losses[kill.incarnation], kill, attempt, attempt.gate_rollout_id in dropped)
     mean = sum(tokens.values()) / len(tokens) if tokens else 0.0
     redo = _redo_lengths(history, sealed, tokens)
+    died: set[str] = set()
     for kill in evidence:
         loss = losses[kill.incarnation]
         for in_flight in kill.in_flight:
+            # A start killed before its first snapshot leaves the previous one's
+            # evidence on disk: the attempts that died at an earlier kill again.
+            if in_flight.attempt_hex in died:
+                continue
+            died.add(in_flight.attempt_hex)
             length = redo(in_flight, kill.incarnation)
             loss.in_flight_attempts += 1
             if length is None:
