@@ -9,9 +9,11 @@ times, finishes, and must pass every harness check.
 
 Work lost is tokens generated minus tokens that reached training. *logged*
 counts sealed attempts (``attempts.jsonl``); attempts still generating at a
-kill never reach the log, so *+ in-flight* adds an estimate of them (every
-attempt slot busy and half done at each kill), the same for both modes. The
-ratio baseline / latest is printed for both; the truth lies between them.
+kill never reach the log, so *+ in-flight* adds them, measured at each kill
+(dispatched and never returned, read from the dispatch journal and the newest
+snapshot before the next start, each at the length of the attempt that redid
+it: an upper bound of what it had generated). The ratio baseline / latest is
+printed for both.
 
 Scenarios:
 
@@ -64,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from rollvault.checkpoint_tools.chaos.plan import ChaosPlan
-from rollvault.checkpoint_tools.chaos.report import ChaosReport, inflight_estimate, lost_work_ratio
+from rollvault.checkpoint_tools.chaos.report import ChaosReport, inflight_measured, lost_work_ratio
 from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
 from rollvault.config.schema import RestoreMode
 
@@ -145,7 +147,7 @@ def figures(report: ChaosReport) -> dict[str, Any]:
         "generated_tokens": accounting.generated_tokens,
         "trained_tokens": accounting.trained_tokens,
         "lost_tokens": accounting.lost_tokens,
-        "inflight_estimate_tokens": inflight_estimate(report),
+        "inflight_measured_tokens": inflight_measured(report),
         "restores_from_trainer_checkpoint": sum(r.base_train_step > 0 for r in restores),
         "trainer_checkpoint_spacing_s": checkpoint_spacing_s(report),
         "seconds": report.seconds,
@@ -240,7 +242,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for label in labels:
         logged = sum(int(row[label].get("lost_tokens", 0)) for row in rows)
-        inflight = sum(int(row[label].get("inflight_estimate_tokens", 0)) for row in rows)
+        inflight = sum(int(row[label].get("inflight_measured_tokens", 0)) for row in rows)
         out[f"{label}_lost"] = logged
         out[f"{label}_lost_with_inflight"] = logged + inflight
     baseline = "trainer_checkpoint"
@@ -274,19 +276,19 @@ def table(name: str, rows: list[dict[str, Any]], summary: dict[str, float]) -> s
                 continue
             lines.append(
                 f"  {row['seed']:4d} {label:19s} {f['kills']:5d} {f['generated_tokens']:10d} "
-                f"{f['trained_tokens']:8d} {f['lost_tokens']:6d} {f['inflight_estimate_tokens']:11d} "
+                f"{f['trained_tokens']:8d} {f['lost_tokens']:6d} {f['inflight_measured_tokens']:11d} "
                 f"{f['restores_from_trainer_checkpoint']:14d} {f['seconds']:8.1f}  "
                 f"{len(f['problems'])}"
             )
     for label in labels:
         line = (
             f"  {label}: {summary[f'{label}_lost']:.0f} tokens regenerated (logged), "
-            f"{summary[f'{label}_lost_with_inflight']:.0f} with the in-flight estimate"
+            f"{summary[f'{label}_lost_with_inflight']:.0f} with the in-flight attempts (measured)"
         )
         if f"{label}_ratio_logged" in summary:
             line += (
                 f"; trainer_checkpoint / {label}: {summary[f'{label}_ratio_logged']:.1f}x logged, "
-                f"{summary[f'{label}_ratio_with_inflight']:.1f}x with the estimate"
+                f"{summary[f'{label}_ratio_with_inflight']:.1f}x with in-flight"
             )
         lines.append(line)
     return "\n".join(lines)
