@@ -82,6 +82,8 @@ def test_each_lost_seal_is_charged_to_its_kill_by_what_the_kill_left_durable() -
     trained = _sealed("g3", 0, 9, incarnation=1, seq=15, name="trained")
     after = _sealed("g4", 0, 3, incarnation=2, seq=20, name="after")
     redo = _sealed("g3", 1, 11, incarnation=2, seq=21, name="redo")
+    # The next start's replay logs the journaled seal again: it generated nothing more.
+    replayed = _sealed("g1", 1, 6, incarnation=2, seq=2, name="journaled")
     history = RunHistory(
         train=[_trained("g3", "3", ["trained", "redo"])],
         drops=[
@@ -89,7 +91,7 @@ def test_each_lost_seal_is_charged_to_its_kill_by_what_the_kill_left_durable() -
                 group_id="g2", sample_id="2", epoch=0, target_step=0, replaced=False, incarnation=1
             )
         ],
-        attempts=[in_snapshot, journaled, too_late, of_dropped, trained, after, redo],
+        attempts=[in_snapshot, journaled, too_late, of_dropped, trained, after, redo, replayed],
         restores=[],
     )
     history.steps = {0: history.train}

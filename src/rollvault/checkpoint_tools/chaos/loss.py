@@ -110,9 +110,13 @@ def loss_account(history: RunHistory, evidence: Sequence[KillEvidence]) -> LossA
     account = LossAccount(kills=[KillLoss(start=kill.start) for kill in evidence])
     losses = {kill.incarnation: loss for kill, loss in zip(evidence, account.kills, strict=True)}
     account.problems = [kill.problem for kill in evidence if kill.problem]
+    charged: set[str] = set()
     for attempt in sealed:
         if attempt.adopted_from is not None or attempt.gate_rollout_id in trained:
             continue
+        if attempt.gate_rollout_id in charged:
+            continue  # a replay's line for the same attempt: it generated nothing
+        charged.add(attempt.gate_rollout_id)
         kill = by_incarnation.get(attempt.incarnation)
         if kill is None:
             account.after_last_kill_tokens += attempt.num_tokens
