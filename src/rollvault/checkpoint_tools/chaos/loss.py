@@ -12,9 +12,11 @@ to the kill that ended its start and sorted by what that kill left on disk
   up) with it;
 - **durable, lost**: durable and still generated again: what DESIGN
   invariant 10 forbids for a run with the journal on (a ``trainer_checkpoint``
-  restore loses these by design). Measured and reported, not a harness
-  problem: a pooled seal is adopted only for the same target step, so a
-  journaled seal may be generated again by design;
+  restore loses these by design). Measured and reported, not (yet) a
+  harness problem: when consecutive starts die before their first snapshot,
+  the next restore leaves unmatched the journaled seals of attempts an earlier
+  restore minted (the snapshot's ledger names an older attempt of the sibling),
+  and generates them again (BENCHMARKS.md, "Seal journal (issue 16)");
 - **after the last kill**: sealed by the start that finished (a prompt dropped
   then, or ``prompt_group`` discarding its siblings).
 
