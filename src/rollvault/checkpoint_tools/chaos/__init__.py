@@ -20,12 +20,16 @@ the last start finish. Then it checks the run's evidence:
   index, and it has nothing left to generate or train.
 
 It reports the work lost (tokens generated against tokens that reached
-training). ``--compare`` runs the same kill schedule under ``restore_mode=latest``
+training), and, from what each kill left on disk (read before the next
+start), where every lost token went: attempts in flight at the kill, seals
+not yet durable, durable seals of a prompt the retry budget dropped, and
+durable seals generated again. ``--compare`` runs the same kill schedule under ``restore_mode=latest``
 and under the ``trainer_checkpoint`` baseline, and prints both and their ratio.
 
 Modules: :mod:`.plan` (the run config, the kill schedule, the child's command
 line), :mod:`.supervisor` (starting, killing and restarting the child),
-:mod:`.checks` (the invariants on the finished run) and :mod:`.report`
+:mod:`.checks` (the invariants on the finished run), :mod:`.kill_evidence`
+(the state a kill left), :mod:`.loss` (the lost tokens by kill and kind) and :mod:`.report`
 (what a harness run did, as text). ``rollvault chaos`` parses its arguments
 and prints the report.
 """

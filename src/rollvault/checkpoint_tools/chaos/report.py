@@ -7,14 +7,16 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from rollvault.checkpoint_tools.chaos.checks import RunCheck
+from rollvault.checkpoint_tools.chaos.kill_evidence import KillEvidence
+from rollvault.checkpoint_tools.chaos.loss import LossAccount
 from rollvault.checkpoint_tools.chaos.plan import ChaosPlan
 from rollvault.checkpoint_tools.run_history import EpochAccount, RunHistory, WorkAccounting
 from rollvault.config.schema import RunConfig
-from rollvault.ledger.statuses import RolloutAttemptStatus
 
 IN_FLIGHT_NOTE: Final = (
-    "attempts in flight at a kill never reach attempts.jsonl, so 'logged' "
-    "undercounts the work lost, by about the same number of tokens in both modes"
+    "attempts in flight at a kill never reach attempts.jsonl, so 'logged' undercounts the "
+    "work lost; '+ in flight' adds them, measured at each kill (dispatched and never "
+    "returned, each at its redo's length: an upper bound)"
 )
 
 
@@ -51,6 +53,10 @@ class ChaosReport:
     check: RunCheck | None = None
     """None when the last start did not finish."""
     seconds: float = 0.0
+    kill_evidence: list[KillEvidence] = field(default_factory=list)
+    """What each kill left on disk, read before the next start."""
+    loss: LossAccount | None = None
+    """The lost tokens by kill and kind (None when the last start did not finish)."""
 
     @property
     def kills_delivered(self) -> int:
@@ -73,6 +79,8 @@ def format_report(report: ChaosReport) -> str:
     if report.check is not None:
         lines.append(_format_restores(report.check.history))
         lines.append(_format_work(report.check.accounting))
+        if report.loss is not None:
+            lines += format_loss(report.loss)
         lines += [_format_epoch(account) for account in report.check.epochs]
         lines.append(f"  final snapshot checked: {report.check.final_snapshot}")
     lines.append(
@@ -130,6 +138,30 @@ def _format_work(accounting: WorkAccounting) -> str:
     )
 
 
+def format_loss(loss: LossAccount) -> list[str]:
+    """The lost tokens by kind, measured at each kill (see :mod:`.loss`)."""
+    lines = [
+        "  lost per kill (tokens: in flight [attempts] / sealed not yet durable / "
+        "durable, dropped by the retry budget / durable, lost):"
+    ]
+    lines += [
+        f"    start {kill.start:2d}: {kill.in_flight_tokens} [{kill.in_flight_attempts}] / "
+        f"{kill.not_durable_tokens} / {kill.dropped_tokens} / {kill.durable_lost_tokens}"
+        for kill in loss.kills
+    ]
+    lines.append(
+        f"  measured: {loss.total('in_flight_tokens')} tokens in flight at the kills "
+        f"({loss.total('in_flight_unmatched')} attempts never redone, at the mean), "
+        f"{loss.total('not_durable_tokens')} sealed not yet durable, "
+        f"{loss.total('dropped_tokens')} durable but dropped, "
+        f"{loss.total('durable_lost_tokens')} durable and lost, "
+        f"{loss.after_last_kill_tokens} after the last kill; total lost / (in flight + "
+        f"not durable) = {loss.limit_ratio():.2f} ({loss.limit_ratio(0.5):.2f} with in-flight "
+        "attempts half done)"
+    )
+    return lines
+
+
 def lost_work_ratio(latest_lost: int, baseline_lost: int) -> float:
     """Tokens the baseline regenerated per token ``latest`` regenerated (inf if none)."""
     if latest_lost == 0:
@@ -137,24 +169,13 @@ def lost_work_ratio(latest_lost: int, baseline_lost: int) -> float:
     return baseline_lost / latest_lost
 
 
-def inflight_estimate(report: ChaosReport) -> int:
-    """Tokens of unfinished attempts the kills threw away, estimated (logs never see them).
+def inflight_measured(report: ChaosReport) -> int:
+    """Tokens of the attempts in flight at the kills, measured (0 if the run did not finish).
 
-    Assumes every attempt slot (``max_inflight_prompts`` x siblings) was busy
-    and half done at each kill, with the mean length of the sealed attempts.
-    The same for every restore mode: a kill loses in-flight work either way.
+    Each kill's evidence names them (:mod:`.kill_evidence`); each counts its
+    redo's tokens, an upper bound of what it had generated (:mod:`.loss`).
     """
-    if report.check is None:
-        return 0
-    sealed = [
-        a.num_tokens
-        for a in report.check.history.attempts
-        if a.status is RolloutAttemptStatus.SEALED
-    ]
-    mean = sum(sealed) / len(sealed) if sealed else 0.0
-    config = report.config
-    slots = config.rollout.max_inflight_prompts * config.grpo.num_generations_per_prompt
-    return round(report.kills_delivered * slots * mean / 2)
+    return report.loss.total("in_flight_tokens") if report.loss is not None else 0
 
 
 def format_comparison(latest: ChaosReport, baseline: ChaosReport) -> str:
@@ -162,16 +183,15 @@ def format_comparison(latest: ChaosReport, baseline: ChaosReport) -> str:
     if latest.check is None or baseline.check is None:
         return "comparison: unavailable (a run did not finish)"
     lost = [latest.check.accounting.lost_tokens, baseline.check.accounting.lost_tokens]
-    with_inflight = [lost[0] + inflight_estimate(latest), lost[1] + inflight_estimate(baseline)]
+    with_inflight = [lost[0] + inflight_measured(latest), lost[1] + inflight_measured(baseline)]
     return "\n".join(
         [
             f"tokens regenerated under the same {latest.plan.kills} kills (seed {latest.plan.seed}):",
-            "                       logged   logged + in-flight estimate",
+            "                       logged   logged + in flight (measured)",
             f"  latest:             {lost[0]:7d}   {with_inflight[0]:7d}",
             f"  trainer_checkpoint: {lost[1]:7d}   {with_inflight[1]:7d}",
             f"  ratio:              {lost_work_ratio(*lost):6.1f}x   "
             f"{lost_work_ratio(*with_inflight):6.1f}x",
-            f"  note: {IN_FLIGHT_NOTE}; the estimate assumes every attempt slot busy and half "
-            "done at each kill",
+            f"  note: {IN_FLIGHT_NOTE}",
         ]
     )

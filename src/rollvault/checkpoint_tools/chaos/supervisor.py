@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import IO, Final
 
 from rollvault.checkpoint_tools.chaos.checks import check_finished_run
+from rollvault.checkpoint_tools.chaos.kill_evidence import (
+    KILL_EVIDENCE_FILENAME,
+    read_kill_evidence,
+    write_kill_evidence,
+)
+from rollvault.checkpoint_tools.chaos.loss import loss_account
 from rollvault.checkpoint_tools.chaos.plan import (
     ChaosPlan,
     ChaosUsageError,
@@ -42,9 +48,17 @@ def run_chaos(plan: ChaosPlan) -> ChaosReport:
             report.starts.append(record)
             if record.outcome is not StartOutcome.KILLED:
                 break
+            # Before the next start: its restore rotates the journals the kill left.
+            incarnation = _read_incarnation(Path(config.logging.log_dir) / INCARNATION_FILENAME)
+            report.kill_evidence.append(
+                read_kill_evidence(config, start=number, incarnation=incarnation)
+            )
+    write_kill_evidence(plan.run_dir / KILL_EVIDENCE_FILENAME, report.kill_evidence)
     report.start_problems = _start_problems(report)
     if report.starts[-1].outcome is StartOutcome.FINISHED:
         report.check = check_finished_run(config)
+        report.loss = loss_account(report.check.history, report.kill_evidence)
+        report.check.problems.extend(report.loss.problems)
     report.seconds = time.perf_counter() - started
     return report
 
