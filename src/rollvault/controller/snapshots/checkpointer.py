@@ -445,10 +445,11 @@ class Checkpointer:
             cut = take_cut_capture(parts, base_step=base_step)
             self.stats.cut_hold_seconds.append(time.perf_counter() - started)
         self._last_version = cut.mutation_version
-        # Building the sidecar checks and copies every record of the groups kept
-        # since the last trainer checkpoint: tens of milliseconds of Python that
-        # would stall dispatch and sealing on the event loop. The capture is
-        # immutable (copy-on-write ledger, copied maps), so a thread may build it.
+        # Building the sidecar checks the controller's per-group maps and names
+        # every group's origin: milliseconds of Python that would stall dispatch
+        # and sealing on the event loop (the ledger's records are encoded later,
+        # only those that changed). The capture is immutable (copy-on-write
+        # ledger, copied maps), so a thread may build it.
         return await asyncio.to_thread(build_snapshot, cut, parts, fingerprint=self._fingerprint)
 
     def _write_payload(
