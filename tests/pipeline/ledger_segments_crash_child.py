@@ -114,12 +114,12 @@ async def commit(checkpoint_dir: Path) -> None:
             if int(record.prompt_id) // 2 == step - 1:
                 ledger.mark_group_dispatched(cut, record.group_id)
             elif int(record.prompt_id) // 2 == step - 2:
-                for index in range(2):
+                for sibling in range(2):
                     ledger.mark_sibling_failed(
                         cut,
                         record.group_id,
-                        generation_index=index,
-                        gate_rollout_id=record.gate_rollout_id(index),
+                        generation_index=sibling,
+                        gate_rollout_id=record.gate_rollout_id(sibling),
                         reason="infra: the step moved on",
                     )
                 ledger.drop_group(cut, record.group_id)

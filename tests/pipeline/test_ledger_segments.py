@@ -195,8 +195,9 @@ def test_a_sparse_ledger_segment_is_compacted_into_the_new_one(tmp_path: Path) -
         await _seal(parts, run.gate, groups[2], 0)
         third = await run.snapshot()  # 1 of 4 live, below half: rewritten
         assert whole not in _ledger_files(third)
-        (new,) = _ledger_files(third) - _ledger_files(second)
-        assert sorted(_groups_in(third, new)) == sorted(groups[1:])
+        changed, cold = sorted(_ledger_files(third) - _ledger_files(second), reverse=True)
+        assert _groups_in(third, changed) == groups[1:3]
+        assert "-cold-" in cold and _groups_in(third, cold) == groups[3:]  # kept apart
         assert _restored_ledger(third) == _live_ledger(parts)
         parts.logs.close()
 
