@@ -82,6 +82,13 @@ class IndexedSidecarState(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tr
     reward_settings: CaptureRewardSettings | None
 
 
+class _LedgerSegmentFile(msgspec.Struct, forbid_unknown_fields=True):
+    """A ledger segment with its records undecoded: only the live ones are decoded."""
+
+    schema_version: int
+    groups: list[msgspec.Raw]
+
+
 class _VersionOnly(msgspec.Struct):
     schema_version: int
 
@@ -104,10 +111,11 @@ def encode_ledger_segment(records: Sequence[PromptGroupRecoveryRecord]) -> bytes
     return _ENCODER.encode(state)
 
 
-def decode_ledger_segment(data: bytes, *, name: str) -> list[GroupState]:
-    """The records of a ledger segment, strictly decoded (semantic checks come on assembly)."""
+def decode_ledger_segment(data: bytes, *, name: str) -> list[msgspec.Raw]:
+    """The records of a ledger segment, each still JSON: :func:`assemble_indexed_sidecar`
+    decodes (strictly) and checks only those the index names, not the dead ones."""
     try:
-        state = msgspec.json.decode(data, type=LedgerState, strict=True)
+        state = msgspec.json.decode(data, type=_LedgerSegmentFile, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise LedgerStateError(f"ledger segment {name}: {exc}") from exc
     if state.schema_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
@@ -165,7 +173,7 @@ def decode_ledger_index(data: bytes) -> LedgerIndex:
 
 
 def assemble_indexed_sidecar(
-    state: IndexedSidecarState, segments: Mapping[str, list[GroupState]]
+    state: IndexedSidecarState, segments: Mapping[str, list[msgspec.Raw]]
 ) -> ParsedRolloutRecoveryState:
     """The parsed sidecar of ``state``, its records taken from ``segments`` (file -> records).
 
@@ -189,7 +197,13 @@ def assemble_indexed_sidecar(
         if (segment, ordinal) in used:
             raise LedgerStateError(f"{where}: record {ordinal} of {ref.file} is listed twice")
         used.add((segment, ordinal))
-        groups.append(records[ordinal])
+        try:
+            groups.append(msgspec.json.decode(records[ordinal], type=GroupState, strict=True))
+        except msgspec.ValidationError as exc:
+            raise LedgerStateError(
+                f"ledger segment {ref.file} $.groups[{ordinal}] (the index's groups[{position}])"
+                f": {exc}"
+            ) from exc
     try:
         typed = SidecarState(
             schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,

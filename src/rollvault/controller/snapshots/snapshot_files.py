@@ -85,7 +85,6 @@ from rollvault.ledger.sidecar import (
 )
 from rollvault.ledger.state_schema import (
     SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
-    GroupState,
     RolloutRecoveryState,
 )
 
@@ -547,7 +546,7 @@ def _decode_indexed(path: Path, data: bytes) -> tuple[ParsedRolloutRecoveryState
     return parsed, state.ledger_index
 
 
-def read_ledger_segment(path: Path, ref: LedgerSegmentRef) -> list[GroupState]:
+def read_ledger_segment(path: Path, ref: LedgerSegmentRef) -> list[msgspec.Raw]:
     """The records of the ledger segment ``path``, refused unless it is what ``ref`` records.
 
     Raises :class:`SnapshotCorruptError` naming the segment: missing, another
