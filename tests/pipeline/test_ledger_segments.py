@@ -344,3 +344,20 @@ def test_a_writer_given_the_same_records_writes_nothing_new(tmp_path: Path) -> N
         run.parts.logs.close()
 
     asyncio.run(main())
+
+
+def test_ledger_segments_are_kept_while_a_committed_snapshot_s_sidecar_is_unreadable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path)
+    older, newest = _two_snapshots(config)
+    sidecar = newest / ROLLOUT_RECOVERY_STATE_FILENAME
+    sidecar.write_bytes(b"{damaged")
+    orphan = segments_dir_for(newest) / f"000009-ledger{LEDGER_SEGMENT_SUFFIX}"
+    orphan.write_bytes(b"{}")
+    with caplog.at_level(logging.WARNING, logger="rollvault.checkpointer"):
+        assert collect_segments(newest.parent) is None
+    assert orphan.exists() and "kept every segment" in caplog.text
+    sidecar.unlink()  # no sidecar: never restorable, so it needs no segment
+    collect_segments(newest.parent)
+    assert not orphan.exists() and _on_disk(newest) == _ledger_files(older)

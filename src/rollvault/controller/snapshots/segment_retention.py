@@ -49,13 +49,18 @@ def is_segment_file(name: str) -> bool:
 def referenced_ledger_segments(snapshot_dirs: list[Path]) -> set[str]:
     """Ledger segment files any of ``snapshot_dirs`` references (sidecars before 6: none).
 
-    Raises :class:`SnapshotCorruptError` if a sidecar cannot be read or decoded.
+    A snapshot without a sidecar references none (it cannot be restored). Raises
+    :class:`SnapshotCorruptError` if a sidecar cannot be read or decoded.
     """
     files: set[str] = set()
     for directory in snapshot_dirs:
         path = directory / ROLLOUT_RECOVERY_STATE_FILENAME
         try:
             data = path.read_bytes()
+        except FileNotFoundError:
+            # Without its sidecar the snapshot can never be restored (verification
+            # names the missing file), so no segment is needed for it.
+            continue
         except OSError as exc:
             raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
         version = sidecar_file_version(data)
