@@ -34,10 +34,13 @@ sealed groups are finalized (their staged rows cleared, canonical rows put)
 and replaced by as many new groups. It reports, per snapshot, the bytes
 written by file kind against the bytes of the rows new since the last
 snapshot (goal: data-plane bytes <= 1.1x), and the restore of the last one.
+The ledger goes to ledger segments (sidecar version 6: only changed groups'
+records are written); ``--ledger-inline`` writes it as the writer before them
+did (version 5: every group in the sidecar, every snapshot), for a side by side.
 
 Usage: python benchmarks/bench_snapshot_cut.py [--groups 1024] [--siblings 16]
        [--canonical 96] [--repeat 100] [--writes 5] [--restores 3] [--profile] [--json]
-       [--incremental 10] [--seal-per-round 256] [--finalize-per-round 8]
+       [--incremental 10] [--seal-per-round 256] [--finalize-per-round 8] [--ledger-inline]
 The files go to .bench_tmp/snapshot_cut/ in the checkout (not /tmp, which
 may be tmpfs where fsync costs nothing) and are removed at the end.
 """
@@ -47,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import gc
 import io
 import json
@@ -57,6 +61,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RunConfig
@@ -69,6 +75,7 @@ from rollvault.controller.snapshots.checkpointer import (
     build_snapshot,
     take_cut_capture,
 )
+from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
 from rollvault.controller.snapshots.segment_retention import collect_segments
@@ -87,6 +94,8 @@ from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME, build_rollout_recovery_state
+from rollvault.ledger.state_convert import ledger_to_state
+from rollvault.ledger.state_schema import ROLLOUT_RECOVERY_SCHEMA_VERSION
 from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
 from rollvault.tasks.protocols import PromptDataset
 from rollvault.tasks.registry import build_dataset
@@ -365,14 +374,19 @@ async def measure_incremental(
     filler = Filler(parts)
     root = snapshots_root(anchor)
     writer = SegmentedWriter(root / SEGMENTS_DIRNAME)
+    ledger = LedgerSegmentWriter(root / SEGMENTS_DIRNAME)
     rounds = []
     for index in range(args.incremental + 1):
         if index:
             await steady_round(filler, args)
-        _hold, capture = await timed_capture(parts, fingerprint)
+        started = time.perf_counter()
+        hold, capture = await timed_capture(parts, fingerprint)
+        if args.ledger_inline:
+            capture = inline_ledger(capture)
+        build_seconds = time.perf_counter() - started - hold
 
         def payload(directory: Path, capture: RolloutStateCapture = capture) -> None:
-            write_snapshot_payload(capture, directory, segments=writer)
+            write_snapshot_payload(capture, directory, segments=writer, ledger=ledger)
 
         started = time.perf_counter()
         path = publish_snapshot(
@@ -381,19 +395,33 @@ async def measure_incremental(
         pending = writer.last_written
         assert pending is not None
         writer.committed(pending)
-        collect_segments(root, also_keep=writer.base_segments())
+        ledger_pending = ledger.last_written
+        if ledger_pending is not None:
+            ledger.committed(ledger_pending)
+        collect_segments(root, also_keep=writer.base_segments() | ledger.base_segments())
         seconds = time.perf_counter() - started
         sizes = file_bytes(path)
         info = pending.info
+        ledger_bytes = 0 if ledger_pending is None else ledger_pending.info.segment_bytes
         rounds.append(
             {
+                "build_ms": 1e3 * build_seconds,
                 "write_ms": 1e3 * seconds,
+                "ledger_segment_bytes": ledger_bytes,
+                "ledger_records_written": (
+                    len(capture.recovery_state["ledger"]["groups"])
+                    if ledger_pending is None
+                    else ledger_pending.info.new_records
+                ),
+                "ledger_records_compacted": (
+                    0 if ledger_pending is None else ledger_pending.info.compacted_records
+                ),
                 "new_rows": info.new_rows,
                 "new_row_bytes": info.new_row_bytes,
                 "segment_bytes": info.segment_bytes,
                 **sizes,
                 "data_plane_bytes": info.segment_bytes + sizes["index"],
-                "total_bytes": info.segment_bytes + sum(sizes.values()),
+                "total_bytes": info.segment_bytes + ledger_bytes + sum(sizes.values()),
                 "segments_referenced": len(info.referenced),
                 "segments_on_disk_bytes": sum(
                     p.stat().st_size for p in (root / SEGMENTS_DIRNAME).iterdir()
@@ -401,6 +429,17 @@ async def measure_incremental(
             }
         )
     return rounds
+
+
+def inline_ledger(capture: RolloutStateCapture) -> RolloutStateCapture:
+    """The capture as the writer before ledger segments wrote it: every group in the sidecar."""
+    assert capture.ledger_records is not None
+    state = dict(
+        capture.recovery_state,
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+        ledger=msgspec.to_builtins(ledger_to_state(capture.ledger_records)),
+    )
+    return dataclasses.replace(capture, recovery_state=state, ledger_records=None)
 
 
 def compare_formats(parts: RolloutParts, newest: Path, scratch: Path) -> dict[str, float]:
@@ -614,27 +653,31 @@ def incremental_report(result: dict[str, Any]) -> list[str]:
     lines = [
         "incremental snapshots: the first after restore (every row new), then "
         f"{len(steady)} steady-state rounds",
-        "  round  new rows  new row MB  segment MB  index KB  ledger MB  other KB  "
-        "data plane / new rows  total / new rows  write ms",
+        "  round  new rows  new row MB  segment MB  index KB  ledger sidecar KB  "
+        "ledger segment MB  records  other KB  data plane / new rows  total / new rows  "
+        "build ms  write ms",
     ]
     for index, r in enumerate(rounds):
         new = max(r["new_row_bytes"], 1)
         lines.append(
             f"  {index:5d}  {r['new_rows']:8d}  {r['new_row_bytes'] / 1e6:10.3f}  "
             f"{r['segment_bytes'] / 1e6:10.3f}  {r['index'] / 1e3:8.1f}  "
-            f"{r['ledger_sidecar'] / 1e6:9.2f}  {r['other_files'] / 1e3:8.1f}  "
+            f"{r['ledger_sidecar'] / 1e3:17.1f}  {r['ledger_segment_bytes'] / 1e6:17.3f}  "
+            f"{r['ledger_records_written']:7d}  {r['other_files'] / 1e3:8.1f}  "
             f"{r['data_plane_bytes'] / new:21.3f}  {r['total_bytes'] / new:16.2f}  "
-            f"{r['write_ms']:8.1f}"
+            f"{r['build_ms']:8.1f}  {r['write_ms']:8.1f}"
         )
     if steady:
         data_plane = sum(r["data_plane_bytes"] for r in steady)
         new_bytes = sum(r["new_row_bytes"] for r in steady)
         total = sum(r["total_bytes"] for r in steady)
-        ledger = sum(r["ledger_sidecar"] for r in steady)
+        ledger = sum(r["ledger_sidecar"] + r["ledger_segment_bytes"] for r in steady)
         lines += [
             f"  steady state: data plane {data_plane / new_bytes:.3f}x the new rows' bytes "
-            f"(goal <= 1.1x); all files {total / new_bytes:.2f}x, of which the ledger sidecar "
-            f"is {ledger / total:.0%}; median write "
+            f"(goal <= 1.1x); all files {total / new_bytes:.2f}x, of which the ledger "
+            f"(sidecar + ledger segments) is {ledger / total:.0%} = "
+            f"{ledger / new_bytes:.2f}x the new rows' bytes; median build "
+            f"{statistics.median(r['build_ms'] for r in steady):.1f} ms, write "
             f"{statistics.median(r['write_ms'] for r in steady):.1f} ms; segments on disk "
             f"{rounds[-1]['segments_on_disk_bytes'] / 1e6:.2f} MB",
         ]
@@ -665,6 +708,7 @@ def main() -> None:
     parser.add_argument("--incremental", type=int, default=0)
     parser.add_argument("--seal-per-round", type=int, default=256)
     parser.add_argument("--finalize-per-round", type=int, default=8)
+    parser.add_argument("--ledger-inline", action="store_true")
     args = parser.parse_args()
     if args.dir.exists():
         raise SystemExit(f"{args.dir} exists; remove it or pass another --dir")

@@ -31,6 +31,7 @@ from pipeline_helpers import (  # noqa: E402
     run_until_crash_holding_rows,
     small_config,
 )
+from snapshot_versions import read_sidecar  # noqa: E402
 
 from rollvault.checkpoint_tools.inventory import (  # noqa: E402
     CheckpointInventory,
@@ -153,7 +154,7 @@ def counts_from_files(snapshot: Path) -> dict[str, Any]:
         return json.loads((snapshot / name).read_text())
 
     manifest = load("manifest.json")
-    groups = load("rollout_recovery.json")["ledger"]["groups"]
+    groups = read_sidecar(snapshot)["ledger"]["groups"]  # version 6: from its ledger segments
     current = Counter(s["attempts"][-1]["status"] for g in groups for s in g["siblings"])
     rows: Counter[str] = Counter()
     for segment in load("data_plane/metadata.json")["content"]["segments"]:

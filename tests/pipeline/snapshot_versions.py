@@ -22,17 +22,20 @@ from rollvault.controller.snapshots.snapshot_files import (
     ENV_ROLLOUTS_SCHEMA_VERSION,
     SIDECARS_METADATA_KEY,
     empty_env_rollouts,
+    segments_dir_for,
 )
 from rollvault.dataplane.checkpoint_format import (
     decode_envelope,
     replace_user_metadata,
     sha256_hex,
 )
+from rollvault.ledger.indexed_sidecar import INDEXED_SIDECAR_SCHEMA_VERSION
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import AttemptFailureKind
 
 V3: Final = 3
 V4: Final = 4
+V5: Final = 5
 _METADATA: Final = "metadata.json"
 
 
@@ -107,9 +110,29 @@ def _user_metadata(metadata_path: Path) -> dict[str, Any]:
 
 
 def read_sidecar(snapshot: Path) -> dict[str, Any]:
-    """The snapshot's sidecar as builtins, undecoded."""
+    """The snapshot's sidecar as builtins, undecoded; a version 6 one as version 5 (inline).
+
+    :func:`rewrite_sidecar` of the result is what the writer before ledger
+    segments wrote: every group in the sidecar itself.
+    """
     state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    if state["schema_version"] == INDEXED_SIDECAR_SCHEMA_VERSION:
+        state = inline_sidecar(snapshot, state)
     return state
+
+
+def inline_sidecar(snapshot: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """A version 6 sidecar (builtins) with its records read from its ledger segments, as 5."""
+    inline = dict(state)
+    index = inline.pop("ledger_index")
+    records = {
+        ref["file"]: json.loads((segments_dir_for(snapshot) / ref["file"]).read_bytes())["groups"]
+        for ref in index["segments"]
+    }
+    groups = [records[index["segments"][segment]["file"]][o] for segment, o in index["groups"]]
+    inline["schema_version"] = V5
+    inline["ledger"] = {"schema_version": V5, "groups": groups}
+    return inline
 
 
 def downgrade_snapshot_to_v3(snapshot: Path) -> None:
@@ -145,3 +168,14 @@ def upgrade_snapshot_v4_to_v5(snapshot: Path) -> None:
     }
     data = replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
     metadata_path.write_bytes(data)
+
+
+def inline_snapshot_to_v5(snapshot: Path) -> None:
+    """Turn a version 6 snapshot into the one the writer before ledger segments wrote.
+
+    Its ledger segments stay on disk, referenced by no version 5 sidecar.
+    """
+    state = read_sidecar(snapshot)
+    if state["schema_version"] != V5:
+        raise ValueError(f"expected a version 6 (or 5) sidecar, got {state['schema_version']}")
+    rewrite_sidecar(snapshot, state)

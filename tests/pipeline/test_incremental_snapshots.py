@@ -206,8 +206,8 @@ def test_a_snapshot_that_failed_after_its_segment_was_written_is_retried_under_i
     real = checkpointer_module.write_snapshot_payload
     failures = [True]
 
-    def fails_once(capture: Any, directory: Path, *, segments: Any) -> int:
-        written = real(capture, directory, segments=segments)
+    def fails_once(capture: Any, directory: Path, *, segments: Any, ledger: Any) -> int:
+        written = real(capture, directory, segments=segments, ledger=ledger)
         if failures and failures.pop():
             raise OSError(errno.ENOSPC, "No space left on device")
         return written

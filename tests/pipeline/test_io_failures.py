@@ -38,6 +38,7 @@ from rollvault.controller.loop.io_failures import (
 from rollvault.controller.loop.pipeline import RunSummary, run
 from rollvault.controller.loop.run_logs import TRAIN_LOG_FILENAME
 from rollvault.controller.snapshots import checkpointer
+from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.snapshot_files import RolloutStateCapture
 from rollvault.controller.snapshots.snapshot_retry import BACKOFF_CAP, SnapshotRetry
 from rollvault.dataplane.interface import DataPlane
@@ -91,16 +92,21 @@ class PeriodicWrites:
         self._real = checkpointer.write_snapshot_payload
 
     def __call__(
-        self, capture: RolloutStateCapture, directory: Path, *, segments: SegmentedWriter | None
+        self,
+        capture: RolloutStateCapture,
+        directory: Path,
+        *,
+        segments: SegmentedWriter | None,
+        ledger: LedgerSegmentWriter | None,
     ) -> int:
         if directory.parent.name != "rollout_snapshots":  # a trainer checkpoint's own
-            return self._real(capture, directory, segments=segments)
+            return self._real(capture, directory, segments=segments, ledger=ledger)
         fail = self.plan.pop(0) if self.plan else self.then
         self.tried.append((time.monotonic(), fail))
         if fail:
             (directory / "partial.bin").write_bytes(b"x" * 1000)
             raise _full_disk()
-        return self._real(capture, directory, segments=segments)
+        return self._real(capture, directory, segments=segments, ledger=ledger)
 
 
 def test_the_wait_doubles_per_failure_up_to_the_cap_and_a_success_resets_it() -> None:

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 from pipeline_helpers import BatchKeepingTrainer, dataset_of, small_config
+from snapshot_versions import read_sidecar
 
 from rollvault.checkpoint_tools.inventory import read_snapshot_contents
 from rollvault.config.schema import RunConfig
@@ -43,7 +44,6 @@ from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.gates.episode_runner import Generation
 from rollvault.gates.simulated import SimulatedGate
-from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.tasks.episodes import Action, RestoreClass, StepResult, idempotency_key
 from rollvault.tasks.guess.environment import GuessEnvironment
 
@@ -202,7 +202,7 @@ def _stop_when_episodes_in_flight(
 
 def _committed_prefixes(snapshot: Path) -> dict[str, list[np.ndarray]]:
     """Per logical rollout id with committed turns in flight: its turn rows' input ids."""
-    ledger = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())["ledger"]
+    ledger = read_sidecar(snapshot)["ledger"]  # version 6: the records from ledger segments
     loaded = read_any_checkpoint(snapshot / "data_plane", segments_dir_for(snapshot))
     rows = loaded.checkpoint.partitions[STAGING_PARTITION]
     prefixes = {}

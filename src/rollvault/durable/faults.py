@@ -83,6 +83,8 @@ FAULT_POINTS: Final = frozenset(
         # segment_store.py: writing a segment (around atomic_write.*), deleting old ones
         "segment.before_write",
         "segment.durable",
+        "ledger_segment.before_write",
+        "ledger_segment.durable",
         "segment_gc.before_delete",
         "segment_gc.after_delete",
         "segment_gc.synced",

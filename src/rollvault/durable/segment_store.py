@@ -40,13 +40,24 @@ def publish_segment(path: Path, data: bytes) -> None:
     removed, so its number is handed out again): no committed snapshot can
     reference it, and it is replaced (atomically).
     """
-    directory = path.parent
-    if not directory.is_dir():
-        directory.mkdir()
-        _fsync_directory(directory.parent)
+    _ensure_directory(path.parent)
     fault_point("segment.before_write")
     atomic_write_bytes(path, data)
     fault_point("segment.durable")
+
+
+def publish_ledger_segment(path: Path, data: bytes) -> None:
+    """Write the ledger segment ``path`` durably: as :func:`publish_segment`, own fault points."""
+    _ensure_directory(path.parent)
+    fault_point("ledger_segment.before_write")
+    atomic_write_bytes(path, data)
+    fault_point("ledger_segment.durable")
+
+
+def _ensure_directory(directory: Path) -> None:
+    if not directory.is_dir():
+        directory.mkdir()
+        _fsync_directory(directory.parent)
 
 
 def delete_unreferenced(

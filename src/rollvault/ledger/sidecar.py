@@ -195,25 +195,62 @@ def build_rollout_recovery_state(
             f"build_rollout_recovery_state: expected a RolloutRecoveryLedger, got "
             f"{type(ledger).__name__}"
         )
+    excluded = _canonical_ids(canonical_group_ids)
+    envelope = build_sidecar_envelope(
+        batch_shortfall=batch_shortfall,
+        sampler_stamps_target_steps=sampler_stamps_target_steps,
+        finalizer_metrics_by_group=finalizer_metrics_by_group,
+        finalizer_rewards_by_group=finalizer_rewards_by_group,
+        reward_settings=reward_settings,
+    )
+    state: RolloutRecoveryState = dict(
+        envelope,
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+        ledger=msgspec.to_builtins(ledger._ledger_state(exclude=excluded)),
+    )
+    return state
+
+
+def build_sidecar_envelope(
+    *,
+    batch_shortfall: dict[int, int],
+    sampler_stamps_target_steps: bool,
+    finalizer_metrics_by_group: dict[str, dict[str, float]] | None = None,
+    finalizer_rewards_by_group: dict[str, list[FinalizedReward]] | None = None,
+    reward_settings: CaptureRewardSettings | None = None,
+) -> RolloutRecoveryState:
+    """Every field of the sidecar but its version and its ledger, validated, as builtins.
+
+    Not in the reference API: the snapshot writer stores the ledger's records
+    in segments (:mod:`rollvault.ledger.indexed_sidecar`) and this beside them.
+    """
     if not isinstance(sampler_stamps_target_steps, bool):
         raise InvalidLedgerInputError(
             "build_rollout_recovery_state: sampler_stamps_target_steps must be a bool, got "
             f"{sampler_stamps_target_steps!r}"
         )
-    excluded = _canonical_ids(canonical_group_ids)
-    sidecar = SidecarState(
-        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
-        ledger=ledger._ledger_state(exclude=excluded),
-        batch_shortfall={
-            str(step): count for step, count in _validate_batch_shortfall(batch_shortfall).items()
-        },
-        sampler_stamps_target_steps=sampler_stamps_target_steps,
-        finalizer_metrics_by_group=_validate_finalizer_metrics(finalizer_metrics_by_group or {}),
-        finalizer_rewards_by_group=_validate_finalizer_rewards(finalizer_rewards_by_group or {}),
-        reward_settings=_validate_reward_settings(reward_settings),
+    envelope: RolloutRecoveryState = msgspec.to_builtins(
+        {
+            "batch_shortfall": {
+                str(step): count
+                for step, count in _validate_batch_shortfall(batch_shortfall).items()
+            },
+            "sampler_stamps_target_steps": sampler_stamps_target_steps,
+            "finalizer_metrics_by_group": _validate_finalizer_metrics(
+                finalizer_metrics_by_group or {}
+            ),
+            "finalizer_rewards_by_group": _validate_finalizer_rewards(
+                finalizer_rewards_by_group or {}
+            ),
+            "reward_settings": _validate_reward_settings(reward_settings),
+        }
     )
-    state: RolloutRecoveryState = msgspec.to_builtins(sidecar)
-    return state
+    return envelope
+
+
+def sidecar_envelope_fields() -> frozenset[str]:
+    """The fields :func:`build_sidecar_envelope` returns."""
+    return _SIDECAR_STATE_FIELDS - {"schema_version", "ledger"}
 
 
 def _canonical_ids(canonical_group_ids: object) -> frozenset[str]:
@@ -239,6 +276,16 @@ def parse_rollout_recovery_state(state: object) -> ParsedRolloutRecoveryState:
     current = upgrade_sidecar_state(state)
     typed = read_versioned(current, SidecarState, expected=_SIDECAR_STATE_FIELDS, what=_WHAT)
     return _split(typed, from_bytes=False)
+
+
+def split_sidecar(typed: SidecarState) -> ParsedRolloutRecoveryState:
+    """Check a typed sidecar that shares nothing with anyone and split it by runtime owner.
+
+    For a state assembled from freshly decoded parts (the indexed sidecar's
+    segments): every check of :func:`parse_rollout_recovery_state` runs.
+    """
+    check_schema_version(typed.schema_version, context=_WHAT)
+    return _split(typed, from_bytes=True)
 
 
 def _split(typed: SidecarState, *, from_bytes: bool) -> ParsedRolloutRecoveryState:

@@ -17,6 +17,12 @@ to attempts: ``turn_keys`` (the committed turns' staging keys) and
 committed no turns). Version 3 is read: each attempt's kind is
 inferred from its reason, which the controller prefixed with the kind
 (:mod:`rollvault.ledger.state_upgrade`).
+
+The sidecar *file* has a version 6 (:mod:`rollvault.ledger.indexed_sidecar`):
+the ledger's groups are in ledger segments, each a version 5 ledger state,
+and the file indexes them. The state itself (the reference API's
+``state_dict``, ``build_rollout_recovery_state``, a parsed sidecar) stays
+version 5: the schema above, unchanged.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from rollvault.controller.loop.io_failures import (
 from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entry
 from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.ledger_segments import LedgerSeed, LedgerSegmentWriter
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_SCHEMA_VERSION,
@@ -82,7 +83,7 @@ from rollvault.durable.trainer_checkpoints import (
     trainer_checkpoint_path,
 )
 from rollvault.ledger.ledger import RolloutRecoveryLedger
-from rollvault.ledger.sidecar import build_rollout_recovery_state
+from rollvault.ledger.sidecar import build_sidecar_envelope
 
 _LOG = logging.getLogger("rollvault.checkpointer")
 
@@ -163,14 +164,15 @@ def build_snapshot(
     # The files keep one map per kind (their format predates the group entries).
     finalized = {g: group_entry(cut.groups, g).finalization() for g in canonical}
     origins = {g: group_entry(cut.groups, g).origin for g in grouped}
-    recovery = build_rollout_recovery_state(
-        cut.ledger,
+    # The ledger's records go to ledger segments as they are (shared copy-on-write:
+    # they never change), each encoded only if it changed since the last snapshot.
+    records = tuple(r for r in cut.ledger.shared_groups() if r.group_id not in canonical)
+    recovery = build_sidecar_envelope(
         batch_shortfall=cut.shortfall,
         sampler_stamps_target_steps=parts.sampler.stamps_target_steps,
         finalizer_metrics_by_group={g: f.metrics_dict() for g, f in finalized.items()},
         finalizer_rewards_by_group={g: list(f.rewards) for g, f in finalized.items()},
         reward_settings=capture_reward_settings(parts.config.reward),
-        canonical_group_ids=canonical,
     )
     return RolloutStateCapture(
         manifest=RolloutSnapshotManifest(
@@ -212,6 +214,7 @@ def build_snapshot(
             episodes=owned_entries(cut.episodes, cut.ledger),
             next_nemo_gym_task_index=None,
         ),
+        ledger_records=records,
     )
 
 
@@ -245,19 +248,33 @@ class Checkpointer:
         self._committed_journal_seq = 0
         self._segments: SegmentedWriter | None = None
         self._segment_seed: SegmentSeed | None = None
+        self._ledger_segments: LedgerSegmentWriter | None = None
+        self._ledger_seed: LedgerSeed | None = None
         self._retry = SnapshotRetry(
             interval_s=self._settings.interval_s,
             max_consecutive_failures=self._settings.max_consecutive_failures,
         )
         self.stats = SnapshotStats()
 
-    def seed_segments(self, seed: SegmentSeed | None) -> None:
-        """Let the first snapshot reference the rows of the snapshot restore loaded.
+    def seed_segments(self, seed: SegmentSeed | None, *, ledger: LedgerSeed | None = None) -> None:
+        """Let the first snapshot reference the rows (and ledger records) restore loaded.
 
         Used only if that snapshot is among the anchor's (not a trainer
-        checkpoint's own): else the first snapshot writes every row.
+        checkpoint's own): else the first snapshot writes every row and record.
         """
         self._segment_seed = seed
+        self._ledger_seed = ledger
+
+    def _ledger_writer(self) -> LedgerSegmentWriter:
+        """The anchor's ledger writer: a new one (every record new) when the anchor changed."""
+        root = snapshots_root(self.anchor()) / SEGMENTS_DIRNAME
+        if self._ledger_segments is None or self._ledger_segments.segments_dir != root:
+            seed, self._ledger_seed = self._ledger_seed, None
+            seeded = seed is not None and seed.segments_dir == root
+            self._ledger_segments = (
+                seed.writer() if seed is not None and seeded else LedgerSegmentWriter(root)
+            )
+        return self._ledger_segments
 
     def _segment_writer(self) -> SegmentedWriter:
         """The anchor's writer: a new one (every row new) when the anchor changed."""
@@ -306,12 +323,13 @@ class Checkpointer:
             capture = await self._capture(base_step=None)
             started = time.perf_counter()
             segments = self._segment_writer()
+            ledger = self._ledger_writer()
             try:
                 path = await asyncio.to_thread(
                     publish_snapshot,
                     self.anchor(),
                     manifest=capture.manifest,
-                    write_payload=functools.partial(self._write_payload, capture, segments),
+                    write_payload=functools.partial(self._write_payload, capture, segments, ledger),
                     keep_latest_k=self._settings.keep_latest_k,
                 )
             except SnapshotWriteError as error:
@@ -320,7 +338,9 @@ class Checkpointer:
                 return None
             if segments.last_written is not None:
                 segments.committed(segments.last_written)
-            await asyncio.to_thread(self._collect_segments, path.parent, segments)
+            if ledger.last_written is not None:
+                ledger.committed(ledger.last_written)
+            await asyncio.to_thread(self._collect_segments, path.parent, segments, ledger)
             self._retry.succeeded()
             self.stats.write_seconds.append(time.perf_counter() - started)
             self.stats.snapshots += 1
@@ -425,24 +445,30 @@ class Checkpointer:
             cut = take_cut_capture(parts, base_step=base_step)
             self.stats.cut_hold_seconds.append(time.perf_counter() - started)
         self._last_version = cut.mutation_version
-        # Building the sidecar checks and copies every record of the groups kept
-        # since the last trainer checkpoint: tens of milliseconds of Python that
-        # would stall dispatch and sealing on the event loop. The capture is
-        # immutable (copy-on-write ledger, copied maps), so a thread may build it.
+        # Building the sidecar checks the controller's per-group maps and names
+        # every group's origin: milliseconds of Python that would stall dispatch
+        # and sealing on the event loop (the ledger's records are encoded later,
+        # only those that changed). The capture is immutable (copy-on-write
+        # ledger, copied maps), so a thread may build it.
         return await asyncio.to_thread(build_snapshot, cut, parts, fingerprint=self._fingerprint)
 
     def _write_payload(
         self,
         capture: RolloutStateCapture,
         segments: SegmentedWriter | None,
+        ledger: LedgerSegmentWriter | None,
         directory: Path,
     ) -> None:
-        self.stats.bytes_written += write_snapshot_payload(capture, directory, segments=segments)
+        self.stats.bytes_written += write_snapshot_payload(
+            capture, directory, segments=segments, ledger=ledger
+        )
 
     @staticmethod
-    def _collect_segments(root: Path, segments: SegmentedWriter) -> None:
+    def _collect_segments(
+        root: Path, segments: SegmentedWriter, ledger: LedgerSegmentWriter
+    ) -> None:
         try:
-            collect_segments(root, also_keep=segments.base_segments())
+            collect_segments(root, also_keep=segments.base_segments() | ledger.base_segments())
         except OSError as exc:
             # The snapshot stands; what was not deleted is deleted by the next collection.
             _LOG.warning(
@@ -455,7 +481,7 @@ class Checkpointer:
         self._trainer.save_checkpoint(trainer_dir)
         rollout_dir = directory / TRAINER_ROLLOUT_STATE_DIRNAME
         rollout_dir.mkdir()
-        self._write_payload(capture, None, rollout_dir)
+        self._write_payload(capture, None, None, rollout_dir)
         write_snapshot_manifest(rollout_dir, capture.manifest)
 
     def _prune_journal(self) -> None:

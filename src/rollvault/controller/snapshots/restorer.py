@@ -46,6 +46,7 @@ from rollvault.controller.snapshots.journal_replay import (
     pool_seal,
     replay_seal_journal,
 )
+from rollvault.controller.snapshots.ledger_segments import LedgerSeed
 from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
@@ -155,6 +156,8 @@ class RolloutRestorer:
         self._identities: dict[str, str] = {}
         self.segment_seed: SegmentSeed | None = None
         """The restored rows' segments, for the checkpointer's first snapshot to reference."""
+        self.ledger_seed: LedgerSeed | None = None
+        """The restored ledger records' segments, the same way (a version 6 sidecar only)."""
         self._records: list[PromptGroupRecoveryRecord] = []
         """The restored ledger's groups (``shared_groups``: read-only, they never change)."""
 
@@ -272,6 +275,12 @@ class RolloutRestorer:
         """Unfinished groups, with interrupted attempts turned into fresh ones."""
         parts = self._parts
         parts.ledger.load_parsed_state(parts.cut, snapshot.recovery)
+        if snapshot.ledger_index is not None:
+            # Shared before anything changes them, so that their siblings lists stand
+            # for the loaded records (see ledger_segments).
+            self.ledger_seed = LedgerSeed(
+                segments_dir_for(snapshot.path), parts.ledger.shared_groups(), snapshot.ledger_index
+            )
         if self._resume.mode is RestoreMode.LATEST:
             for seal in snapshot.controller.pooled_seals:
                 pool_seal(parts, seal)  # before the journal's own: a newer seal replaces

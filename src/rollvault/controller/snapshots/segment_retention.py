@@ -5,9 +5,12 @@ under its lock, so no other snapshot is being written meanwhile: the snapshot
 retention has already pruned the old snapshots, and every segment that no
 remaining committed snapshot's ``data_plane/metadata.json`` lists (nor the
 writer's base, the newest of them) is deleted
-(:func:`rollvault.durable.segment_store.delete_unreferenced`). If any committed
-snapshot's index cannot be read, what it references is unknown: nothing is
-deleted, and a warning says why (retention prunes that snapshot in time).
+(:func:`rollvault.durable.segment_store.delete_unreferenced`). Ledger segments
+the same way: one is deleted only when no remaining committed snapshot's
+``rollout_recovery.json`` (version 6: an index of them) lists it. If any
+committed snapshot's index cannot be read, what it references is unknown:
+nothing is deleted, and a warning says why (retention prunes that snapshot in
+time).
 """
 
 from __future__ import annotations
@@ -16,22 +19,60 @@ import logging
 from collections.abc import Set
 from pathlib import Path
 
-from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME
+from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, SnapshotCorruptError
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.segmented import referenced_segments
 from rollvault.dataplane.segments import SEGMENT_FILE_SUFFIX
 from rollvault.durable.layout import SEGMENTS_DIRNAME
 from rollvault.durable.segment_store import delete_unreferenced
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths
+from rollvault.ledger.errors import LedgerError
+from rollvault.ledger.indexed_sidecar import (
+    INDEXED_SIDECAR_SCHEMA_VERSION,
+    LEDGER_SEGMENT_SUFFIX,
+    decode_ledger_index,
+    sidecar_file_version,
+)
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 
 _LOG = logging.getLogger("rollvault.checkpointer")
 
 
 def is_segment_file(name: str) -> bool:
-    """A segment, or the temporary a crashed ``atomic_write_bytes`` of one left."""
-    return name.endswith(SEGMENT_FILE_SUFFIX) or (
-        name.startswith(".") and f"{SEGMENT_FILE_SUFFIX}.tmp." in name
+    """A row or ledger segment, or the temporary a crashed ``atomic_write_bytes`` of one left."""
+    return any(
+        name.endswith(suffix) or (name.startswith(".") and f"{suffix}.tmp." in name)
+        for suffix in (SEGMENT_FILE_SUFFIX, LEDGER_SEGMENT_SUFFIX)
     )
+
+
+def referenced_ledger_segments(snapshot_dirs: list[Path]) -> set[str]:
+    """Ledger segment files any of ``snapshot_dirs`` references (sidecars before 6: none).
+
+    A snapshot without a sidecar references none (it cannot be restored). Raises
+    :class:`SnapshotCorruptError` if a sidecar cannot be read or decoded.
+    """
+    files: set[str] = set()
+    for directory in snapshot_dirs:
+        path = directory / ROLLOUT_RECOVERY_STATE_FILENAME
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            # Without its sidecar the snapshot can never be restored (verification
+            # names the missing file), so no segment is needed for it.
+            continue
+        except OSError as exc:
+            raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
+        version = sidecar_file_version(data)
+        if version is None:
+            raise SnapshotCorruptError(path, "no schema_version (not a ledger sidecar)")
+        if version < INDEXED_SIDECAR_SCHEMA_VERSION:
+            continue
+        try:
+            files |= {ref.file for ref in decode_ledger_index(data).segments}
+        except LedgerError as exc:
+            raise SnapshotCorruptError(path, str(exc)) from exc
+    return files
 
 
 def collect_segments(root: Path, *, also_keep: Set[str] = frozenset()) -> list[str] | None:
@@ -43,7 +84,8 @@ def collect_segments(root: Path, *, also_keep: Set[str] = frozenset()) -> list[s
     committed = committed_snapshot_paths(root)
     try:
         referenced = referenced_segments([path / DATA_PLANE_DIRNAME for path in committed])
-    except DataPlaneCheckpointError as exc:
+        referenced |= referenced_ledger_segments(committed)
+    except (DataPlaneCheckpointError, SnapshotCorruptError) as exc:
         _LOG.warning("kept every segment under %s: %s", root / SEGMENTS_DIRNAME, exc)
         return None
     return delete_unreferenced(

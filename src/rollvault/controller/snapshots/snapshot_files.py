@@ -4,7 +4,10 @@
 
     snapshot_<seq>/
       manifest.json                  RolloutSnapshotManifest (durable layer)
-      rollout_recovery.json          the ledger sidecar (rollvault.ledger.sidecar)
+      rollout_recovery.json          the ledger sidecar (rollvault.ledger.sidecar): since
+                                     version 6 an index of the ledger segments
+                                     (../segments/*.ledger-segment.json) holding each
+                                     live group's current record, plus the controller state
       replay_buffer_metadata.json    canonical groups waiting to train, and their attempts
       replacement_reserve.json       spare prompts
       controller_state.json          sampler and dataloader cursors, group origins, log seq,
@@ -20,9 +23,12 @@
                                      schema version and group count
 
 A snapshot writes only the rows new since the previous snapshot of its anchor
-(:class:`~rollvault.dataplane.segmented.SegmentedWriter`). Snapshots written
-before segments keep their rows in ``data_plane/`` itself (data-plane format
-version 1) and still load.
+(:class:`~rollvault.dataplane.segmented.SegmentedWriter`) and the records of
+the groups that changed since then
+(:class:`~rollvault.controller.snapshots.ledger_segments.LedgerSegmentWriter`).
+Snapshots written before segments keep their rows in ``data_plane/`` itself
+(data-plane format version 1) and still load; so do ledger sidecars of
+version 5 and before, which hold every group themselves.
 
 Everything is JSON decoded into strict msgspec Structs, or safetensors: never
 pickle. Reading checks every file on its own: each sidecar must match what the
@@ -52,6 +58,7 @@ from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.episodes import EpisodeState
 from rollvault.controller.loop.parts import GroupOrigin
 from rollvault.controller.loop.seal_journal import SealRecord
+from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
@@ -60,6 +67,16 @@ from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.ledger.errors import LedgerError
+from rollvault.ledger.indexed_sidecar import (
+    INDEXED_SIDECAR_SCHEMA_VERSION,
+    LedgerIndex,
+    LedgerSegmentRef,
+    assemble_indexed_sidecar,
+    decode_indexed_sidecar,
+    decode_ledger_segment,
+    encode_indexed_sidecar,
+)
+from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.sidecar import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     ParsedRolloutRecoveryState,
@@ -67,7 +84,6 @@ from rollvault.ledger.sidecar import (
     encode_rollout_recovery_state,
 )
 from rollvault.ledger.state_schema import (
-    ROLLOUT_RECOVERY_SCHEMA_VERSION,
     SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS,
     RolloutRecoveryState,
 )
@@ -233,6 +249,12 @@ class RolloutStateCapture:
     data_plane: DataPlaneCapture
     generations_per_group: int
     env_rollouts: EnvRolloutsFile = dataclasses.field(default_factory=empty_env_rollouts)
+    ledger_records: tuple[PromptGroupRecoveryRecord, ...] | None = None
+    """The live groups' records (shared copy-on-write, never changed), in ledger order:
+    then ``recovery_state`` is the envelope without the ledger
+    (:func:`~rollvault.ledger.sidecar.build_sidecar_envelope`) and the sidecar is written
+    indexed (version 6). None: ``recovery_state`` is a whole version 5 sidecar, written
+    as it is (the writer before ledger segments; tests of older snapshots use it)."""
 
 
 @dataclass(frozen=True)
@@ -249,6 +271,8 @@ class LoadedSnapshot:
     env_rollouts: EnvRolloutsFile = dataclasses.field(default_factory=empty_env_rollouts)
     segments: LoadedSegmented | None = None
     """Where each row is in its segments (None: read from rows): seeds the next writer."""
+    ledger_index: LedgerIndex | None = None
+    """Where each group's record is in the ledger segments (None: a version 5 sidecar)."""
 
 
 @dataclass(frozen=True)
@@ -274,7 +298,11 @@ _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 
 
 def write_snapshot_payload(
-    capture: RolloutStateCapture, directory: Path, *, segments: SegmentedWriter | None = None
+    capture: RolloutStateCapture,
+    directory: Path,
+    *,
+    segments: SegmentedWriter | None = None,
+    ledger: LedgerSegmentWriter | None = None,
 ) -> int:
     """Write every file but the manifest into ``directory``; return the bytes written.
 
@@ -283,20 +311,21 @@ def write_snapshot_payload(
     commit fsyncs and publishes the directory. ``segments`` writes the rows
     new since its last committed snapshot into :func:`segments_dir_for`
     ``directory`` (call its ``committed`` once this snapshot is); without one,
-    every row is written, into a fresh writer's segments.
+    every row is written, into a fresh writer's segments. ``ledger`` does the
+    same for the ledger's records (see :attr:`RolloutStateCapture.ledger_records`).
     """
+    sidecar, sidecar_version, group_count, ledger_bytes = _recovery_sidecar(
+        capture, directory, ledger
+    )
     files = {
-        ROLLOUT_RECOVERY_STATE_FILENAME: encode_rollout_recovery_state(capture.recovery_state),
+        ROLLOUT_RECOVERY_STATE_FILENAME: sidecar,
         REPLAY_BUFFER_METADATA_FILENAME: _ENCODER.encode(capture.replay),
         REPLACEMENT_RESERVE_FILENAME: _ENCODER.encode(capture.spares),
         CONTROLLER_STATE_FILENAME: _ENCODER.encode(capture.controller),
         ENV_ROLLOUTS_FILENAME: _ENCODER.encode(capture.env_rollouts),
     }
     counts = {
-        ROLLOUT_RECOVERY_STATE_FILENAME: (
-            ROLLOUT_RECOVERY_SCHEMA_VERSION,
-            len(capture.recovery_state["ledger"]["groups"]),
-        ),
+        ROLLOUT_RECOVERY_STATE_FILENAME: (sidecar_version, group_count),
         REPLAY_BUFFER_METADATA_FILENAME: (
             capture.replay.schema_version,
             len(capture.replay.replay.entries),
@@ -331,7 +360,27 @@ def write_snapshot_payload(
         {SIDECARS_METADATA_KEY: digests},
         stem=_segment_stem(directory),
     )
-    return pending.info.bytes_written + sum(len(data) for data in files.values())
+    return pending.info.bytes_written + ledger_bytes + sum(len(data) for data in files.values())
+
+
+def _recovery_sidecar(
+    capture: RolloutStateCapture, directory: Path, ledger: LedgerSegmentWriter | None
+) -> tuple[bytes, int, int, int]:
+    """The sidecar's bytes, version and group count, and the ledger segment bytes written."""
+    records = capture.ledger_records
+    if records is None:
+        state = capture.recovery_state
+        data = encode_rollout_recovery_state(state)
+        return data, state["schema_version"], len(state["ledger"]["groups"]), 0
+    writer = ledger if ledger is not None else LedgerSegmentWriter(segments_dir_for(directory))
+    if writer.segments_dir != segments_dir_for(directory):
+        raise ValueError(
+            f"{directory}: its ledger segments belong in {segments_dir_for(directory)}, "
+            f"the writer writes {writer.segments_dir}"
+        )
+    pending = writer.write(records, stem=_segment_stem(directory))
+    data = encode_indexed_sidecar(capture.recovery_state, pending.index)
+    return data, INDEXED_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
 
 
 def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> LoadedSnapshot:
@@ -345,7 +394,9 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
     segments = _read_data_plane(path / DATA_PLANE_DIRNAME, segments_dir_for(path))
     data_plane = segments.checkpoint
     digests = advertised_digests(path / DATA_PLANE_DIRNAME, data_plane.user_metadata)
-    recovery = read_recovery_sidecar_file(path / ROLLOUT_RECOVERY_STATE_FILENAME, digests)
+    recovery, ledger_index = read_recovery_sidecar_indexed(
+        path / ROLLOUT_RECOVERY_STATE_FILENAME, digests
+    )
     raw = {
         name: checked_bytes(path / name, digest)
         for name, digest in digests.items()
@@ -361,6 +412,7 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
         data_plane=data_plane,
         env_rollouts=decode_env_rollouts(path, raw),
         segments=segments if segments.segments else None,
+        ledger_index=ledger_index,
     )
     _check_counts(snapshot, digests)
     return snapshot
@@ -419,7 +471,9 @@ def checked_bytes(path: Path, digest: SidecarDigest) -> bytes:
     return data
 
 
-_LAST_DECODED: dict[tuple[str, int, int], ParsedRolloutRecoveryState] = {}
+_LAST_DECODED: dict[
+    tuple[str, int, int], tuple[ParsedRolloutRecoveryState, LedgerIndex | None]
+] = {}
 """The last ledger sidecar this process decoded, by SHA-256 and advertised schema and count.
 
 A restore reads the sidecar that verification decoded moments before (to
@@ -439,25 +493,95 @@ def read_recovery_sidecar_file(
     ``read_recovery_sidecar`` and by verification: the advertised SHA-256,
     ledger schema (:func:`decode_recovery_sidecar`) and group count. Sync:
     call it in a worker thread from async code. Raises
-    :class:`SnapshotCorruptError` naming the file.
+    :class:`SnapshotCorruptError` naming the file. A version 6 sidecar's
+    ledger segments are read and checked too (a missing or damaged one is named).
     """
+    return read_recovery_sidecar_indexed(path, digests)[0]
+
+
+def read_recovery_sidecar_indexed(
+    path: Path, digests: Mapping[str, SidecarDigest]
+) -> tuple[ParsedRolloutRecoveryState, LedgerIndex | None]:
+    """:func:`read_recovery_sidecar_file`, and the ledger index of a version 6 sidecar."""
     digest = digests.get(path.name)
     if digest is None:
         raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
     data = checked_bytes(path, digest)
     key = (digest.sha256, digest.schema_version, digest.group_count)
-    parsed = _LAST_DECODED.pop(key, None)
-    if parsed is None:
-        parsed = decode_recovery_sidecar(path, data, digest)
+    # The SHA-256 covers the index, and the index the segments' SHA-256s: equal keys
+    # mean equal records.
+    cached = _LAST_DECODED.pop(key, None)
+    if cached is None:
+        if digest.schema_version == INDEXED_SIDECAR_SCHEMA_VERSION:
+            cached = _decode_indexed(path, data)
+        else:
+            cached = (decode_recovery_sidecar(path, data, digest), None)
         _LAST_DECODED.clear()
-        _LAST_DECODED[key] = parsed
+        _LAST_DECODED[key] = cached
+    parsed = cached[0]
     groups = len(parsed.ledger_state["groups"])
     if groups != digest.group_count:
         raise SnapshotCorruptError(
             path,
             f"holds {groups} groups; data_plane/metadata.json advertises {digest.group_count}",
         )
-    return parsed
+    return cached
+
+
+def _decode_indexed(path: Path, data: bytes) -> tuple[ParsedRolloutRecoveryState, LedgerIndex]:
+    """A version 6 sidecar and its ledger segments (beside the snapshot), checked."""
+    try:
+        state = decode_indexed_sidecar(data)
+    except LedgerError as exc:
+        raise SnapshotCorruptError(path, str(exc)) from exc
+    records = {
+        ref.file: read_ledger_segment(segments_dir_for(path.parent) / ref.file, ref)
+        for ref in state.ledger_index.segments
+    }
+    try:
+        parsed = assemble_indexed_sidecar(state, records)
+    except LedgerError as exc:
+        raise SnapshotCorruptError(path, str(exc)) from exc
+    _require_reward_settings(path, parsed)
+    return parsed, state.ledger_index
+
+
+def read_ledger_segment(path: Path, ref: LedgerSegmentRef) -> list[msgspec.Raw]:
+    """The records of the ledger segment ``path``, refused unless it is what ``ref`` records.
+
+    Raises :class:`SnapshotCorruptError` naming the segment: missing, another
+    size or SHA-256 (truncated, overwritten), not a ledger segment, or holding
+    another number of records.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise SnapshotCorruptError(path, "missing ledger segment") from exc
+    except OSError as exc:
+        raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
+    if len(data) != ref.byte_size:
+        raise SnapshotCorruptError(
+            path,
+            f"size is {len(data)} bytes, {ROLLOUT_RECOVERY_STATE_FILENAME} records "
+            f"{ref.byte_size} (truncated or overwritten)",
+        )
+    actual = _sha256(data)
+    if actual != ref.sha256:
+        raise SnapshotCorruptError(
+            path,
+            f"SHA-256 {actual} does not match {ref.sha256} in {ROLLOUT_RECOVERY_STATE_FILENAME}",
+        )
+    try:
+        groups = decode_ledger_segment(data, name=path.name)
+    except LedgerError as exc:
+        raise SnapshotCorruptError(path, str(exc)) from exc
+    if len(groups) != ref.record_count:
+        raise SnapshotCorruptError(
+            path,
+            f"holds {len(groups)} records, {ROLLOUT_RECOVERY_STATE_FILENAME} records "
+            f"{ref.record_count}",
+        )
+    return groups
 
 
 def decode_recovery_sidecar(
@@ -470,7 +594,8 @@ def decode_recovery_sidecar(
     """
     expected_version = digest.schema_version
     if expected_version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS:
-        supported = ", ".join(map(str, sorted(SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS)))
+        readable = SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS | {INDEXED_SIDECAR_SCHEMA_VERSION}
+        supported = ", ".join(map(str, sorted(readable)))
         raise SnapshotCorruptError(
             path,
             f"data plane metadata advertises ledger schema {expected_version}; this rollvault "
@@ -488,6 +613,11 @@ def decode_recovery_sidecar(
             f"schema_version {written} differs from the ledger schema {expected_version} "
             "data_plane/metadata.json advertises",
         )
+    _require_reward_settings(path, parsed)
+    return parsed
+
+
+def _require_reward_settings(path: Path, parsed: ParsedRolloutRecoveryState) -> None:
     if parsed.reward_settings is None:
         # The spec checks them "when token capture is on", and in rollvault it
         # always is: every gate writes token rows, and the checkpointer records
@@ -498,7 +628,6 @@ def decode_recovery_sidecar(
             "reward_settings is null: a snapshot of token-capture rollouts must record the "
             "reward settings its rewards were finalized under",
         )
-    return parsed
 
 
 def _decode(path: Path, name: str, raw: dict[str, bytes], kind: type[Any]) -> Any:

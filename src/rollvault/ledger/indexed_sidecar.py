@@ -1,0 +1,219 @@
+"""The indexed ledger sidecar (version 6): group records in ledger segments, the file an index.
+
+Version 5 and before write every group of the ledger into the sidecar at every
+snapshot. From version 6 each group's record is written once per change into
+a **ledger segment**, an immutable JSON file holding a version 5 ledger state
+(``{"schema_version": 5, "groups": [...]}``: the records are exactly version
+5's groups). The sidecar itself holds the controller state as before plus an
+index: the segments it references (name, SHA-256, size, record count) and,
+in ledger order, which record of which segment is each live group's current
+one. A group unchanged since the previous snapshot costs an index entry.
+
+This module is the format only (no I/O): building and decoding the two kinds
+of file, and assembling a decoded index and its segments into the same
+:class:`~rollvault.ledger.sidecar.ParsedRolloutRecoveryState` a version 5
+sidecar decodes to, through the same checks. Which segments exist, where
+they live and when they are deleted is the snapshot layer's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from rollvault.ledger.errors import LedgerStateError
+from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.reward_penalties import CaptureRewardSettings
+from rollvault.ledger.sidecar import (
+    ParsedRolloutRecoveryState,
+    sidecar_envelope_fields,
+    split_sidecar,
+)
+from rollvault.ledger.state_convert import group_to_state
+from rollvault.ledger.state_schema import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    GroupState,
+    LedgerState,
+    RolloutRecoveryState,
+    SidecarState,
+)
+
+INDEXED_SIDECAR_SCHEMA_VERSION: Final = 6
+"""The sidecar file's version when its ledger is in segments (version 5 and before: inline)."""
+LEDGER_SEGMENT_SUFFIX: Final = ".ledger-segment.json"
+
+_WHAT: Final = "rollout recovery sidecar"
+_ENCODER: Final = msgspec.json.Encoder(order="sorted")
+_NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+LedgerSegmentFileName = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}\.ledger-segment\.json$"),
+]
+
+
+class LedgerSegmentRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """One ledger segment a sidecar holds records of."""
+
+    file: LedgerSegmentFileName
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    byte_size: _NonNegativeInt
+    record_count: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class LedgerIndex(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Where each live group's current record is."""
+
+    segments: list[LedgerSegmentRef]
+    groups: list[tuple[_NonNegativeInt, _NonNegativeInt]]
+    """Per live group, in ledger (reservation) order: (position in ``segments``, record ordinal)."""
+
+
+class IndexedSidecarState(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A version 6 ``rollout_recovery.json``: the version 5 envelope with an index for a ledger."""
+
+    schema_version: int
+    ledger_index: LedgerIndex
+    batch_shortfall: dict[str, Any]
+    sampler_stamps_target_steps: bool | None
+    finalizer_metrics_by_group: dict[str, Any]
+    finalizer_rewards_by_group: dict[str, Any]
+    reward_settings: CaptureRewardSettings | None
+
+
+class _LedgerSegmentFile(msgspec.Struct, forbid_unknown_fields=True):
+    """A ledger segment with its records undecoded: only the live ones are decoded."""
+
+    schema_version: int
+    groups: list[msgspec.Raw]
+
+
+class _VersionOnly(msgspec.Struct):
+    schema_version: int
+
+
+class _IndexOnly(msgspec.Struct):
+    ledger_index: LedgerIndex
+
+
+def ledger_segment_file_name(stem: str) -> str:
+    """The name of the ledger segment the snapshot named ``stem`` writes."""
+    return f"{stem}-ledger{LEDGER_SEGMENT_SUFFIX}"
+
+
+def encode_ledger_segment(records: Sequence[PromptGroupRecoveryRecord]) -> bytes:
+    """The bytes of a ledger segment holding ``records`` (in this order), deterministic JSON."""
+    state = LedgerState(
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+        groups=[group_to_state(record) for record in records],
+    )
+    return _ENCODER.encode(state)
+
+
+def decode_ledger_segment(data: bytes, *, name: str) -> list[msgspec.Raw]:
+    """The records of a ledger segment, each still JSON: :func:`assemble_indexed_sidecar`
+    decodes (strictly) and checks only those the index names, not the dead ones."""
+    try:
+        state = msgspec.json.decode(data, type=_LedgerSegmentFile, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise LedgerStateError(f"ledger segment {name}: {exc}") from exc
+    if state.schema_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
+        raise LedgerStateError(
+            f"ledger segment {name}: $.schema_version: records of ledger schema "
+            f"{state.schema_version}; segments hold schema {ROLLOUT_RECOVERY_SCHEMA_VERSION}"
+        )
+    return state.groups
+
+
+def encode_indexed_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> bytes:
+    """A version 6 sidecar: ``envelope`` (:func:`~rollvault.ledger.sidecar.build_sidecar_envelope`)
+    with ``index``."""
+    missing = sorted(sidecar_envelope_fields() - envelope.keys())
+    extra = sorted(envelope.keys() - sidecar_envelope_fields())
+    if missing or extra:
+        raise LedgerStateError(
+            f"{_WHAT}: the envelope lacks {missing} / has unknown fields {extra}"
+        )
+    state = dict(envelope, schema_version=INDEXED_SIDECAR_SCHEMA_VERSION, ledger_index=index)
+    try:
+        return _ENCODER.encode(state)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise LedgerStateError(f"{_WHAT}: not JSON-safe builtins: {exc}") from exc
+
+
+def sidecar_file_version(data: bytes) -> int | None:
+    """The ``schema_version`` of a sidecar file's bytes, or None if they have none."""
+    try:
+        return msgspec.json.decode(data, type=_VersionOnly).schema_version
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def decode_indexed_sidecar(data: bytes) -> IndexedSidecarState:
+    """A version 6 sidecar's bytes, strictly decoded (the ledger's records are not read)."""
+    try:
+        state = msgspec.json.decode(data, type=IndexedSidecarState, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise LedgerStateError(f"{_WHAT}: {exc}") from exc
+    if state.schema_version != INDEXED_SIDECAR_SCHEMA_VERSION:
+        raise LedgerStateError(
+            f"{_WHAT} $.schema_version: {state.schema_version} is not the indexed version "
+            f"{INDEXED_SIDECAR_SCHEMA_VERSION}"
+        )
+    return state
+
+
+def decode_ledger_index(data: bytes) -> LedgerIndex:
+    """Only the index of a version 6 sidecar (what segment retention needs)."""
+    try:
+        return msgspec.json.decode(data, type=_IndexOnly, strict=True).ledger_index
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise LedgerStateError(f"{_WHAT} $.ledger_index: {exc}") from exc
+
+
+def assemble_indexed_sidecar(
+    state: IndexedSidecarState, segments: Mapping[str, list[msgspec.Raw]]
+) -> ParsedRolloutRecoveryState:
+    """The parsed sidecar of ``state``, its records taken from ``segments`` (file -> records).
+
+    Every rule a version 5 sidecar is held to applies (the records become a
+    version 5 ledger state, checked as one), plus the index's own: each entry
+    names a listed segment and one of its records, and no record twice.
+    """
+    refs = state.ledger_index.segments
+    groups: list[GroupState] = []
+    used: set[tuple[int, int]] = set()
+    for position, (segment, ordinal) in enumerate(state.ledger_index.groups):
+        where = f"{_WHAT} $.ledger_index.groups[{position}]"
+        if segment >= len(refs):
+            raise LedgerStateError(f"{where}: segment {segment} of {len(refs)} listed")
+        ref = refs[segment]
+        records = segments[ref.file]
+        if ordinal >= len(records):
+            raise LedgerStateError(
+                f"{where}: record {ordinal} of {ref.file}, which holds {len(records)}"
+            )
+        if (segment, ordinal) in used:
+            raise LedgerStateError(f"{where}: record {ordinal} of {ref.file} is listed twice")
+        used.add((segment, ordinal))
+        try:
+            groups.append(msgspec.json.decode(records[ordinal], type=GroupState, strict=True))
+        except msgspec.ValidationError as exc:
+            raise LedgerStateError(
+                f"ledger segment {ref.file} $.groups[{ordinal}] (the index's groups[{position}])"
+                f": {exc}"
+            ) from exc
+    try:
+        typed = SidecarState(
+            schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+            ledger=LedgerState(schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=groups),
+            batch_shortfall=state.batch_shortfall,
+            sampler_stamps_target_steps=state.sampler_stamps_target_steps,
+            finalizer_metrics_by_group=state.finalizer_metrics_by_group,
+            finalizer_rewards_by_group=state.finalizer_rewards_by_group,
+            reward_settings=state.reward_settings,
+        )
+    except (TypeError, msgspec.ValidationError) as exc:
+        raise LedgerStateError(f"{_WHAT}: {exc}") from exc
+    return split_sidecar(typed)

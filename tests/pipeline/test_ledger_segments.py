@@ -1,0 +1,363 @@
+"""The ledger written incrementally (issue 16): each group's record once per change, into
+ledger segments that version 6 sidecars index. Unchanged groups cost an index entry, the
+restored state is the ledger's, a restart's first snapshot rewrites only what the restart
+changed, retention and compaction keep exactly what kept snapshots reference, and a
+missing or damaged ledger segment rejects its snapshot, restore falling back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipeline_helpers import dataset_of, small_config
+from snapshot_versions import inline_snapshot_to_v5, rewrite_sidecar
+from test_group_entries import _reserve
+from test_incremental_snapshots import SIBLINGS, Run
+
+from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.finalizer import Finalizer
+from rollvault.controller.loop.gate import AttemptRequest
+from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.pipeline import build_parts
+from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
+from rollvault.controller.snapshots.restorer import RolloutRestorer
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
+from rollvault.controller.snapshots.segment_retention import collect_segments
+from rollvault.controller.snapshots.snapshot_files import (
+    read_snapshot_files,
+    segments_dir_for,
+)
+from rollvault.controller.snapshots.verification import (
+    ProblemKind,
+    VerificationLevel,
+    verify_snapshot,
+)
+from rollvault.durable.manifest_schema import read_snapshot_manifest
+from rollvault.durable.snapshot_dirs import committed_snapshot_paths
+from rollvault.gates.simulated import SimulatedGate
+from rollvault.ledger.indexed_sidecar import LEDGER_SEGMENT_SUFFIX
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
+from rollvault.training.recording import RecordingTrainer
+
+
+def _config(tmp_path: Path) -> RunConfig:
+    return small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
+
+
+def _new_run(config: RunConfig) -> Run:
+    assert prepare_checkpoint_dir(config, dataset=dataset_of(config)) is None
+    return Run(build_parts(config, dataset=dataset_of(config)), run_fingerprint(config))
+
+
+def _index(snapshot: Path) -> dict[str, Any]:
+    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    assert state["schema_version"] == 6
+    index: dict[str, Any] = state["ledger_index"]
+    return index
+
+
+def _ledger_files(snapshot: Path) -> set[str]:
+    return {ref["file"] for ref in _index(snapshot)["segments"]}
+
+
+def _groups_in(snapshot: Path, file: str) -> list[str]:
+    data = json.loads((segments_dir_for(snapshot) / file).read_bytes())
+    return [group["group_id"] for group in data["groups"]]
+
+
+def _on_disk(snapshot: Path) -> set[str]:
+    return {
+        p.name
+        for p in segments_dir_for(snapshot).iterdir()
+        if p.name.endswith(LEDGER_SEGMENT_SUFFIX)
+    }
+
+
+def _restored_ledger(snapshot: Path) -> dict[str, Any]:
+    loaded = read_snapshot_files(snapshot, read_snapshot_manifest(snapshot))
+    return dict(loaded.recovery.ledger_state)
+
+
+def _live_ledger(parts: RolloutParts) -> dict[str, Any]:
+    state = parts.ledger.state_dict()
+    canonical = {entry.group_id for entry in parts.replay}
+    state["groups"] = [g for g in state["groups"] if g["group_id"] not in canonical]
+    return state
+
+
+async def _seal(parts: RolloutParts, gate: SimulatedGate, group_id: str, index: int) -> None:
+    record = parts.ledger.get_group(group_id)
+    request = AttemptRequest(
+        group_id=group_id,
+        generation_index=index,
+        gate_rollout_id=record.gate_rollout_id(index),
+        prompt=dict(record.prompt_payload),
+        weight_version=0,
+    )
+    outcome = await gate.run_attempt(request)
+    async with parts.cut.mutation():
+        parts.ledger.mark_sibling_sealed(
+            parts.cut,
+            group_id,
+            generation_index=index,
+            gate_rollout_id=request.gate_rollout_id,
+            receipt=outcome.receipt,
+            reward=outcome.reward,
+            mask_sample=False,
+            reward_checks=outcome.reward_checks,
+            reward_log_context=outcome.reward_log_context,
+        )
+
+
+def test_a_snapshot_writes_the_records_of_changed_groups_only_and_restores_the_ledger(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = _new_run(config)
+        parts = run.parts
+        finalizer = Finalizer(parts, end_weight_version={})
+        a, b, c = [await _reserve(parts, sealed=n, gate=run.gate) for n in (0, 1, SIBLINGS)]
+        first = await run.snapshot()
+        (whole,) = _ledger_files(first)
+        assert _groups_in(first, whole) == [a, b, c]
+        assert _restored_ledger(first) == _live_ledger(parts)
+        await _seal(parts, run.gate, a, 0)
+        d = await _reserve(parts, sealed=0, gate=run.gate)
+        second = await run.snapshot()
+        (new,) = _ledger_files(second) - {whole}
+        assert _groups_in(second, new) == [a, d]  # b and c did not change: not written
+        assert _index(second)["groups"][1:3] == _index(first)["groups"][1:3]
+        assert _restored_ledger(second) == _live_ledger(parts)
+        await finalizer.finalize(c)  # canonical now: out of the ledger part
+        await _seal(parts, run.gate, b, 1)
+        third = await run.snapshot()
+        (newest,) = _ledger_files(third) - _ledger_files(second)
+        assert _groups_in(third, newest) == [b]
+        assert len(_index(third)["groups"]) == 3
+        assert _restored_ledger(third) == _live_ledger(parts)
+        # The first segment holds no live record of the third, but the second's b and c.
+        assert whole not in _ledger_files(third) and whole in _on_disk(third)
+        run.parts.logs.close()
+        for snapshot in (second, third):
+            verification = verify_snapshot(
+                snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+            )
+            assert verification.ok, verification.problems
+
+    asyncio.run(main())
+
+
+def test_retention_deletes_a_ledger_segment_once_no_kept_snapshot_references_it(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = _new_run(config)
+        parts = run.parts
+        groups = [await _reserve(parts, sealed=0, gate=run.gate) for _ in range(4)]
+        first = await run.snapshot()
+        (whole,) = _ledger_files(first)
+        for index in range(3):  # every group changes: the first segment dies
+            for group_id in groups:
+                await _seal(parts, run.gate, group_id, index)
+            latest = await run.snapshot()
+            assert whole not in _ledger_files(latest)
+            kept = committed_snapshot_paths(latest.parent)
+            assert len(kept) == 2  # keep_latest_k: exactly what the two reference is on disk
+            assert _on_disk(latest) == set().union(*(_ledger_files(s) for s in kept))
+        assert whole not in _on_disk(latest)
+        parts.logs.close()
+
+    asyncio.run(main())
+
+
+def test_a_sparse_ledger_segment_is_compacted_into_the_new_one(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = _new_run(config)
+        parts = run.parts
+        groups = [await _reserve(parts, sealed=0, gate=run.gate) for _ in range(4)]
+        first = await run.snapshot()
+        (whole,) = _ledger_files(first)
+        await _seal(parts, run.gate, groups[0], 0)
+        second = await run.snapshot()
+        assert whole in _ledger_files(second)  # 3 of 4 live: kept as it is
+        await _seal(parts, run.gate, groups[1], 0)
+        await _seal(parts, run.gate, groups[2], 0)
+        third = await run.snapshot()  # 1 of 4 live, below half: rewritten
+        assert whole not in _ledger_files(third)
+        changed, cold = sorted(_ledger_files(third) - _ledger_files(second), reverse=True)
+        assert _groups_in(third, changed) == groups[1:3]
+        assert "-cold-" in cold and _groups_in(third, cold) == groups[3:]  # kept apart
+        assert _restored_ledger(third) == _live_ledger(parts)
+        parts.logs.close()
+
+    asyncio.run(main())
+
+
+def test_a_restart_s_first_snapshot_rewrites_only_the_groups_the_restart_changed(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def write() -> tuple[str, str]:
+        run = _new_run(config)
+        sealed = await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate)  # nothing in flight
+        flying = await _reserve(run.parts, sealed=1, gate=run.gate)  # interrupted by the kill
+        await run.snapshot()
+        run.parts.logs.close()
+        return sealed, flying
+
+    sealed, flying = asyncio.run(write())
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    restored_files = _ledger_files(source.snapshot.path)
+
+    async def restart() -> None:
+        parts = build_parts(config, dataset=dataset_of(config))
+        restorer = RolloutRestorer(
+            parts,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=source,
+        )
+        await restorer.restore()
+        assert restorer.ledger_seed is not None
+        run = Run(parts, run_fingerprint(config))
+        run.checkpointer.seed_segments(restorer.segment_seed, ledger=restorer.ledger_seed)
+        after = await run.snapshot()
+        written = [g for f in _ledger_files(after) - restored_files for g in _groups_in(after, f)]
+        assert written == [flying]  # its interrupted attempt became a fresh one
+        assert sealed in parts.ledger and _restored_ledger(after) == _live_ledger(parts)
+        parts.logs.close()
+
+    asyncio.run(restart())
+
+
+def _two_snapshots(config: RunConfig) -> tuple[Path, Path]:
+    async def write() -> tuple[Path, Path]:
+        run = _new_run(config)
+        await _reserve(run.parts, sealed=2, gate=run.gate)
+        older = await run.snapshot()
+        await _reserve(run.parts, sealed=1, gate=run.gate)
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return older, newest
+
+    return asyncio.run(write())
+
+
+@pytest.mark.parametrize("damage", ["missing", "flipped", "truncated"])
+def test_a_missing_or_damaged_ledger_segment_rejects_its_snapshot_and_restore_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    config = _config(tmp_path)
+    older, newest = _two_snapshots(config)
+    (only_newest,) = _ledger_files(newest) - _ledger_files(older)
+    segment = segments_dir_for(newest) / only_newest
+    data = segment.read_bytes()
+    if damage == "missing":
+        segment.unlink()
+    elif damage == "flipped":
+        segment.write_bytes(data.replace(b'"sealed"', b'"failed"', 1))
+    else:
+        segment.write_bytes(data[:-7])
+    expected = {
+        "missing": "missing ledger segment",
+        "flipped": "SHA-256",
+        "truncated": "truncated or overwritten",
+    }[damage]
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.kind is ProblemKind.DAMAGED and problem.path == segment
+    assert expected in problem.problem
+    with caplog.at_level(logging.WARNING):
+        source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == older
+    assert str(segment) in caplog.text
+
+
+def test_an_index_naming_a_record_its_segment_lacks_is_rejected_naming_the_entry(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    state = json.loads((newest / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state["ledger_index"]["groups"][0][1] = 99
+    rewrite_sidecar(newest, state)  # advertised anew: only the index is wrong
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.path == newest / ROLLOUT_RECOVERY_STATE_FILENAME
+    assert "$.ledger_index.groups[0]: record 99 of" in problem.problem
+
+
+def test_a_version_5_snapshot_of_the_writer_before_ledger_segments_still_restores(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    older, newest = _two_snapshots(config)
+    expected = _restored_ledger(newest)
+    inline_snapshot_to_v5(newest)
+    assert "ledger" in json.loads((newest / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    assert _restored_ledger(newest) == expected
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+    )
+    assert verification.ok, verification.problems
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == newest and source.snapshot.ledger_index is None
+    # Retention reads both versions: the older snapshot's segments stay, the rest go.
+    collect_segments(newest.parent)
+    assert _on_disk(newest) == _ledger_files(older)
+
+
+def test_a_writer_given_the_same_records_writes_nothing_new(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = _new_run(config)
+        await _reserve(run.parts, sealed=1, gate=run.gate)
+        await _reserve(run.parts, sealed=0, gate=run.gate)
+        async with run.parts.cut.checkpoint():
+            records = run.parts.ledger.capture().shared_groups()
+        writer = LedgerSegmentWriter(tmp_path / "segments")
+        first = writer.write(records, stem="000001")
+        writer.committed(first)
+        again = writer.write(records, stem="000002")
+        assert first.info.new_records == 2 and again.info.new_records == 0
+        assert again.index == first.index and again.info.segment_bytes == 0
+        run.parts.logs.close()
+
+    asyncio.run(main())
+
+
+def test_ledger_segments_are_kept_while_a_committed_snapshot_s_sidecar_is_unreadable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path)
+    older, newest = _two_snapshots(config)
+    sidecar = newest / ROLLOUT_RECOVERY_STATE_FILENAME
+    sidecar.write_bytes(b"{damaged")
+    orphan = segments_dir_for(newest) / f"000009-ledger{LEDGER_SEGMENT_SUFFIX}"
+    orphan.write_bytes(b"{}")
+    with caplog.at_level(logging.WARNING, logger="rollvault.checkpointer"):
+        assert collect_segments(newest.parent) is None
+    assert orphan.exists() and "kept every segment" in caplog.text
+    sidecar.unlink()  # no sidecar: never restorable, so it needs no segment
+    collect_segments(newest.parent)
+    assert not orphan.exists() and _on_disk(newest) == _ledger_files(older)
