@@ -13,6 +13,7 @@ from pipeline_helpers import (
     dataset_of,
     expected_prompts,
     run_simulated,
+    run_stalled_then_kill,
     run_until_crash,
     small_config,
 )
@@ -184,3 +185,35 @@ def test_seals_still_pooled_when_a_snapshot_commits_are_kept_by_that_snapshot(
     }
     assert pooled_ids.isdisjoint(left)
     assert again.journaled_seals == pooled
+
+
+def test_seals_of_a_restart_killed_before_its_first_snapshot_are_kept_by_the_next(
+    tmp_path: Path,
+) -> None:
+    # Start 1 is stopped with sibling 3 of every group in flight, stuck, in its
+    # snapshot S. Start 2 restores S, mints fresh attempts for those siblings, seals
+    # them (journaled) and dies before a snapshot of its own. Start 3 restores S
+    # again: S names the old, dead attempts, the journal start 2's seals of the
+    # fresh ones; they must not be generated again.
+    config = _config(tmp_path)
+    run_stalled_then_kill(config, stalled_index=3)
+    quiet = _config(tmp_path, "rollout_checkpointing.interval_s=3600")
+    run_until_crash(quiet, 0)
+    run_simulated(config)
+    history = read_run_history(Path(config.logging.log_dir))
+    second, third = history.restores
+    assert second.snapshot is not None and third.snapshot == second.snapshot
+    assert second.attempts_redispatched > 0
+    minted_by_second = {
+        a.gate_rollout_id
+        for a in history.attempts
+        if a.incarnation == 2 and a.status is RolloutAttemptStatus.SEALED and a.reason is None
+    }
+    kept = [
+        a for a in history.attempts if a.incarnation == 3 and a.adopted_from in minted_by_second
+    ]
+    assert kept, "start 3 kept none of start 2's seals"
+    assert third.journal_seals_unmatched == 0
+    assert work_accounting(history).lost_tokens == 0
+    assert check_sibling_reuse(history) == []
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []

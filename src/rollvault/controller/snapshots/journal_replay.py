@@ -15,6 +15,18 @@ What is replayed, and why it keeps DESIGN's invariants:
   any other attempt is not applied. Its staged rows go back into the data
   plane first. A seal the snapshot already holds is a no-op (both the ledger
   and the data plane accept an identical repeat), so replay is idempotent.
+* **Seals of later attempts of a sibling the snapshot holds unsealed**: a
+  restart from this very snapshot that was killed before its own first
+  snapshot minted fresh attempts for the snapshot's interrupted siblings and
+  journaled their seals; the snapshot names the older attempt, which is dead
+  with its process. Such a seal is adopted by the sibling's current attempt
+  (as for a group reserved after the snapshot: its tokens staged under that
+  attempt's keys, its receipt naming it, ``adopted_from`` the attempt that
+  generated them) when the attempt is live (reserved or dispatched) with no
+  committed turn, the group is generating at ``sibling`` granularity
+  (``prompt_group`` redoes an incomplete group whole) and the seal was
+  stamped for the group's target step. Without it, two restarts in a row
+  killed before their first snapshot would generate durable seals again.
 * **Groups reserved after the snapshot** are not in its ledger (their ids
   and their attempts' ids were random), but the restored dataloader reserves
   the same prompts again, in the same order. Their seals are pooled by
@@ -70,6 +82,7 @@ from rollvault.controller.loop.seal_journal import (
 from rollvault.dataplane.interface import STAGING_PARTITION, staging_key
 from rollvault.dataplane.rows import Row
 from rollvault.ledger.receipts import validate_receipt
+from rollvault.ledger.records import PromptGroupRecoveryRecord, RolloutAttemptRecord
 from rollvault.ledger.statuses import (
     PromptGroupStatus,
     RecoveryGranularity,
@@ -153,7 +166,11 @@ async def _replay_seal(
         return
     attempt = group.siblings[seal.generation_index].current_attempt
     if attempt.attempt_id != seal.attempt_hex:
-        counts.seals_unmatched += 1  # fenced: another attempt owns the sibling now
+        if _adoptable_by_current_attempt(group, attempt, seal):
+            await _adopt_onto_current(parts, group, seal)
+            counts.seals_replayed += 1
+        else:
+            counts.seals_unmatched += 1  # fenced: another attempt owns the sibling now
         return
     if attempt.status is RolloutAttemptStatus.SEALED:
         counts.seals_already_in_snapshot += 1
@@ -201,6 +218,31 @@ async def _replay_seal(
             adopted_from=seal.adopted_from,
         )
     )
+
+
+def _adoptable_by_current_attempt(
+    group: PromptGroupRecoveryRecord, attempt: RolloutAttemptRecord, seal: SealRecord
+) -> bool:
+    """Whether ``seal`` of another attempt of the sibling may seal its current ``attempt``.
+
+    See the module docstring: a later attempt's seal, the current one still live.
+    """
+    return (
+        group.status is PromptGroupStatus.GENERATING
+        and group.recovery_granularity is RecoveryGranularity.SIBLING
+        and attempt.status in (RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED)
+        and not attempt.turn_keys
+        and seal.target_step == group.target_step
+    )
+
+
+async def _adopt_onto_current(
+    parts: RolloutParts, group: PromptGroupRecoveryRecord, seal: SealRecord
+) -> None:
+    index = seal.generation_index
+    if group.siblings[index].current_attempt.status is RolloutAttemptStatus.RESERVED:
+        parts.ledger.mark_group_dispatched(parts.cut, group.group_id, generation_indices=[index])
+    await _adopt_one(parts, group.gate_rollout_id(index), group.group_id, index, seal)
 
 
 def _relog_turns(
