@@ -13,6 +13,9 @@ from rollvault.checkpoint_tools.chaos.kill_evidence import (
     write_kill_evidence,
 )
 from rollvault.checkpoint_tools.chaos.loss import (
+    KillLoss,
+    LossAccount,
+    durable_loss_problems,
     loss_account,
 )
 from rollvault.checkpoint_tools.run_history import RunHistory
@@ -164,6 +167,19 @@ def test_a_kills_evidence_names_the_dispatched_attempts_that_never_came_back(
     assert not (tmp_path / "ckpt" / "bootstrap").exists()
     write_kill_evidence(tmp_path / "evidence.json", [evidence])
     assert load_kill_evidence(tmp_path / "evidence.json") == [evidence]
+
+
+def test_a_durable_seal_generated_again_is_a_problem_only_where_the_journal_promises_it() -> None:
+    account = LossAccount(kills=[KillLoss(start=3, durable_lost_tokens=9, durable_lost=["x"])])
+    latest = load_run_config(None, [])
+    baseline = load_run_config(None, ["rollout_checkpointing.restore_mode=trainer_checkpoint"])
+    no_journal = load_run_config(None, ["rollout_checkpointing.journal.enabled=false"])
+
+    assert durable_loss_problems(latest, account) == [
+        "start 3: 1 seals durable at its kill were generated again (9 tokens), e.g. ['x']"
+    ]
+    assert durable_loss_problems(baseline, account) == []
+    assert durable_loss_problems(no_journal, account) == []
 
 
 def test_a_journaled_seal_of_a_lost_group_whose_prompt_was_dropped_counts_as_dropped() -> None:

@@ -23,7 +23,8 @@ It reports the work lost (tokens generated against tokens that reached
 training), and, from what each kill left on disk (read before the next
 start), where every lost token went: attempts in flight at the kill, seals
 not yet durable, durable seals of a prompt the retry budget dropped, and
-durable seals generated again. ``--compare`` runs the same kill schedule under ``restore_mode=latest``
+durable seals generated again (a problem where the seal journal promises
+none). ``--compare`` runs the same kill schedule under ``restore_mode=latest``
 and under the ``trainer_checkpoint`` baseline, and prints both and their ratio.
 
 Modules: :mod:`.plan` (the run config, the kill schedule, the child's command

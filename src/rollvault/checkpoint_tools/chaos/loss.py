@@ -12,11 +12,8 @@ to the kill that ended its start and sorted by what that kill left on disk
   up) with it;
 - **durable, lost**: durable and still generated again: what DESIGN
   invariant 10 forbids for a run with the journal on (a ``trainer_checkpoint``
-  restore loses these by design). Measured and reported, not (yet) a
-  harness problem: when consecutive starts die before their first snapshot,
-  the next restore leaves unmatched the journaled seals of attempts an earlier
-  restore minted (the snapshot's ledger names an older attempt of the sibling),
-  and generates them again (BENCHMARKS.md, "Seal journal (issue 16)");
+  restore loses these by design): a harness problem where the journal
+  promises it (:func:`durable_loss_problems`);
 - **after the last kill**: sealed by the start that finished (a prompt dropped
   then, or ``prompt_group`` discarding its siblings).
 
@@ -39,6 +36,7 @@ from dataclasses import dataclass, field
 
 from rollvault.checkpoint_tools.chaos.kill_evidence import InFlightAttempt, KillEvidence
 from rollvault.checkpoint_tools.run_history import RunHistory
+from rollvault.config.schema import RecoveryGranularity, RestoreMode, RunConfig
 from rollvault.controller.loop.run_logs import AttemptLogRecord
 from rollvault.ledger.statuses import RolloutAttemptStatus
 
@@ -222,3 +220,30 @@ def _redo_lengths(
         return tokens.get(first.adopted_from or first.gate_rollout_id)
 
     return length
+
+
+def durable_loss_problems(config: RunConfig, account: LossAccount) -> list[str]:
+    """DESIGN invariant 10, judged at each kill: no durable seal was generated again.
+
+    Only where it must hold: a ``latest`` restore with the seal journal on, at
+    ``sibling`` granularity (``prompt_group`` redoes an incomplete group whole,
+    durable seals too) and without simulated failures (a failed sibling's
+    sealed work may be discarded on purpose). Seals of a prompt the retry
+    budget dropped are counted apart (:attr:`KillLoss.dropped_tokens`).
+    """
+    gate = config.gate.simulated
+    applies = (
+        config.rollout_checkpointing.restore_mode is RestoreMode.LATEST
+        and config.rollout_checkpointing.journal.enabled
+        and config.rollout.recovery_granularity is RecoveryGranularity.SIBLING
+        and gate.transient_failure_rate == 0.0
+        and gate.permanent_failure_rate == 0.0
+    )
+    if not applies:
+        return []
+    return [
+        f"start {kill.start}: {len(kill.durable_lost)} seals durable at its kill were generated "
+        f"again ({kill.durable_lost_tokens} tokens), e.g. {kill.durable_lost[:3]}"
+        for kill in account.kills
+        if kill.durable_lost
+    ]

@@ -15,7 +15,7 @@ from rollvault.checkpoint_tools.chaos.kill_evidence import (
     read_kill_evidence,
     write_kill_evidence,
 )
-from rollvault.checkpoint_tools.chaos.loss import loss_account
+from rollvault.checkpoint_tools.chaos.loss import durable_loss_problems, loss_account
 from rollvault.checkpoint_tools.chaos.plan import (
     ChaosPlan,
     ChaosUsageError,
@@ -59,6 +59,7 @@ def run_chaos(plan: ChaosPlan) -> ChaosReport:
         report.check = check_finished_run(config)
         report.loss = loss_account(report.check.history, report.kill_evidence)
         report.check.problems.extend(report.loss.problems)
+        report.check.problems.extend(durable_loss_problems(config, report.loss))
     report.seconds = time.perf_counter() - started
     return report
 
