@@ -92,7 +92,7 @@ def test_a_gate_row_with_numpy_scalars_journals_as_its_stored_form() -> None:
         "reward": np.float32(0.5),
     }
     stored = validate_row(STAGING_PARTITION, "k/0", gate_row)
-    encoded = encode_rows({"k/0": gate_row, "other/0": {}}, ["k/0"])
+    encoded = encode_rows({"k/0": gate_row, "other/0": {}}, ["k/0"])  # type: ignore[dict-item]
     assert list(encoded) == ["k/0"]
     payload = encode_entry(msgspec.structs.replace(_seal(), rows=encoded))
     entry = decode_entry(payload, where="test")

@@ -166,6 +166,7 @@ class RolloutPump:
                     index,
                     _Sealed(
                         receipt=attempt.receipt,
+                        staging_keys=list(attempt.staging_keys),
                         reward=seal.reward,
                         mask_sample=seal.mask_sample,
                         reward_checks=seal.reward_checks,
@@ -400,7 +401,7 @@ class RolloutPump:
         parts = self._parts
         if parts.seal_journal is None:
             return
-        keys = list(validate_receipt(sealed.receipt).staging_keys)
+        keys = sealed.staging_keys
         if rows is None or not all(key in rows for key in keys):
             rows = await parts.data_plane.get(STAGING_PARTITION, keys)
         origin = parts.group(record.group_id).origin
@@ -475,6 +476,7 @@ class RolloutPump:
         receipt = receipt_with_version(
             outcome.receipt, outcome.weight_version, gate_rollout_id=request.gate_rollout_id
         )
+        staging_keys = list(validate_receipt(outcome.receipt).staging_keys)
         parts.ledger.mark_sibling_sealed(
             parts.cut,
             request.group_id,
@@ -497,10 +499,11 @@ class RolloutPump:
             None,
             reward=outcome.reward,
             checks=outcome.checks,
-            staging_keys=list(validate_receipt(outcome.receipt).staging_keys),
+            staging_keys=list(staging_keys),
         )
         return _Sealed(
             receipt=receipt,
+            staging_keys=staging_keys,
             reward=outcome.reward,
             mask_sample=False,
             reward_checks=outcome.reward_checks,
@@ -620,6 +623,7 @@ class _Sealed:
     """What a seal handed the ledger (and the gate counted): the seal journal's record of it."""
 
     receipt: dict[str, Any]
+    staging_keys: list[str]
     reward: float
     mask_sample: bool
     reward_checks: RewardChecks | None
