@@ -332,6 +332,17 @@ def build_larger_model(path: Path, hidden_size: int, num_layers: int) -> None:
 # -- the parent: rounds, CPU accounting, summary ------------------------------------------------
 
 
+KNOWN_KINDS = frozenset(
+    {
+        "resource tracker",
+        "trainer process",
+        "main (controller [+ trainer])",
+        "main",
+        "generation worker",
+    }
+)
+
+
 def process_kind(proc: Any) -> str:
     try:
         name = proc.name()
@@ -383,9 +394,12 @@ def run_child(
                 kind = last.get(p.pid, ("", 0.0))[0] or process_kind(p)
                 # A spawned child names itself once it runs (the trainer process): until then
                 # it looks like the generation worker, so look again (but an exiting child's
-                # empty command line must not undo what it was).
+                # empty command line must not undo what it was). A child sampled between its
+                # fork and its exec still has this script's command line: look again too.
                 if kind == "generation worker" and process_kind(p) == "trainer process":
                     kind = "trainer process"
+                elif kind not in KNOWN_KINDS and (fresh := process_kind(p)) in KNOWN_KINDS:
+                    kind = fresh
                 last[p.pid] = (kind, cpu_of(p))
         except psutil.Error:
             pass  # a process exited while sampled: its last sample stands
