@@ -92,6 +92,9 @@ class SideResult:
     """``time.time()`` when the child's ``main`` began (before importing torch)."""
     finished: float
     threads: int
+    loop_cpu: list[float] = field(default_factory=list)
+    """rollvault: ``time.thread_time()`` of the event loop's thread at every step's end
+    (the controller's CPU, trainer excluded with ``trainer.placement=process``)."""
 
 
 @dataclass
@@ -108,6 +111,9 @@ class RunResult:
     """CPU seconds of every process of the run / its wall seconds."""
     cpu_by_process: dict[str, float] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)
+    loop_cpu_per_step_ms: float = float("nan")
+    """rollvault: the event loop thread's CPU per step over the steady window (a load on
+    the machine stretches wall time, hardly CPU time: comparable across rounds)."""
 
 
 # -- the child: one side ----------------------------------------------------------------------
@@ -143,9 +149,11 @@ def run_rollvault(
     times: list[float] = []
     rewards: list[float] = []
     tokens: list[int] = []
+    loop_cpu: list[float] = []
 
     def on_step(_parts: object, metrics: dict[str, float]) -> None:
         times.append(time.time())
+        loop_cpu.append(time.thread_time())
         rewards.append(metrics.get("reward_mean", float("nan")))
         tokens.append(int(metrics.get("response_tokens", 0)))
 
@@ -159,7 +167,15 @@ def run_rollvault(
     else:
         asyncio.run(train(setup, on_step=on_step))
     return SideResult(
-        "rollvault", len(times), times, rewards, tokens, 0.0, 0.0, torch.get_num_threads()
+        "rollvault",
+        len(times),
+        times,
+        rewards,
+        tokens,
+        0.0,
+        0.0,
+        torch.get_num_threads(),
+        loop_cpu,
     )
 
 
@@ -316,6 +332,17 @@ def build_larger_model(path: Path, hidden_size: int, num_layers: int) -> None:
 # -- the parent: rounds, CPU accounting, summary ------------------------------------------------
 
 
+KNOWN_KINDS = frozenset(
+    {
+        "resource tracker",
+        "trainer process",
+        "main (controller [+ trainer])",
+        "main",
+        "generation worker",
+    }
+)
+
+
 def process_kind(proc: Any) -> str:
     try:
         name = proc.name()
@@ -367,9 +394,12 @@ def run_child(
                 kind = last.get(p.pid, ("", 0.0))[0] or process_kind(p)
                 # A spawned child names itself once it runs (the trainer process): until then
                 # it looks like the generation worker, so look again (but an exiting child's
-                # empty command line must not undo what it was).
+                # empty command line must not undo what it was). A child sampled between its
+                # fork and its exec still has this script's command line: look again too.
                 if kind == "generation worker" and process_kind(p) == "trainer process":
                     kind = "trainer process"
+                elif kind not in KNOWN_KINDS and (fresh := process_kind(p)) in KNOWN_KINDS:
+                    kind = fresh
                 last[p.pid] = (kind, cpu_of(p))
         except psutil.Error:
             pass  # a process exited while sampled: its last sample stands
@@ -387,6 +417,12 @@ def run_child(
     steady = times[-1] - times[0]
     # Tokens of the steps after the first (the steady window starts at the first step's end).
     tokens = sum(data["tokens"][1:])
+    loop_cpu = data.get("loop_cpu") or []
+    loop_ms = (
+        1000.0 * (loop_cpu[-1] - loop_cpu[0]) / (len(loop_cpu) - 1)
+        if len(loop_cpu) > 1
+        else float("nan")
+    )
     return RunResult(
         side=side,
         steps=data["steps"],
@@ -399,6 +435,7 @@ def run_child(
         cores_used=cpu / wall,
         cpu_by_process=by_kind,
         rewards=data["rewards"],
+        loop_cpu_per_step_ms=loop_ms,
     )
 
 
@@ -409,6 +446,12 @@ def describe(r: RunResult) -> str:
         f"({r.total_steps_per_s:5.2f} with start-up, {r.total_s:5.1f}s), "
         f"{r.tokens_per_s:6.0f} tokens/s, CPU {r.cpu_s:5.1f}s = {r.cores_used:.2f} cores "
         f"[{parts}], reward {np.nanmean(r.rewards):.3f}"
+        + (
+            ""
+            if np.isnan(r.loop_cpu_per_step_ms)
+            else f", event loop {r.loop_cpu_per_step_ms:.0f} ms CPU/step"
+        )
+        + f", load {os.getloadavg()[0]:.1f}"
     )
 
 

@@ -25,8 +25,10 @@ from rollvault.controller.loop.seal_journal import (
     decode_row,
     encode_entry,
     encode_row,
+    encode_rows,
 )
-from rollvault.dataplane.rows import RowDtype
+from rollvault.dataplane.interface import STAGING_PARTITION
+from rollvault.dataplane.rows import RowDtype, row_difference, validate_row
 from rollvault.durable.journal_format import read_journal
 from rollvault.durable.journal_writer import JournalWriteError, JournalWriter
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
@@ -78,6 +80,26 @@ def test_row_arrays_round_trip_with_dtype_and_values() -> None:
     assert decoded["logprobs"].dtype == np.float32  # type: ignore[union-attr]
     assert np.array_equal(decoded["token_mask"], [0, 0, 1, 1, 1, 1, 1])
     assert decoded["reward"] == 0.5 and decoded["turn"] == 0 and decoded["done"] is True
+
+
+def test_a_gate_row_with_numpy_scalars_journals_as_its_stored_form() -> None:
+    # The rollout pump journals the row the gate handed over, not the data plane's
+    # stored copy: numpy scalars there must encode (and replay) as Python scalars.
+    gate_row = {
+        "input_ids": np.arange(4, dtype=np.int64),
+        "finished": np.bool_(True),
+        "turn_index": np.int64(0),
+        "reward": np.float32(0.5),
+    }
+    stored = validate_row(STAGING_PARTITION, "k/0", gate_row)
+    encoded = encode_rows({"k/0": gate_row, "other/0": {}}, ["k/0"])  # type: ignore[dict-item]
+    assert list(encoded) == ["k/0"]
+    payload = encode_entry(msgspec.structs.replace(_seal(), rows=encoded))
+    entry = decode_entry(payload, where="test")
+    assert isinstance(entry, SealRecord)
+    decoded = decode_row(entry.rows["k/0"], where="test")
+    assert row_difference(stored, validate_row(STAGING_PARTITION, "k/0", decoded)) is None
+    assert type(decoded["finished"]) is bool and type(decoded["turn_index"]) is int
 
 
 def test_an_array_whose_bytes_do_not_fit_its_dtype_is_refused_naming_field() -> None:

@@ -31,7 +31,7 @@ from rollvault.controller.loop.gate import staged_row_digest
 from rollvault.controller.loop.parts import FinalizedGroup, RolloutParts
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
 from rollvault.dataplane.rows import Row, RowView
-from rollvault.ledger.receipts import validate_receipt
+from rollvault.ledger.receipts import GateReceipt, validate_receipt
 from rollvault.ledger.reward_penalties import (
     CaptureRewardSettings,
     FinalizedReward,
@@ -76,11 +76,13 @@ class Finalizer:
         parts = self._parts
         inputs = parts.ledger.finalization_inputs(group_id)
         _, gate_rollout_ids, receipts, rewards, masks, checks, contexts = inputs
-        keys_per_sibling = [list(validate_receipt(r).staging_keys) for r in receipts]
+        # Each receipt is checked and typed once here (the ledger checked it at the seal).
+        typed = [validate_receipt(r) for r in receipts]
+        keys_per_sibling = [list(t.staging_keys) for t in typed]
         staged = await self._staged_rows(keys_per_sibling)
         verdicts = [
             self._judge(
-                receipts[i],
+                typed[i],
                 keys_per_sibling[i],
                 staged,
                 rewards[i],
@@ -100,7 +102,7 @@ class Finalizer:
             train_key(group_id, i): _canonical_row(v, float(advantages[i]))
             for i, v in enumerate(verdicts)
         }
-        versions = [validate_receipt(r).weight_version for r in receipts]
+        versions = [t.weight_version for t in typed]
         return await self._publish(
             group_id, canonical, verdicts, keys_per_sibling, gate_rollout_ids, versions
         )
@@ -114,7 +116,7 @@ class Finalizer:
 
     def _judge(
         self,
-        receipt: Mapping[str, object] | None,
+        receipt: GateReceipt,
         keys: list[str],
         staged: Mapping[str, RowView],
         reward: float,
@@ -206,12 +208,12 @@ class Finalizer:
 
 
 def _row_problem(
-    receipt: Mapping[str, object] | None, keys: list[str], staged: Mapping[str, RowView]
+    receipt: GateReceipt, keys: list[str], staged: Mapping[str, RowView]
 ) -> str | None:
     missing = [key for key in keys if key not in staged]
     if missing:
         return f"staged rows missing: {missing}"
-    digests = validate_receipt(receipt).row_digests
+    digests = receipt.row_digests
     if digests is None:
         return None
     for key, expected in zip(keys, digests, strict=True):
@@ -257,8 +259,8 @@ def _token_versions(row: RowView, version: int) -> np.ndarray:
     return np.where(np.asarray(row["token_mask"]) > 0, version, -1).astype(np.int64)
 
 
-def _receipt_version(receipt: Mapping[str, object] | None) -> int:
-    version = validate_receipt(receipt).weight_version
+def _receipt_version(receipt: GateReceipt) -> int:
+    version = receipt.weight_version
     return -1 if version is None else version
 
 

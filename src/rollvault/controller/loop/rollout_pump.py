@@ -23,6 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from rollvault.config.schema import OnDroppedPrompt
 from rollvault.controller.data.prompt_source import next_prompt, refill_spares
@@ -33,6 +36,7 @@ from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import (
     AttemptOutcome,
     AttemptRequest,
+    CommittedTurn,
     EpisodeResume,
     FailureKind,
     Gate,
@@ -44,13 +48,16 @@ from rollvault.controller.loop.isolation import RoundIsolation
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
+from rollvault.controller.loop.seal_journal import SealRecord, encode_rows
 from rollvault.controller.loop.turn_commits import TurnCommitter
 from rollvault.controller.snapshots.journal_replay import adopt_journaled_seals
 from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
 from rollvault.dataplane.interface import STAGING_PARTITION
+from rollvault.dataplane.rows import RowView
 from rollvault.ledger.datum import DatumSpec
 from rollvault.ledger.receipts import validate_receipt
 from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.statuses import (
     AttemptFailureKind,
     PromptGroupStatus,
@@ -88,7 +95,7 @@ class RolloutPump:
         self._dispatch_open = dispatch_open
         self._end_weight_version = end_weight_version
         self._isolation = RoundIsolation()
-        self._turns = TurnCommitter(parts)
+        self._turns = _RowKeepingSink(TurnCommitter(parts))
         self.failures = Counter[FailureKind]()
         self.dropped_groups = 0
 
@@ -151,16 +158,22 @@ class RolloutPump:
         adopted = await adopt_journaled_seals(parts, group_id)
         if adopted and parts.seal_journal is not None:
             record = parts.ledger.get_group(group_id)
-            origin = parts.group(group_id).origin
             for index, seal in adopted.items():
-                await parts.seal_journal.seal(
+                attempt = record.siblings[index].current_attempt
+                assert attempt.receipt is not None  # adopt_journaled_seals sealed it
+                await self._journal_seal(
                     record,
                     index,
-                    parts.data_plane,
-                    epoch=origin.epoch,
-                    dataset_idx=origin.dataset_idx,
-                    num_tokens=seal.num_tokens,
-                    checks=seal.checks,
+                    _Sealed(
+                        receipt=attempt.receipt,
+                        staging_keys=list(attempt.staging_keys),
+                        reward=seal.reward,
+                        mask_sample=seal.mask_sample,
+                        reward_checks=seal.reward_checks,
+                        reward_log_context=seal.reward_log_context,
+                        num_tokens=seal.num_tokens,
+                        checks=seal.checks,
+                    ),
                     adopted_from=seal.adopted_from or seal.gate_rollout_id,
                 )
 
@@ -341,6 +354,8 @@ class RolloutPump:
             # did not kill the process, and a restore must not charge it.
             self._journal_returned(request)
             raise
+        finally:
+            self._turns.forget(request.gate_rollout_id)
 
     async def _record_attempt(self, request: AttemptRequest) -> GateAttemptError | None:
         parts = self._parts
@@ -357,24 +372,57 @@ class RolloutPump:
             off_version = off_version_reason(record, outcome.weight_version)
             if off_version is not None:
                 return await self._refuse_off_version(request, outcome, off_version)
-            self._seal(request, outcome)
-        await self._journal_seal(request, outcome)
+            sealed = self._seal(request, outcome)
+        # ``record`` is the group as it was just before this seal: the seal changes only
+        # this sibling's attempt, whose fields the journal takes from ``sealed``.
+        await self._journal_seal(
+            record,
+            request.generation_index,
+            sealed,
+            rows=self._turns.rows(request.gate_rollout_id),
+        )
         return None
 
-    async def _journal_seal(self, request: AttemptRequest, outcome: AttemptOutcome) -> None:
-        """Hand the applied seal to the seal journal: after the cut, the fsync is the writer's."""
+    async def _journal_seal(
+        self,
+        record: PromptGroupRecoveryRecord,
+        index: int,
+        sealed: _Sealed,
+        *,
+        rows: Mapping[str, RowView] | None = None,
+        adopted_from: str | None = None,
+    ) -> None:
+        """Hand an applied seal to the seal journal: after the cut, the fsync is the writer's.
+
+        ``rows``: the attempt's staged rows as the gate handed them over; a row
+        missing there (a gate that staged its rows itself, an adopted seal) is
+        read back from the data plane.
+        """
         parts = self._parts
         if parts.seal_journal is None:
             return
-        origin = parts.group(request.group_id).origin
-        await parts.seal_journal.seal(
-            parts.ledger.get_group(request.group_id),
-            request.generation_index,
-            parts.data_plane,
-            epoch=origin.epoch,
-            dataset_idx=origin.dataset_idx,
-            num_tokens=outcome.num_tokens,
-            checks=outcome.checks,
+        keys = sealed.staging_keys
+        if rows is None or not all(key in rows for key in keys):
+            rows = await parts.data_plane.get(STAGING_PARTITION, keys)
+        origin = parts.group(record.group_id).origin
+        parts.seal_journal.seal(
+            SealRecord(
+                group_id=record.group_id,
+                generation_index=index,
+                gate_rollout_id=record.gate_rollout_id(index),
+                epoch=origin.epoch,
+                dataset_idx=origin.dataset_idx,
+                target_step=record.target_step,
+                receipt=sealed.receipt,
+                reward=float(sealed.reward),
+                mask_sample=sealed.mask_sample,
+                reward_checks=sealed.reward_checks,
+                reward_log_context=sealed.reward_log_context,
+                rows=encode_rows(rows, keys),
+                num_tokens=sealed.num_tokens,
+                checks=sealed.checks,
+                adopted_from=adopted_from,
+            )
         )
 
     async def _refuse_off_version(
@@ -422,16 +470,19 @@ class RolloutPump:
         self._journal_returned(request)
         self._log_attempt(request, RolloutAttemptStatus.FAILED, num_tokens, error.reason)
 
-    def _seal(self, request: AttemptRequest, outcome: AttemptOutcome) -> None:
+    def _seal(self, request: AttemptRequest, outcome: AttemptOutcome) -> _Sealed:
+        """Seal the attempt (inside the cut); returns what the ledger was handed."""
         parts = self._parts
+        receipt = receipt_with_version(
+            outcome.receipt, outcome.weight_version, gate_rollout_id=request.gate_rollout_id
+        )
+        staging_keys = list(validate_receipt(outcome.receipt).staging_keys)
         parts.ledger.mark_sibling_sealed(
             parts.cut,
             request.group_id,
             generation_index=request.generation_index,
             gate_rollout_id=request.gate_rollout_id,
-            receipt=receipt_with_version(
-                outcome.receipt, outcome.weight_version, gate_rollout_id=request.gate_rollout_id
-            ),
+            receipt=receipt,
             reward=outcome.reward,
             mask_sample=False,
             reward_checks=outcome.reward_checks,
@@ -448,7 +499,17 @@ class RolloutPump:
             None,
             reward=outcome.reward,
             checks=outcome.checks,
-            staging_keys=list(validate_receipt(outcome.receipt).staging_keys),
+            staging_keys=list(staging_keys),
+        )
+        return _Sealed(
+            receipt=receipt,
+            staging_keys=staging_keys,
+            reward=outcome.reward,
+            mask_sample=False,
+            reward_checks=outcome.reward_checks,
+            reward_log_context=outcome.reward_log_context,
+            num_tokens=outcome.num_tokens,
+            checks=outcome.checks,
         )
 
     def _journal_returned(self, request: AttemptRequest) -> None:
@@ -555,6 +616,44 @@ class RolloutPump:
                 staging_keys=staging_keys,
             )
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Sealed:
+    """What a seal handed the ledger (and the gate counted): the seal journal's record of it."""
+
+    receipt: dict[str, Any]
+    staging_keys: list[str]
+    reward: float
+    mask_sample: bool
+    reward_checks: RewardChecks | None
+    reward_log_context: RewardLogContext | None
+    num_tokens: int
+    checks: dict[str, bool | float] | None
+
+
+class _RowKeepingSink:
+    """The pump's turn sink: commits each turn and keeps its row until the attempt ends.
+
+    The seal journal records a sealed attempt's rows; kept here, they need
+    not be read back from the data plane (a round trip on TransferQueue).
+    """
+
+    def __init__(self, committer: TurnCommitter) -> None:
+        self._committer = committer
+        self._rows: dict[str, dict[str, RowView]] = {}
+
+    async def commit_turn(self, request: AttemptRequest, turn: CommittedTurn) -> None:
+        await self._committer.commit_turn(request, turn)
+        self._rows.setdefault(request.gate_rollout_id, {})[turn.key] = turn.row
+
+    def rows(self, gate_rollout_id: str) -> dict[str, RowView]:
+        """The rows of the attempt's committed turns, by staging key."""
+        return self._rows.get(gate_rollout_id, {})
+
+    def forget(self, gate_rollout_id: str) -> None:
+        """The attempt ended (sealed, failed or cancelled)."""
+        self._rows.pop(gate_rollout_id, None)
 
 
 async def _refuse_unadmitted(group_ids: list[str]) -> None:

@@ -38,7 +38,6 @@ import msgspec
 import numpy as np
 
 from rollvault.config.schema import SealJournalConfig
-from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
 from rollvault.dataplane.rows import Row, RowDtype, RowView, row_dtype
 from rollvault.durable.journal_format import (
     RECORD_HEADER_BYTES,
@@ -46,9 +45,7 @@ from rollvault.durable.journal_format import (
     JournalReplay,
 )
 from rollvault.durable.journal_writer import JournalRepair, JournalWriteError, JournalWriter
-from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
-from rollvault.ledger.statuses import RolloutAttemptStatus
 
 SEAL_JOURNAL_DIRNAME: Final = "journal"
 SEAL_JOURNAL_SCHEMA_VERSION: Final = 1
@@ -182,9 +179,17 @@ def encode_row(row: RowView) -> JournalRow:
             # Little-endian on disk; on a little-endian host no conversion copy.
             little = value.astype(value.dtype.newbyteorder("<"), copy=False)
             out[name] = JournalArray(dtype=row_dtype(value), data=little.tobytes())
+        elif isinstance(value, np.generic):
+            # A gate's own row (not yet the data plane's stored form) may hold numpy scalars.
+            out[name] = value.item()
         else:
             out[name] = value
     return out
+
+
+def encode_rows(rows: Mapping[str, RowView], keys: list[str]) -> dict[str, JournalRow]:
+    """The journal rows of ``keys`` (a receipt's staging keys, in its order)."""
+    return {key: encode_row(rows[key]) for key in keys}
 
 
 def decode_row(row: Mapping[str, JournalValue], *, where: str) -> Row:
@@ -249,43 +254,12 @@ class SealJournal:
         """The seq the next record gets; a snapshot taken now reflects every record below it."""
         return self._writer.stats().appended_seq + 1
 
-    async def seal(
-        self,
-        record: PromptGroupRecoveryRecord,
-        generation_index: int,
-        data_plane: DataPlane,
-        *,
-        epoch: int,
-        dataset_idx: int,
-        num_tokens: int,
-        checks: dict[str, bool | float] | None,
-        adopted_from: str | None = None,
-    ) -> int | None:
-        """Journal the sealed sibling ``generation_index`` of ``record`` (read after the seal)."""
-        attempt = record.siblings[generation_index].current_attempt
-        if attempt.status is not RolloutAttemptStatus.SEALED or attempt.receipt is None:
-            raise ValueError(
-                f"group {record.group_id!r} sibling {generation_index}: attempt "
-                f"{attempt.attempt_id} is {attempt.status.value}, not sealed; nothing to journal"
-            )
-        rows = await data_plane.get(STAGING_PARTITION, attempt.staging_keys)
-        entry = SealRecord(
-            group_id=record.group_id,
-            generation_index=generation_index,
-            gate_rollout_id=record.gate_rollout_id(generation_index),
-            epoch=epoch,
-            dataset_idx=dataset_idx,
-            target_step=record.target_step,
-            receipt=attempt.receipt,
-            reward=float(attempt.reward if attempt.reward is not None else 0.0),
-            mask_sample=bool(attempt.mask_sample),
-            reward_checks=attempt.reward_checks,
-            reward_log_context=attempt.reward_log_context,
-            rows={key: encode_row(rows[key]) for key in attempt.staging_keys},
-            num_tokens=num_tokens,
-            checks=checks,
-            adopted_from=adopted_from,
-        )
+    def seal(self, entry: SealRecord) -> int | None:
+        """Journal one applied seal (the caller built it from what it handed the ledger).
+
+        The caller passes the rows it staged (:func:`encode_rows`), so the
+        hot path reads neither the ledger's group nor the data plane back.
+        """
         seq = self._append(entry)
         if seq is not None:
             self.counters.seals_journaled += 1
