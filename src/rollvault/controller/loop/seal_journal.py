@@ -114,7 +114,34 @@ class StepRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     group_ids: list[str]
 
 
-JournalEntry = SealRecord | FinalizeRecord | StepRecord
+class PartialRecord(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="partial"
+):
+    """A turn in flight's output so far (``rollout.prefix_resume``): cumulative, so the newest
+    record of an attempt's turn is all a restore needs."""
+
+    group_id: str
+    generation_index: _NonNegativeInt
+    gate_rollout_id: str
+    """The attempt that generated it: replay gives it only to that attempt's sibling while
+    that attempt is still its current one (fencing)."""
+    epoch: _NonNegativeInt
+    dataset_idx: _NonNegativeInt
+    """The prompt: a partial of a group a restore lost goes to the prompt's next group."""
+    target_step: int | None
+    turn_index: _NonNegativeInt
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+    seed_id: str
+    """What seeds the turn's chunks (``PartialTurn.seed_id``)."""
+
+    @property
+    def attempt_hex(self) -> str:
+        return self.gate_rollout_id.rsplit("_a", 1)[1]
+
+
+JournalEntry = SealRecord | FinalizeRecord | StepRecord | PartialRecord
 
 
 class JournalEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -213,6 +240,9 @@ class SealJournalCounters:
     seals_journaled: int = 0
     finalizations_journaled: int = 0
     steps_journaled: int = 0
+    partials_journaled: int = 0
+    partials_carried: int = 0
+    """Partials of live attempts journaled again past a snapshot, so its rotation keeps them."""
     rotations: int = 0
     segments_dropped: int = 0
 
@@ -307,6 +337,20 @@ class SealJournal:
         self.counters.steps_journaled += 1
         return self._append(StepRecord(trainer_version=trainer_version, group_ids=list(group_ids)))
 
+    def partial(self, record: PartialRecord) -> int | None:
+        """Journal a turn's partial output (appended only: no waiting for the disk)."""
+        self.counters.partials_journaled += 1
+        return self._append(record)
+
+    def carry_partials(self, records: list[PartialRecord]) -> None:
+        """Journal ``records`` again, before a snapshot's :meth:`covered` drops the segments
+        that held them: the snapshot does not hold partials (they are outside the cut),
+        and these attempts are still generating. Call before ``covered``, whose rotation
+        flushes them to disk before any segment goes."""
+        for record in records:
+            if self._append(record) is not None:
+                self.counters.partials_carried += 1
+
     def _append(self, entry: JournalEntry) -> int | None:
         """Queue one record; None once the writer has failed.
 
@@ -361,6 +405,8 @@ class SealJournal:
             "journal/seals_kept": float(self._seals_kept),
             "journal/finalizations": float(counters.finalizations_journaled),
             "journal/steps": float(counters.steps_journaled),
+            "journal/partials": float(counters.partials_journaled),
+            "journal/partials_carried": float(counters.partials_carried),
             "journal/fsyncs": float(stats.fsyncs),
             "journal/bytes_written": float(stats.bytes_written),
             "journal/rotations": float(counters.rotations),
