@@ -31,6 +31,7 @@ from rollvault.controller.loop.seal_journal import (
     decode_replay,
 )
 from rollvault.controller.snapshots.journal_replay import (
+    JournalReplayCounts,
     adopt_journaled_partials,
     replay_seal_journal,
 )
@@ -90,7 +91,7 @@ def _journal(config: RunConfig) -> SealJournal:
     return SealJournal.open(directory, config.rollout_checkpointing.journal)
 
 
-async def _replay(parts: RolloutParts, config: RunConfig, from_seq: int = 0) -> object:
+async def _replay(parts: RolloutParts, config: RunConfig, from_seq: int = 0) -> JournalReplayCounts:
     journal = _journal(config)
     try:
         async with parts.cut.mutation():
@@ -115,8 +116,8 @@ def test_replay_gives_the_newest_partial_to_its_live_attempt_only(tmp_path: Path
         assert list(parts.partials.resumed) == [key]
         assert parts.partials.resumed[key].token_ids == [5, 6, 7, 8]
         assert parts.partials.resumed[key].weight_versions == [0, 1, 2, 3]
-        assert counts.partials_matched == 1  # type: ignore[attr-defined]
-        assert counts.partials_unmatched == 1  # type: ignore[attr-defined]
+        assert counts.partials_matched == 1
+        assert counts.partials_unmatched == 1
 
     asyncio.run(main())
 
@@ -135,7 +136,7 @@ def test_a_torn_partial_is_cut_off_and_the_one_before_it_resumes(tmp_path: Path)
         segment = list_segments(directory)[-1][1]
         segment.write_bytes(segment.read_bytes()[:-5])  # tear the newest record
         counts = await _replay(parts, config)
-        assert counts.damage is not None  # type: ignore[attr-defined]
+        assert counts.damage is not None
         assert parts.partials.resumed[f"{record.group_id}_g0"].token_ids == [5, 6]
 
     asyncio.run(main())
@@ -161,7 +162,7 @@ def test_a_partial_of_a_turn_that_committed_is_ignored(tmp_path: Path) -> None:
         journal.close()
         counts = await _replay(parts, config)
         assert parts.partials.resumed == {}
-        assert counts.partials_unmatched == 1  # type: ignore[attr-defined]
+        assert counts.partials_unmatched == 1
 
     asyncio.run(main())
 
@@ -177,7 +178,7 @@ def test_a_lost_groups_partial_goes_to_its_prompts_next_group(tmp_path: Path) ->
         journal.close()
         restored = build_parts(config, dataset=dataset_of(config))  # the lost group is not in it
         counts = await _replay(restored, config)
-        assert counts.partials_pooled == 1  # type: ignore[attr-defined]
+        assert counts.partials_pooled == 1
         again = await _dispatched_group(restored, dataset_idx=3)
         async with restored.cut.mutation():
             assert adopt_journaled_partials(restored, again.group_id, sealed=set()) == 1
