@@ -19,6 +19,12 @@ before). Replay is therefore idempotent: a seal already in the snapshot is a
 no-op (the ledger and the data plane both accept an identical repeat). See
 :mod:`rollvault.controller.snapshots.journal_replay`.
 
+With ``rollout.prefix_resume`` on, the journal also holds ``partial`` records:
+the output so far of turns still generating (:mod:`.partials`), appended the
+same way; they change no ledger state, so a snapshot never reflects them, and
+the partials of live attempts are journaled again before a rotation drops
+their segments (:meth:`SealJournal.carry_partials`).
+
 Records are msgpack (no pickle): a tagged union in a versioned envelope. Row
 arrays travel as raw bytes with their dtype (rows are 1-D, so the length is
 the shape). On disk: ``<checkpoint_dir>/journal/segment_<first seq>.journal``.

@@ -34,6 +34,13 @@ What is replayed, and why it keeps DESIGN's invariants:
   ``pooled_seals``), because once it commits the journal segments that
   held them are dropped; a restore pools the snapshot's seals first, then
   the journal's records after it.
+* **Partials** (``rollout.prefix_resume``): the newest one of each attempt,
+  read after every seal, goes to its sibling while that attempt is the
+  sibling's current, live one with exactly the turns before the partial's
+  committed (fenced by attempt id); the restorer then hands it to the fresh
+  attempt ``prepare_for_restart`` makes. A partial of a group reserved after
+  the snapshot is pooled by prompt and sibling and given to the prompt's next
+  group, as seals are (:func:`adopt_journaled_partials`).
 * **Finalizations and step boundaries** need no re-application: a restore
   rolls the trainer back to the snapshot's trainer checkpoint anyway, and a
   group whose every sibling is sealed again is finalized again by the rollout
