@@ -316,7 +316,9 @@ class RolloutPump:
         for index in indices:
             key = logical_id(record.group_id, index)
             resume, why_not = parts.episodes.resume_for(key, record.siblings[index].current_attempt)
-            if why_not is None:
+            if why_not is not None:
+                parts.partials.resumed.pop(key, None)  # its turn goes with the restart
+            else:
                 resume = resume_with_prefix(
                     parts.config,
                     parts.partials,

@@ -84,8 +84,9 @@ class TurnCommitter:
         (:mod:`~rollvault.controller.loop.partials`). Outside the cut: it changes no
         ledger state; without a seal journal there is nothing to restore it from."""
         parts = self._parts
-        if parts.seal_journal is None:
-            return
+        if parts.seal_journal is None or request.group_id not in parts.ledger:
+            return  # nothing to restore it from, or its group ended meanwhile (the next
+            # commit_turn or seal of the attempt is refused and says so)
         origin = parts.group(request.group_id).origin
         record = PartialRecord(
             group_id=request.group_id,
