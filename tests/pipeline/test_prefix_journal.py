@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 from pipeline_helpers import dataset_of, small_config
 
@@ -26,9 +27,14 @@ from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.pipeline import build_parts
 from rollvault.controller.loop.seal_journal import (
     SEAL_JOURNAL_DIRNAME,
+    JournalEnvelope,
     PartialRecord,
     SealJournal,
+    SealJournalRecordError,
+    StepRecord,
+    decode_entry,
     decode_replay,
+    encode_entry,
 )
 from rollvault.controller.snapshots.journal_replay import (
     JournalReplayCounts,
@@ -254,8 +260,6 @@ def test_mask_stale_masks_exactly_the_tokens_older_than_the_staleness_limit(
 
 def msgspec_replace_rollout(config: RunConfig, mode: str) -> RunConfig:
     """``config`` with ``rollout.prefix_resume=mode`` (bypassing the gate rule: no gate here)."""
-    import msgspec
-
     return msgspec.structs.replace(
         config, rollout=msgspec.structs.replace(config.rollout, prefix_resume=PrefixResume(mode))
     )
@@ -302,3 +306,26 @@ def test_off_is_a_string_in_overrides_and_both_fields_are_in_the_runs_identity(
         )
     }
     assert len(fingerprints) == 4
+
+
+def test_a_partial_record_is_versioned_on_its_own_and_a_wrong_version_is_refused() -> None:
+    partial = PartialRecord(
+        group_id="g",
+        generation_index=0,
+        gate_rollout_id="g_g0_a" + "1" * 32,
+        epoch=0,
+        dataset_idx=0,
+        target_step=0,
+        turn_index=0,
+        token_ids=[1],
+        logprobs=[-1.0],
+        weight_versions=[0],
+        seed_id="s",
+    )
+    assert decode_entry(encode_entry(partial), where="here") == partial
+    # A seal, finalization or step keeps version 1: journals without partials read as before.
+    step = StepRecord(trainer_version=1, group_ids=[])
+    assert msgspec.msgpack.decode(encode_entry(step))["schema_version"] == 1
+    wrong = msgspec.msgpack.encode(JournalEnvelope(schema_version=1, entry=partial))
+    with pytest.raises(SealJournalRecordError, match="here: .*version 1 for a PartialRecord"):
+        decode_entry(wrong, where="here")

@@ -58,6 +58,11 @@ from rollvault.ledger.statuses import RolloutAttemptStatus
 
 SEAL_JOURNAL_DIRNAME: Final = "journal"
 SEAL_JOURNAL_SCHEMA_VERSION: Final = 1
+PARTIAL_RECORD_SCHEMA_VERSION: Final = 2
+"""The envelope version of a ``partial`` record (token-prefix resume): a rollvault that
+reads version 1 only refuses it by its version, naming it, instead of failing on an
+unknown tag; seals, finalizations and steps keep version 1, so a journal without
+partials stays readable by it."""
 _LOG = logging.getLogger("rollvault.journal")
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -177,7 +182,12 @@ _DECODER: Final = msgspec.msgpack.Decoder(JournalEnvelope)
 
 def encode_entry(entry: JournalEntry) -> bytes:
     """The payload of one journal record."""
-    return _ENCODER.encode(JournalEnvelope(schema_version=SEAL_JOURNAL_SCHEMA_VERSION, entry=entry))
+    version = (
+        PARTIAL_RECORD_SCHEMA_VERSION
+        if isinstance(entry, PartialRecord)
+        else SEAL_JOURNAL_SCHEMA_VERSION
+    )
+    return _ENCODER.encode(JournalEnvelope(schema_version=version, entry=entry))
 
 
 def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
@@ -186,10 +196,15 @@ def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
         envelope = _DECODER.decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SealJournalRecordError(f"{where}: not a seal journal record: {exc}") from exc
-    if envelope.schema_version != SEAL_JOURNAL_SCHEMA_VERSION:
+    expected = (
+        PARTIAL_RECORD_SCHEMA_VERSION
+        if isinstance(envelope.entry, PartialRecord)
+        else SEAL_JOURNAL_SCHEMA_VERSION
+    )
+    if envelope.schema_version != expected:
         raise SealJournalRecordError(
-            f"{where}: seal journal schema_version {envelope.schema_version}; this rollvault "
-            f"reads version {SEAL_JOURNAL_SCHEMA_VERSION} only"
+            f"{where}: seal journal schema_version {envelope.schema_version} for a "
+            f"{type(envelope.entry).__name__}; this rollvault reads version {expected} for it"
         )
     return envelope.entry
 
