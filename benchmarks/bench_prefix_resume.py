@@ -107,8 +107,8 @@ def _kill_after_seal(plan: ChaosPlan, delays: list[float]) -> tuple[list[str], l
                         break
                     time.sleep(0.05)
                 time.sleep(delay)
-                if child.poll() is not None:
-                    outcomes.append("ended before the kill")
+                if child.poll() is not None:  # the run ended before the kill came
+                    outcomes.append("finished" if child.returncode == 0 else "failed")
                     break
                 os.kill(child.pid, signal.SIGKILL)
                 child.wait()
