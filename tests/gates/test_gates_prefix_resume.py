@@ -200,10 +200,14 @@ class _Weights:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("top_k", "temperature"), [(1, 1.0), (0, 1.0)], ids=["greedy", "sampled"])
-def test_a_turn_resumed_after_its_partial_equals_the_uninterrupted_one(
-    tmp_path: Path, top_k: int, temperature: float
+def test_a_greedy_turn_resumed_after_its_partial_equals_the_uninterrupted_one(
+    tmp_path: Path,
 ) -> None:
+    # Greedy (top_k 1) only, to spend one worker start of the suite's time: the same
+    # holds with sampling (measured: the parametrized version passed at temperature 1,
+    # top_k 0), since every chunk's seed is (the turn's seed id, its token offset);
+    # the fake-worker test above checks that seeding.
+    top_k, temperature = 1, 1.0
     torch.set_num_threads(1)
     model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
     model, _ = load_model_dir(model_dir)
