@@ -122,6 +122,18 @@ class ModelDType(enum.StrEnum):
     BFLOAT16 = "bfloat16"
 
 
+class PrefixResume(enum.StrEnum):
+    """What a restore does with the journaled prefix of a turn that was generating at a kill."""
+
+    OFF = "off"
+    """Nothing is journaled mid-turn: an interrupted turn is generated again from its start."""
+    KEEP = "keep"
+    """The turn continues after its journaled prefix, whose tokens are trained as they are."""
+    MASK_STALE = "mask_stale"
+    """As ``keep``, but prefix tokens older than the sampler's staleness limit allows stay in
+    the row as context with loss mask 0."""
+
+
 class RestoreMode(enum.StrEnum):
     """What a start does with an existing checkpoint directory."""
 
@@ -186,6 +198,17 @@ class RolloutConfig(_Section, frozen=True):
     # (environment state from the snapshot); false restarts them from their first turn
     # (what other frameworks do; the benchmark's baseline).
     turn_level_restore: bool = True
+    # Token-prefix resume (local_model and ray gates): a turn is generated in chunks of
+    # prefix_resume_tokens new tokens, each chunk's tokens journaled as the turn's partial
+    # output, and a restore continues the turn after its journaled prefix. off: one call
+    # per turn, nothing journaled mid-turn; keep: the prefix is trained as generated;
+    # mask_stale: prefix tokens from a weight version older than the sampler's staleness
+    # limit allows (sampler.max_lookahead_versions for in_order, max_staleness_versions for
+    # windowed) get loss mask 0. Both fields are part of the run's identity: the chunks'
+    # seeds (per attempt, turn and token offset) decide the sampled tokens.
+    prefix_resume: PrefixResume = PrefixResume.OFF
+    # New tokens per chunk (between partial records) when prefix_resume is not off.
+    prefix_resume_tokens: PositiveInt = 16
 
 
 class RewardConfig(_Section, frozen=True):

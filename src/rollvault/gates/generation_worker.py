@@ -125,6 +125,7 @@ def _generate(
         [r.prompt_ids for r in requests],
         seeds=[r.seed for r in requests],
         max_new_tokens=command.max_new_tokens,
+        row_limits=[r.max_new_tokens for r in requests],
         temperature=settings.temperature,
         top_p=settings.top_p,
         top_k=settings.top_k,

@@ -57,6 +57,9 @@ from rollvault.controller.loop.gate import (
     AttemptRequest,
     FailureKind,
     GateAttemptError,
+    PartialTurn,
+    TurnSink,
+    current_turn_sink,
 )
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.causal_lm import load_tokenizer
@@ -118,8 +121,12 @@ class LocalModelGate:
         seed: int = 0,
         prompt_format: PromptFormat | None = None,
         dtype: ModelDType = ModelDType.FLOAT32,
+        chunk_tokens: int | None = None,
     ) -> None:
         self._config = config
+        self._chunk_tokens = chunk_tokens
+        """``rollout.prefix_resume_tokens`` when prefix resume is on: a turn is generated in
+        chunks of at most this many tokens, each but the last journaled as a partial."""
         self._data_plane = data_plane
         self._environment = episode_factory(environment, where="LocalModelGate")
         self._model_path = model_path
@@ -207,14 +214,18 @@ class LocalModelGate:
     # -- attempts -------------------------------------------------------------------------
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
-        rollout_id = request.gate_rollout_id
+        sink = current_turn_sink(self._data_plane)
         return await run_model_attempt(
             request,
             self._environment(),
             prompt_ids=self._prompt_ids(request),
-            generate=lambda prompt, turn: self._call(request.group_id, rollout_id, prompt, turn),
+            generate=lambda prompt, turn: self._call(request, sink, prompt, turn, None),
+            generate_from=lambda prompt, turn, prefix: self._call(
+                request, sink, prompt, turn, prefix
+            ),
             tokenizer=self._tokenizer,
             data_plane=self._data_plane,
+            sink=sink,
         )
 
     def _prompt_ids(self, request: AttemptRequest) -> list[int]:
@@ -227,21 +238,55 @@ class LocalModelGate:
             raise GateAttemptError(request.gate_rollout_id, FailureKind.DATA, str(error)) from error
 
     async def _call(
-        self, group_id: str, rollout_id: str, prompt_ids: list[int], turn: int
+        self,
+        request: AttemptRequest,
+        sink: TurnSink,
+        prompt_ids: list[int],
+        turn: int,
+        prefix: PartialTurn | None,
     ) -> Generation:
-        """One model call of an attempt; turn 0 samples exactly as a one-call attempt did."""
-        seed_id = turn_seed_id(rollout_id, turn)
-        version, result = await self._generate(group_id, rollout_id, prompt_ids, seed_id=seed_id)
-        self.tokens_generated += len(result.token_ids)
-        return Generation(
-            token_ids=list(result.token_ids),
-            logprobs=list(result.logprobs),
-            weight_version=version,
-            finished=result.finished,
-        )
+        """One model call of an attempt (after ``prefix``, when a restore continues it).
+
+        Without prefix resume, one generation; turn 0 samples exactly as a one-call
+        attempt did. With it, chunks of at most ``chunk_tokens`` new tokens, each
+        prompted with ``prompt_ids`` + the turn's tokens so far and seeded by (the
+        turn's seed id, its token offset), so a continuation after a journaled prefix
+        draws what the uninterrupted call would have; every chunk that does not end
+        the call is handed to ``sink`` as the turn's partial output. Returns the
+        tokens after ``prefix``.
+        """
+        rollout_id = request.gate_rollout_id
+        seed_id = prefix.seed_id if prefix is not None else turn_seed_id(rollout_id, turn)
+        limit = self._config.max_new_tokens
+        chunk = self._chunk_tokens or limit
+        so_far = _TurnTokens.of(prefix)
+        start = len(so_far.token_ids)
+        finished = False
+        while not finished and len(so_far.token_ids) < limit:
+            offset = len(so_far.token_ids)
+            version, result = await self._generate(
+                request.group_id,
+                rollout_id,
+                prompt_ids + so_far.token_ids,
+                # Offset 0 keeps the one-call seed: a turn of one chunk samples as with off.
+                seed_id=seed_id if offset == 0 else f"{seed_id}:o{offset}",
+                max_new_tokens=min(chunk, limit - offset) if self._chunk_tokens else None,
+            )
+            self.tokens_generated += len(result.token_ids)
+            so_far.extend(result, version)
+            finished = result.finished
+            if not finished and len(so_far.token_ids) < limit:
+                await sink.record_partial(request, so_far.partial(turn, seed_id))
+        return so_far.generation(start, finished=finished)
 
     async def _generate(
-        self, group_id: str, rollout_id: str, prompt_ids: list[int], *, seed_id: str
+        self,
+        group_id: str,
+        rollout_id: str,
+        prompt_ids: list[int],
+        *,
+        seed_id: str,
+        max_new_tokens: int | None = None,
     ) -> tuple[int, GenerationResult]:
         if self._closed:
             raise GateClosedError(f"attempt {rollout_id} started on a closed LocalModelGate")
@@ -255,6 +300,7 @@ class LocalModelGate:
             request_id=self._next_request_id,
             prompt_ids=prompt_ids,
             seed=self._sample_seed(seed_id),
+            max_new_tokens=max_new_tokens,
         )
         self._pending.append(_Pending(group_id=group_id, request=request, future=future))
         self._wakeup.set()
@@ -375,6 +421,48 @@ class LocalModelGate:
             pad_token_id=int(self._tokenizer.pad_token_id),
             dtype=self._dtype,
         )
+
+
+class _TurnTokens(msgspec.Struct):
+    """A turn's tokens so far, with their logprobs and per-token weight versions."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+
+    @classmethod
+    def of(cls, prefix: PartialTurn | None) -> _TurnTokens:
+        if prefix is None:
+            return cls([], [], [])
+        return cls(list(prefix.token_ids), list(prefix.logprobs), list(prefix.weight_versions))
+
+    def extend(self, result: GenerationResult, version: int) -> None:
+        self.token_ids.extend(result.token_ids)
+        self.logprobs.extend(result.logprobs)
+        self.weight_versions.extend([version] * len(result.token_ids))
+
+    def partial(self, turn: int, seed_id: str) -> PartialTurn:
+        return PartialTurn(
+            turn_index=turn,
+            token_ids=list(self.token_ids),
+            logprobs=list(self.logprobs),
+            weight_versions=list(self.weight_versions),
+            seed_id=seed_id,
+        )
+
+    def generation(self, start: int, *, finished: bool) -> Generation:
+        """The tokens from ``start`` on (after a resumed prefix) as one model call's output."""
+        versions = self.weight_versions[start:]
+        return Generation(
+            token_ids=self.token_ids[start:],
+            logprobs=self.logprobs[start:],
+            weight_version=max(versions, default=self._newest_version()),
+            finished=finished,
+            weight_versions=versions if len(set(versions)) > 1 else None,
+        )
+
+    def _newest_version(self) -> int:
+        return max(self.weight_versions, default=0)
 
 
 def batch_size(group_ids: list[str], max_batch_size: int) -> int:

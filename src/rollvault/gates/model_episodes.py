@@ -14,9 +14,19 @@ from collections.abc import Sequence
 
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.controller.loop.gate import AttemptOutcome, AttemptRequest, current_turn_sink
+from rollvault.controller.loop.gate import (
+    AttemptOutcome,
+    AttemptRequest,
+    TurnSink,
+    current_turn_sink,
+)
 from rollvault.dataplane.interface import DataPlane
-from rollvault.gates.episode_runner import EpisodeResult, GenerateCall, run_episode
+from rollvault.gates.episode_runner import (
+    EpisodeResult,
+    GenerateCall,
+    PrefixGenerateCall,
+    run_episode,
+)
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.tasks.episodes import EpisodeEnvironment, Observation
 
@@ -42,8 +52,11 @@ async def run_model_attempt(
     generate: GenerateCall,
     tokenizer: PreTrainedTokenizerBase,
     data_plane: DataPlane,
+    generate_from: PrefixGenerateCall | None = None,
+    sink: TurnSink | None = None,
 ) -> AttemptOutcome:
-    """Run a model gate's attempt as an episode and report it; ``generate`` is the gate's call."""
+    """Run a model gate's attempt as an episode and report it; ``generate`` is the gate's call
+    (``generate_from`` its continuation after a journaled prefix, if it has one)."""
     episode = await run_episode(
         request,
         environment,
@@ -51,7 +64,8 @@ async def run_model_attempt(
         generate=generate,
         codec=TokenizerCodec(tokenizer),
         data_plane=data_plane,
-        sink=current_turn_sink(data_plane),
+        sink=sink if sink is not None else current_turn_sink(data_plane),
+        generate_from=generate_from,
     )
     return episode_outcome(request.gate_rollout_id, episode)
 

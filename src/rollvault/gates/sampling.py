@@ -79,10 +79,24 @@ def sample_batch(
     pad_token_id: int,
     top_p: float = 1.0,
     top_k: int = 0,
+    row_limits: Sequence[int | None] | None = None,
 ) -> list[SampledSequence]:
-    """Sample up to ``max_new_tokens`` tokens after each prompt; stop a row at a stop token."""
+    """Sample up to ``max_new_tokens`` tokens after each prompt; stop a row at a stop token.
+
+    ``row_limits``: per row, a smaller limit (a chunk of a turn: ``rollout.prefix_resume``);
+    None keeps ``max_new_tokens``. A row cut at its limit is not finished.
+    """
     if len(seeds) != len(prompts):
         raise ValueError(f"sample_batch: {len(prompts)} prompts but {len(seeds)} seeds")
+    limits = [
+        max_new_tokens if limit is None else min(limit, max_new_tokens)
+        for limit in (row_limits if row_limits is not None else [None] * len(prompts))
+    ]
+    if len(limits) != len(prompts) or min(limits, default=1) < 1:
+        raise ValueError(
+            f"sample_batch: needs one row limit >= 1 per prompt, got {row_limits} for "
+            f"{len(prompts)} prompts"
+        )
     if max_new_tokens < 1 or not stop_token_ids:
         raise ValueError(
             f"sample_batch: needs max_new_tokens >= 1 and at least one stop token, "
@@ -98,16 +112,20 @@ def sample_batch(
     tokens: list[list[int]] = [[] for _ in prompts]
     logprobs: list[list[float]] = [[] for _ in prompts]
     finished = [False] * len(prompts)
-    for step in range(max_new_tokens):
+    done = [False] * len(prompts)
+    """Finished, or at its row limit."""
+    longest = max(limits)
+    for step in range(longest):
         step_logprobs = sampling_logprobs(last_logits, params)
-        chosen = _draw(step_logprobs.exp(), generators, finished)
+        chosen = _draw(step_logprobs.exp(), generators, done)
         for row, token in enumerate(chosen.tolist()):
-            if finished[row]:
+            if done[row]:
                 continue
             tokens[row].append(token)
             logprobs[row].append(float(step_logprobs[row, token]))
             finished[row] = token in stops
-        if all(finished) or step == max_new_tokens - 1:
+            done[row] = finished[row] or len(tokens[row]) >= limits[row]
+        if all(done) or step == longest - 1:
             break
         # Finished rows keep decoding (their tokens are ignored): the batch stays rectangular.
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
@@ -177,11 +195,11 @@ def _prefill_rows(
 
 
 def _draw(
-    probs: torch.Tensor, generators: Sequence[torch.Generator], finished: Sequence[bool]
+    probs: torch.Tensor, generators: Sequence[torch.Generator], done: Sequence[bool]
 ) -> torch.Tensor:
-    """One token per row, each from its own generator; finished rows get token 0."""
+    """One token per row, each from its own generator; done rows get token 0."""
     chosen = torch.zeros(probs.shape[0], dtype=torch.long)
     for row, generator in enumerate(generators):
-        if not finished[row]:
+        if not done[row]:
             chosen[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
     return chosen

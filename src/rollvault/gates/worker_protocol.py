@@ -58,6 +58,8 @@ class GenerationRequest(_Message, frozen=True):
     request_id: int
     prompt_ids: list[int]
     seed: int
+    max_new_tokens: int | None = None
+    """At most this many tokens for this request (a chunk of a turn); None: the batch's."""
 
 
 class Generate(_Message, frozen=True, tag="generate"):

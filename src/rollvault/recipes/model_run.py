@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.config.schema import GateKind, RunConfig, TrainerPlacement
+from rollvault.config.schema import GateKind, PrefixResume, RunConfig, TrainerPlacement
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
@@ -101,6 +101,12 @@ def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> 
         )
     gates: list[CountingGate] = []
 
+    chunk_tokens = (
+        None
+        if config.rollout.prefix_resume is PrefixResume.OFF
+        else config.rollout.prefix_resume_tokens
+    )
+
     def vllm_gate(data_plane: DataPlane) -> VllmGate:
         gate = VllmGate(
             config.gate.vllm,
@@ -126,6 +132,7 @@ def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> 
             seed=config.seed,
             prompt_format=prompt_format,
             dtype=config.model.dtype,
+            chunk_tokens=chunk_tokens,
         )
         gates.append(gate)
         return gate
@@ -144,6 +151,7 @@ def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> 
             seed=config.seed,
             prompt_format=prompt_format,
             dtype=config.model.dtype,
+            chunk_tokens=chunk_tokens,
         )
         gates.append(gate)
         return gate

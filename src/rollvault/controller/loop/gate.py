@@ -55,6 +55,28 @@ class EpisodeResume(msgspec.Struct, frozen=True, kw_only=True):
     restore_class: RestoreClass
     env_state: dict[str, Any] | None
     env_state_revision: int
+    partial: PartialTurn | None = None
+    """The journaled prefix of the turn after the committed ones (``rollout.prefix_resume``):
+    the gate continues that turn after it instead of generating it from its start."""
+    partial_mask: list[int] | None = None
+    """Loss mask of the prefix's tokens (``mask_stale``: 0 on stale ones); None: all 1."""
+
+
+class PartialTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """The tokens a turn in flight has generated so far (``rollout.prefix_resume``).
+
+    Cumulative: each partial of a turn holds its whole prefix, so the newest one
+    is all a restore needs.
+    """
+
+    turn_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+    """Per token, the policy version that generated it."""
+    seed_id: str
+    """What seeds the turn's chunks (the attempt that began the turn): a continuation by
+    another attempt draws what the first one would have."""
 
 
 class CommittedTurn(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +97,10 @@ class TurnSink(Protocol):
 
     async def commit_turn(self, request: AttemptRequest, turn: CommittedTurn) -> None:
         """Raise GateAttemptError when the attempt may no longer commit (superseded)."""
+        ...
+
+    async def record_partial(self, request: AttemptRequest, partial: PartialTurn) -> None:
+        """Keep the partial output of a turn in flight (journaled; never blocks on disk)."""
         ...
 
 
@@ -109,6 +135,9 @@ class StagingOnlySink:
 
     async def commit_turn(self, request: AttemptRequest, turn: CommittedTurn) -> None:
         await self._data_plane.put(STAGING_PARTITION, {turn.key: turn.row})
+
+    async def record_partial(self, request: AttemptRequest, partial: PartialTurn) -> None:
+        """Nothing to keep it for: without a controller there is no restore."""
 
 
 class AttemptOutcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,6 +23,7 @@ from rollvault.controller.data.shortfall import BatchShortfall, SparePrompts
 from rollvault.controller.loop.dispatch_journal import DispatchJournal, LostGroupInterruption
 from rollvault.controller.loop.episodes import EpisodeTable
 from rollvault.controller.loop.io_failures import LogWriteError
+from rollvault.controller.loop.partials import PartialPrefixes
 from rollvault.controller.loop.run_logs import (
     AttemptLogRecord,
     DropLogRecord,
@@ -216,6 +217,8 @@ class RolloutParts:
     journaled_seals: dict[tuple[int, int], dict[int, SealRecord]] = field(default_factory=dict)
     """Seals a restore read from the journal for groups it lost, by (epoch, dataset
     index) and generation index, until the prompt is reserved again."""
+    partials: PartialPrefixes = field(default_factory=PartialPrefixes)
+    """Token-prefix resume: partial outputs of turns in flight (``rollout.prefix_resume``)."""
 
     async def notify(self) -> None:
         """Wake every task waiting on ``changed``."""

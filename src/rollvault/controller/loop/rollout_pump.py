@@ -45,6 +45,7 @@ from rollvault.controller.loop.gate import (
 )
 from rollvault.controller.loop.group_version import off_version_reason, receipt_with_version
 from rollvault.controller.loop.isolation import RoundIsolation
+from rollvault.controller.loop.partials import resume_with_prefix
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
@@ -328,6 +329,17 @@ class RolloutPump:
         for index in indices:
             key = logical_id(record.group_id, index)
             resume, why_not = parts.episodes.resume_for(key, record.siblings[index].current_attempt)
+            if why_not is not None:
+                parts.partials.resumed.pop(key, None)  # its turn goes with the restart
+            else:
+                resume = resume_with_prefix(
+                    parts.config,
+                    parts.partials,
+                    record,
+                    index,
+                    resume,
+                    trainer_version=parts.trainer_version,
+                )
             if resume is not None:
                 resumes[index] = resume
                 continue

@@ -148,6 +148,13 @@ class RestoreLogRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     """Journaled seals of groups or attempts the snapshot does not hold: generated again."""
     journal_damage: str | None = None
     """The torn or corrupt journal record the restore cut off (None: none)."""
+    prefix_tokens_resumed: int = 0
+    """Tokens of journaled partial turns that fresh attempts continue after
+    (``rollout.prefix_resume``): kept, not generated again."""
+    prefixes_resumed: dict[str, int] = msgspec.field(default_factory=dict)
+    """Per logical rollout id, the tokens of the partial turn its fresh attempt continues."""
+    journal_partials_pooled: int = 0
+    """Partials of groups reserved after the snapshot, for their prompts' next groups."""
     seq: int = 0
 
 

@@ -19,6 +19,12 @@ before). Replay is therefore idempotent: a seal already in the snapshot is a
 no-op (the ledger and the data plane both accept an identical repeat). See
 :mod:`rollvault.controller.snapshots.journal_replay`.
 
+With ``rollout.prefix_resume`` on, the journal also holds ``partial`` records:
+the output so far of turns still generating (:mod:`.partials`), appended the
+same way; they change no ledger state, so a snapshot never reflects them, and
+the partials of live attempts are journaled again before a rotation drops
+their segments (:meth:`SealJournal.carry_partials`).
+
 Records are msgpack (no pickle): a tagged union in a versioned envelope. Row
 arrays travel as raw bytes with their dtype (rows are 1-D, so the length is
 the shape). On disk: ``<checkpoint_dir>/journal/segment_<first seq>.journal``.
@@ -49,6 +55,11 @@ from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 
 SEAL_JOURNAL_DIRNAME: Final = "journal"
 SEAL_JOURNAL_SCHEMA_VERSION: Final = 1
+PARTIAL_RECORD_SCHEMA_VERSION: Final = 2
+"""The envelope version of a ``partial`` record (token-prefix resume): a rollvault that
+reads version 1 only refuses it by its version, naming it, instead of failing on an
+unknown tag; seals, finalizations and steps keep version 1, so a journal without
+partials stays readable by it."""
 _LOG = logging.getLogger("rollvault.journal")
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -111,7 +122,34 @@ class StepRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     group_ids: list[str]
 
 
-JournalEntry = SealRecord | FinalizeRecord | StepRecord
+class PartialRecord(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="partial"
+):
+    """A turn in flight's output so far (``rollout.prefix_resume``): cumulative, so the newest
+    record of an attempt's turn is all a restore needs."""
+
+    group_id: str
+    generation_index: _NonNegativeInt
+    gate_rollout_id: str
+    """The attempt that generated it: replay gives it only to that attempt's sibling while
+    that attempt is still its current one (fencing)."""
+    epoch: _NonNegativeInt
+    dataset_idx: _NonNegativeInt
+    """The prompt: a partial of a group a restore lost goes to the prompt's next group."""
+    target_step: int | None
+    turn_index: _NonNegativeInt
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+    seed_id: str
+    """What seeds the turn's chunks (``PartialTurn.seed_id``)."""
+
+    @property
+    def attempt_hex(self) -> str:
+        return self.gate_rollout_id.rsplit("_a", 1)[1]
+
+
+JournalEntry = SealRecord | FinalizeRecord | StepRecord | PartialRecord
 
 
 class JournalEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -141,7 +179,12 @@ _DECODER: Final = msgspec.msgpack.Decoder(JournalEnvelope)
 
 def encode_entry(entry: JournalEntry) -> bytes:
     """The payload of one journal record."""
-    return _ENCODER.encode(JournalEnvelope(schema_version=SEAL_JOURNAL_SCHEMA_VERSION, entry=entry))
+    version = (
+        PARTIAL_RECORD_SCHEMA_VERSION
+        if isinstance(entry, PartialRecord)
+        else SEAL_JOURNAL_SCHEMA_VERSION
+    )
+    return _ENCODER.encode(JournalEnvelope(schema_version=version, entry=entry))
 
 
 def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
@@ -150,10 +193,15 @@ def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
         envelope = _DECODER.decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SealJournalRecordError(f"{where}: not a seal journal record: {exc}") from exc
-    if envelope.schema_version != SEAL_JOURNAL_SCHEMA_VERSION:
+    expected = (
+        PARTIAL_RECORD_SCHEMA_VERSION
+        if isinstance(envelope.entry, PartialRecord)
+        else SEAL_JOURNAL_SCHEMA_VERSION
+    )
+    if envelope.schema_version != expected:
         raise SealJournalRecordError(
-            f"{where}: seal journal schema_version {envelope.schema_version}; this rollvault "
-            f"reads version {SEAL_JOURNAL_SCHEMA_VERSION} only"
+            f"{where}: seal journal schema_version {envelope.schema_version} for a "
+            f"{type(envelope.entry).__name__}; this rollvault reads version {expected} for it"
         )
     return envelope.entry
 
@@ -218,6 +266,9 @@ class SealJournalCounters:
     seals_journaled: int = 0
     finalizations_journaled: int = 0
     steps_journaled: int = 0
+    partials_journaled: int = 0
+    partials_carried: int = 0
+    """Partials of live attempts journaled again past a snapshot, so its rotation keeps them."""
     rotations: int = 0
     segments_dropped: int = 0
 
@@ -281,6 +332,20 @@ class SealJournal:
         self.counters.steps_journaled += 1
         return self._append(StepRecord(trainer_version=trainer_version, group_ids=list(group_ids)))
 
+    def partial(self, record: PartialRecord) -> int | None:
+        """Journal a turn's partial output (appended only: no waiting for the disk)."""
+        self.counters.partials_journaled += 1
+        return self._append(record)
+
+    def carry_partials(self, records: list[PartialRecord]) -> None:
+        """Journal ``records`` again, before a snapshot's :meth:`covered` drops the segments
+        that held them: the snapshot does not hold partials (they are outside the cut),
+        and these attempts are still generating. Call before ``covered``, whose rotation
+        flushes them to disk before any segment goes."""
+        for record in records:
+            if self._append(record) is not None:
+                self.counters.partials_carried += 1
+
     def _append(self, entry: JournalEntry) -> int | None:
         """Queue one record; None once the writer has failed.
 
@@ -335,6 +400,8 @@ class SealJournal:
             "journal/seals_kept": float(self._seals_kept),
             "journal/finalizations": float(counters.finalizations_journaled),
             "journal/steps": float(counters.steps_journaled),
+            "journal/partials": float(counters.partials_journaled),
+            "journal/partials_carried": float(counters.partials_carried),
             "journal/fsyncs": float(stats.fsyncs),
             "journal/bytes_written": float(stats.bytes_written),
             "journal/rotations": float(counters.rotations),

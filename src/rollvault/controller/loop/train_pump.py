@@ -165,6 +165,8 @@ class TrainPump:
         if parts.seal_journal is not None:
             parts.seal_journal.step(parts.trainer_version, [e.group_id for e in entries])
             metrics = {**metrics, **parts.seal_journal.metrics()}
+            # Token-prefix resume: journaled prefix tokens this start continued after.
+            metrics["journal/prefix_tokens_resumed"] = float(parts.partials.tokens_resumed)
         return metrics
 
     def _peek_batch(self) -> list[ReplayEntry]:

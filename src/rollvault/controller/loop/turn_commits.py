@@ -15,9 +15,11 @@ from rollvault.controller.loop.gate import (
     CommittedTurn,
     FailureKind,
     GateAttemptError,
+    PartialTurn,
 )
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import TurnLogRecord
+from rollvault.controller.loop.seal_journal import PartialRecord
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.ledger.errors import LedgerError
 
@@ -75,3 +77,29 @@ class TurnCommitter:
                 )
             )
             self.turns_committed += 1
+        parts.partials.turn_committed(request.gate_rollout_id, turn.turn_index)
+
+    async def record_partial(self, request: AttemptRequest, partial: PartialTurn) -> None:
+        """Journal a turn's partial output and keep it as the attempt's newest
+        (:mod:`~rollvault.controller.loop.partials`). Outside the cut: it changes no
+        ledger state; without a seal journal there is nothing to restore it from."""
+        parts = self._parts
+        if parts.seal_journal is None or request.group_id not in parts.ledger:
+            return  # nothing to restore it from, or its group ended meanwhile (the next
+            # commit_turn or seal of the attempt is refused and says so)
+        origin = parts.group(request.group_id).origin
+        record = PartialRecord(
+            group_id=request.group_id,
+            generation_index=request.generation_index,
+            gate_rollout_id=request.gate_rollout_id,
+            epoch=origin.epoch,
+            dataset_idx=origin.dataset_idx,
+            target_step=parts.ledger.get_group(request.group_id).target_step,
+            turn_index=partial.turn_index,
+            token_ids=list(partial.token_ids),
+            logprobs=list(partial.logprobs),
+            weight_versions=list(partial.weight_versions),
+            seed_id=partial.seed_id,
+        )
+        if parts.seal_journal.partial(record) is not None:
+            parts.partials.record(record)

@@ -47,6 +47,7 @@ from rollvault.controller.loop.io_failures import (
     SnapshotsFailingError,
     TrainerCheckpointWriteError,
 )
+from rollvault.controller.loop.partials import carry_live_partials
 from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entry
 from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.loop.trainer import Trainer
@@ -502,6 +503,8 @@ class Checkpointer:
         journal = self._parts.seal_journal
         if journal is None:
             return
+        # Partials are not in the snapshot: those of live attempts go past the rotation.
+        journal.carry_partials(carry_live_partials(self._parts.partials, self._parts.ledger))
         try:
             await asyncio.to_thread(journal.covered, covered_seq)
         except OSError as exc:

@@ -46,6 +46,13 @@ What is replayed, and why it keeps DESIGN's invariants:
   ``pooled_seals``), because once it commits the journal segments that
   held them are dropped; a restore pools the snapshot's seals first, then
   the journal's records after it.
+* **Partials** (``rollout.prefix_resume``): the newest one of each attempt,
+  read after every seal, goes to its sibling while that attempt is the
+  sibling's current, live one with exactly the turns before the partial's
+  committed (fenced by attempt id); the restorer then hands it to the fresh
+  attempt ``prepare_for_restart`` makes. A partial of a group reserved after
+  the snapshot is pooled by prompt and sibling and given to the prompt's next
+  group, as seals are (:func:`adopt_journaled_partials`).
 * **Finalizations and step boundaries** need no re-application: a restore
   rolls the trainer back to the snapshot's trainer checkpoint anyway, and a
   group whose every sibling is sealed again is finalized again by the rollout
@@ -68,11 +75,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollvault.controller.loop.episodes import logical_id
+from rollvault.controller.loop.partials import owns_partial, partial_turn
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import AttemptLogRecord, TurnLogRecord
 from rollvault.controller.loop.seal_journal import (
     DecodedRecord,
     FinalizeRecord,
+    PartialRecord,
     SealJournal,
     SealRecord,
     StepRecord,
@@ -106,6 +116,12 @@ class JournalReplayCounts:
     """Seals of groups reserved after the snapshot, kept for their prompts' next groups."""
     finalizations: int = 0
     steps: int = 0
+    partials_matched: int = 0
+    """Attempts whose journaled partial turn a fresh attempt continues (prefix resume)."""
+    partials_pooled: int = 0
+    """Partials of groups reserved after the snapshot, kept for their prompts' next groups."""
+    partials_unmatched: int = 0
+    """Partials of attempts that sealed, ended or were superseded (fenced): not used."""
     damage: str | None = None
     """The torn or corrupt record the journal was cut back to (None: none)."""
     quarantined: list[str] = dataclasses.field(default_factory=list)
@@ -119,6 +135,7 @@ async def replay_seal_journal(
         damage=journal.repair.truncated.describe() if journal.repair.truncated else None,
         quarantined=[str(path) for path in journal.repair.quarantined],
     )
+    partials: dict[str, PartialRecord] = {}
     for record in decode_replay(journal.repair.replay):
         if record.seq < from_seq:
             continue
@@ -130,6 +147,11 @@ async def replay_seal_journal(
             counts.finalizations += 1
         elif isinstance(entry, StepRecord):
             counts.steps += 1
+        elif isinstance(entry, PartialRecord):
+            partials[entry.gate_rollout_id] = entry  # cumulative: the newest one is the prefix
+    # After every seal: a partial of an attempt that sealed meanwhile is not needed.
+    for partial in partials.values():
+        _replay_partial(parts, partial, counts)
     _LOG.info(
         "seal journal: %d records after the snapshot, %d seals replayed, %d already in it, "
         "%d of groups reserved after it (adopted when their prompts are reserved again), "
@@ -142,6 +164,51 @@ async def replay_seal_journal(
         f"; cut off {counts.damage}" if counts.damage else "",
     )
     return counts
+
+
+def _replay_partial(
+    parts: RolloutParts, partial: PartialRecord, counts: JournalReplayCounts
+) -> None:
+    """Give the sibling of a still-live attempt its partial turn; pool that of a lost group.
+
+    The restorer checks the sibling's fresh attempt after ``prepare_for_restart``
+    (:mod:`rollvault.controller.loop.partials`).
+    """
+    if partial.group_id not in parts.ledger:
+        if partial.group_id in parts.groups or partial.turn_index != 0:
+            counts.partials_unmatched += 1  # finished in the snapshot, or its turns are lost
+            return
+        prompt = (partial.epoch, partial.dataset_idx, partial.generation_index)
+        parts.partials.pooled[prompt] = partial
+        counts.partials_pooled += 1
+        return
+    if not owns_partial(parts.ledger.get_group(partial.group_id), partial):
+        counts.partials_unmatched += 1
+        return
+    key = logical_id(partial.group_id, partial.generation_index)
+    parts.partials.resumed[key] = partial_turn(partial)
+    counts.partials_matched += 1
+
+
+def adopt_journaled_partials(parts: RolloutParts, group_id: str, sealed: set[int]) -> int:
+    """Give a just-reserved group's unsealed siblings the pooled partials of its prompt.
+
+    Only a partial stamped for the same target step, as for seals. Returns how many.
+    """
+    pooled = parts.partials.pooled
+    if not pooled:
+        return 0
+    origin = parts.group(group_id).origin
+    record = parts.ledger.get_group(group_id)
+    adopted = 0
+    for sibling in record.siblings:
+        index = sibling.generation_index
+        partial = pooled.pop((origin.epoch, origin.dataset_idx, index), None)
+        if partial is None or index in sealed or partial.target_step != record.target_step:
+            continue
+        parts.partials.resumed[logical_id(group_id, index)] = partial_turn(partial)
+        adopted += 1
+    return adopted
 
 
 def pool_seal(parts: RolloutParts, seal: SealRecord) -> None:
@@ -276,7 +343,14 @@ async def adopt_journaled_seals(parts: RolloutParts, group_id: str) -> dict[int,
 
     Call inside the reservation's mutation section, before the group is
     dispatched. Returns the seals adopted by generation index (see the module docstring).
+    The siblings it does not seal get the prompt's pooled partials, if any.
     """
+    adopted = await _adopt_seals(parts, group_id)
+    adopt_journaled_partials(parts, group_id, set(adopted))
+    return adopted
+
+
+async def _adopt_seals(parts: RolloutParts, group_id: str) -> dict[int, SealRecord]:
     origin = parts.group(group_id).origin
     pool = parts.journaled_seals.pop((origin.epoch, origin.dataset_idx), None)
     if not pool:

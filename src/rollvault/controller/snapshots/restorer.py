@@ -95,6 +95,8 @@ class RestoreCounts:
     """``logical id: why`` of each episode restarted from its first turn."""
     journal: JournalReplayCounts = dataclasses.field(default_factory=JournalReplayCounts)
     """What replaying the seal journal kept."""
+    prefixes_resumed: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Per logical id, the tokens of the journaled partial turn its fresh attempt continues."""
 
 
 async def read_recovery_sidecar(
@@ -306,6 +308,7 @@ class RolloutRestorer:
             )
         parts.ledger.prepare_for_restart(parts.cut)
         self._restore_episodes(snapshot)
+        self._restore_prefixes()
         self._records = parts.ledger.shared_groups()
         self._log_discarded_seals(before)
         await self._resolve_finalization_unknown()
@@ -345,6 +348,29 @@ class RolloutRestorer:
                 parts.episodes.forget(key)
                 self.counts.episodes_restarted.append(f"{key}: {why_not}")
                 _LOG.warning("restarting the episode of %s from its first turn: %s", key, why_not)
+
+    def _restore_prefixes(self) -> None:
+        """Keep each journaled partial turn only for a fresh attempt that continues at it.
+
+        Replay matched the partial to its (interrupted) attempt; ``prepare_for_restart``
+        then gave the sibling a fresh attempt. It continues the partial's turn only when
+        it holds exactly the turns before it (an episode restarted from its first turn
+        drops a later turn's prefix).
+        """
+        parts = self._parts
+        resumed = parts.partials.resumed
+        for key, prefix in list(resumed.items()):
+            group_id, _, index = key.rpartition("_g")
+            record = parts.ledger.get_group(group_id) if group_id in parts.ledger else None
+            attempt = record.siblings[int(index)].current_attempt if record else None
+            if (
+                attempt is None
+                or attempt.status is not RolloutAttemptStatus.RESERVED
+                or len(attempt.turn_keys) != prefix.turn_index
+            ):
+                del resumed[key]
+                continue
+            self.counts.prefixes_resumed[key] = len(prefix.token_ids)
 
     def _record_interruptions(
         self, *, journal_seq: int, carried: list[LostGroupInterruption]
@@ -616,6 +642,9 @@ class RolloutRestorer:
                 journal_seals_replayed=counts.journal.seals_replayed,
                 journal_seals_unmatched=counts.journal.seals_unmatched,
                 journal_damage=counts.journal.damage,
+                prefix_tokens_resumed=sum(counts.prefixes_resumed.values()),
+                prefixes_resumed=dict(counts.prefixes_resumed),
+                journal_partials_pooled=counts.journal.partials_pooled,
                 skipped=[f"{path}: {reason}" for path, reason in self._resume.skipped],
             )
         )

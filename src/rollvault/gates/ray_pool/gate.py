@@ -75,6 +75,7 @@ class RayPoolGate(LocalModelGate):
         seed: int = 0,
         prompt_format: PromptFormat | None = None,
         dtype: ModelDType = ModelDType.FLOAT32,
+        chunk_tokens: int | None = None,
     ) -> None:
         if not ray.is_initialized():
             raise RuntimeError("RayPoolGate needs Ray: call ray.init first (ray.address)")
@@ -96,6 +97,7 @@ class RayPoolGate(LocalModelGate):
             seed=seed,
             prompt_format=prompt_format,
             dtype=dtype,
+            chunk_tokens=chunk_tokens,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -189,7 +191,13 @@ class RayPoolGate(LocalModelGate):
         return msgspec.structs.replace(outcome, receipt=receipt)
 
     async def _generate(
-        self, group_id: str, rollout_id: str, prompt_ids: list[int], *, seed_id: str
+        self,
+        group_id: str,
+        rollout_id: str,
+        prompt_ids: list[int],
+        *,
+        seed_id: str,
+        max_new_tokens: int | None = None,
     ) -> tuple[int, GenerationResult]:
         if self._closed:
             raise GateClosedError(f"attempt {rollout_id} started on a closed RayPoolGate")
@@ -198,6 +206,7 @@ class RayPoolGate(LocalModelGate):
             request_id=self._next_request_id,
             prompt_ids=prompt_ids,
             seed=self._sample_seed(seed_id),
+            max_new_tokens=max_new_tokens,
         )
         future: asyncio.Future[LaneResult] = asyncio.get_running_loop().create_future()
         await self._route(PendingRequest(group_id=group_id, request=request, future=future))
