@@ -41,6 +41,7 @@ from rollvault.controller.loop.gate import (
     FailureKind,
     Gate,
     GateAttemptError,
+    PartialTurn,
     attempt_turn_sink,
 )
 from rollvault.controller.loop.group_version import off_version_reason, receipt_with_version
@@ -658,6 +659,9 @@ class _RowKeepingSink:
     async def commit_turn(self, request: AttemptRequest, turn: CommittedTurn) -> None:
         await self._committer.commit_turn(request, turn)
         self._rows.setdefault(request.gate_rollout_id, {})[turn.key] = turn.row
+
+    async def record_partial(self, request: AttemptRequest, partial: PartialTurn) -> None:
+        await self._committer.record_partial(request, partial)
 
     def rows(self, gate_rollout_id: str) -> dict[str, RowView]:
         """The rows of the attempt's committed turns, by staging key."""
