@@ -1,10 +1,13 @@
-"""Incremental snapshots under SIGKILL: at every fault point of a snapshot whose rows go
-to a new segment (segment write, index, commit, retention, segment collection).
+"""Incremental snapshots under SIGKILL: at every fault point of a snapshot whose new rows
+go to a new row segment, or whose changed ledger records go to a new ledger segment
+(segment write, index, commit, retention, segment collection).
 
-After each kill a fresh process must find every committed snapshot whole (each
-referenced segment present and intact, each row as its step wrote it), and
-the next snapshot must commit and collect the orphans: afterwards the
-segments directory holds exactly what the kept snapshots reference.
+Each case has its own child process (``segments_crash_child.py`` for rows,
+``ledger_segments_crash_child.py`` for the ledger). After each kill a fresh process
+must find every committed snapshot whole (each referenced segment present and
+intact, each row or group as its step left it), and the next snapshot must commit
+and collect the orphans: afterwards the segments directory holds exactly what the
+kept snapshots reference.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +27,72 @@ import pytest
 
 from rollvault.durable.faults import FAULT_POINTS, KILL_AT_ENV, TRACE_ENV
 
-CHILD = Path(__file__).with_name("segments_crash_child.py")
 pytestmark = pytest.mark.slow
-_SEGMENT_STEPS = (
-    "segment.",
-    "atomic_write.",
-    "commit.before_rename",
-    "commit.after_rename",
-    "retention.before_trash_delete",
-    "retention.after_trash_delete",
-    "segment_gc.",
+
+
+@dataclass(frozen=True)
+class CrashCase:
+    child: Path
+    steps: tuple[str, ...]
+    """Fault points that order this case's segments against the snapshot (the rest of
+    the commit and prune sequence is the durable layer's, killed by its own tests)."""
+    required: frozenset[str]
+    """Points the traced commit must pass through."""
+
+    def __str__(self) -> str:
+        return self.child.stem
+
+
+ROWS = CrashCase(
+    child=Path(__file__).with_name("segments_crash_child.py"),
+    steps=(
+        "segment.",
+        "atomic_write.",
+        "commit.before_rename",
+        "commit.after_rename",
+        "retention.before_trash_delete",
+        "retention.after_trash_delete",
+        "segment_gc.",
+    ),
+    required=frozenset(
+        {
+            "segment.before_write",
+            "segment.durable",
+            "commit.before_rename",
+            "segment_gc.before_delete",
+            "segment_gc.after_delete",
+            "segment_gc.synced",
+        }
+    ),
+)
+LEDGER = CrashCase(
+    child=Path(__file__).with_name("ledger_segments_crash_child.py"),
+    steps=(
+        "ledger_segment.",
+        "atomic_write.",
+        "commit.before_rename",
+        "commit.after_rename",
+        "retention.before_trash_delete",
+        "segment_gc.",
+    ),
+    required=frozenset(
+        {
+            "ledger_segment.before_write",
+            "ledger_segment.durable",
+            "segment_gc.before_delete",
+            "segment_gc.synced",
+        }
+    ),
 )
 
 
-def _run(mode: str, directory: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    case: CrashCase, mode: str, directory: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in (KILL_AT_ENV, TRACE_ENV)}
     environ.update(env)
     return subprocess.run(
-        [sys.executable, str(CHILD), mode, str(directory)],
+        [sys.executable, str(case.child), mode, str(directory)],
         env=environ,
         capture_output=True,
         text=True,
@@ -48,60 +100,53 @@ def _run(mode: str, directory: Path, **env: str) -> subprocess.CompletedProcess[
     )
 
 
-def _ok(mode: str, directory: Path, **env: str) -> str:
-    done = _run(mode, directory, **env)
-    assert done.returncode == 0, f"{mode} failed:\n{done.stderr}"
+def _ok(case: CrashCase, mode: str, directory: Path, **env: str) -> str:
+    done = _run(case, mode, directory, **env)
+    assert done.returncode == 0, f"{case} {mode} failed:\n{done.stderr}"
     return done.stdout
 
 
-def _verify(directory: Path) -> dict[str, Any]:
-    report: dict[str, Any] = json.loads(_ok("verify", directory))
-    return report
-
-
-@pytest.fixture
-def template(tmp_path: Path) -> Path:
+def _template(case: CrashCase, directory: Path) -> Path:
     """Three committed steps: snapshots 2 and 3 kept, sharing segments."""
-    directory = tmp_path / "template"
     for _ in range(3):
-        _ok("commit", directory)
-    report = _verify(directory)
+        _ok(case, "commit", directory)
+    report: dict[str, Any] = json.loads(_ok(case, "verify", directory))
     assert report["steps"] == [2, 3] and report["problems"] == {}
     assert report["segments"] == report["referenced"]
+    if case is LEDGER:
+        assert len(report["referenced"]) > 1  # the third snapshot references an older segment
     return directory
 
 
-def _kill_points(template: Path, tmp_path: Path) -> list[tuple[str, int]]:
+def _kill_points(case: CrashCase, template: Path, tmp_path: Path) -> list[tuple[str, int]]:
     work = tmp_path / "traced"
     shutil.copytree(template, work)
     trace = tmp_path / "trace.txt"
-    _ok("commit", work, **{TRACE_ENV: str(trace)})
+    _ok(case, "commit", work, **{TRACE_ENV: str(trace)})
     seen: Counter[str] = Counter()
     points = []
     for name in trace.read_text().splitlines():
         seen[name] += 1
         points.append((name, seen[name]))
     assert {name for name, _ in points} <= FAULT_POINTS
-    # The steps that order segments against the snapshot (the rest of the commit
-    # and prune sequence is the durable layer's, killed at every point by its own tests).
-    return [(name, nth) for name, nth in points if name.startswith(_SEGMENT_STEPS)]
+    return [(name, nth) for name, nth in points if name.startswith(case.steps)]
 
 
+@pytest.mark.parametrize("case", [ROWS, LEDGER], ids=str)
 def test_a_kill_at_every_fault_point_of_an_incremental_snapshot_leaves_it_loadable(
-    template: Path, tmp_path: Path
+    case: CrashCase, tmp_path: Path
 ) -> None:
-    points = _kill_points(template, tmp_path)
-    names = {name for name, _ in points}
-    assert {"segment.before_write", "segment.durable", "commit.before_rename"} <= names
-    assert {"segment_gc.before_delete", "segment_gc.after_delete", "segment_gc.synced"} <= names
+    template = _template(case, tmp_path / "template")
+    points = _kill_points(case, template, tmp_path)
+    assert case.required <= {name for name, _ in points}
     for index, (name, nth) in enumerate(points):
         work = tmp_path / f"kill_{index}"
         shutil.copytree(template, work)
-        done = _run("commit", work, **{KILL_AT_ENV: f"{name}:{nth}"})
+        done = _run(case, "commit", work, **{KILL_AT_ENV: f"{name}:{nth}"})
         assert done.returncode == -signal.SIGKILL, f"not killed at {name}:{nth}\n{done.stderr}"
-        reports = json.loads(_ok("recover", work))
+        reports = json.loads(_ok(case, "recover", work))
         after_kill, again = reports["before"], reports["after"]
-        where = f"after a kill at {name}:{nth}"
+        where = f"{case}: after a kill at {name}:{nth}"
         assert after_kill["problems"] == {}, where
         assert after_kill["steps"][-1] in (3, 4), where
         assert set(after_kill["referenced"]) <= set(after_kill["segments"]), where
