@@ -6,7 +6,7 @@ starts. Nothing kills the child from outside; it is restarted after each of
 its deaths. Before retry budgets survived restarts this crash-looped for
 ever: the prompt was re-minted on restore and dispatched first. Now each
 death charges the attempts that were in flight (the dispatch journal says
-which), the suspects run alone afterwards, and after ``max_sibling_retries
+which), the suspects run alone afterwards, and after ``max_interrupted_retries
 + 1`` deaths the prompt is dropped and the run finishes.
 """
 
@@ -45,6 +45,8 @@ def test_a_prompt_that_kills_its_process_is_dropped_after_its_budget(tmp_path: P
             f"gate.simulated.crash_on_prompt_idx={poison}",
             "grpo.max_num_epochs=1",
             "rollout.on_dropped_prompt=shrink",
+            # Below the default, to keep the starts few; the bound is the same rule.
+            "rollout.max_interrupted_retries=3",
         ),
     )
     config = chaos_config(plan)
@@ -62,7 +64,7 @@ def test_a_prompt_that_kills_its_process_is_dropped_after_its_budget(tmp_path: P
                 check=False,
             )
             exit_codes.append(child.returncode)
-    deaths = config.rollout.max_sibling_retries + 1
+    deaths = config.rollout.max_interrupted_retries + 1
     assert exit_codes == [-signal.SIGKILL] * deaths + [0], (
         f"see {plan.run_dir / CHILD_OUTPUT_FILENAME}"
     )

@@ -4,13 +4,16 @@ In-process and deterministic: the gate raises something that is not a
 ``GateAttemptError`` for one dataset index, which takes the whole run down
 (the real-process version, SIGKILL and all, is in tests/chaos). Each start
 restores, charges the attempt that was in flight, and runs again; after
-``max_sibling_retries + 1`` crashes the prompt is given up and the run ends.
-And the groups a death interrupted run their next round alone.
+``max_interrupted_retries + 1`` crashes the prompt is given up and the run
+ends. An innocent prompt whose attempt is in flight at more external kills
+than the infra budget allows is kept and trained. And the groups a death
+interrupted run their next round alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from pathlib import Path
 
@@ -35,6 +38,7 @@ from rollvault.controller.data.dataloader import epoch_permutation
 from rollvault.controller.loop.dispatch_journal import (
     DISPATCH_JOURNAL_DIRNAME,
     DispatchedLine,
+    ReturnedLine,
     journal_segments,
     read_segment,
 )
@@ -100,6 +104,8 @@ def test_a_prompt_that_crashes_the_run_is_dropped_after_its_budget(
         "gate.simulated.latency_per_token_s=0.002",
         "rollout_checkpointing.interval_s=0.05",
         "rollout.on_dropped_prompt=shrink",
+        # Below the default, to keep the test short; the bound is the same rule.
+        "rollout.max_interrupted_retries=3",
     )
     crashes = 0
     summary = None
@@ -107,7 +113,7 @@ def test_a_prompt_that_crashes_the_run_is_dropped_after_its_budget(
         summary = run_once(config, poison)
         crashes += summary is None
     assert summary is not None, "the run crash-looped"
-    assert crashes == config.rollout.max_sibling_retries + 1
+    assert crashes == config.rollout.max_interrupted_retries + 1
     history = read_run_history(Path(config.logging.log_dir))
     drops = effective_drops(history)
     assert [(d.epoch, d.sample_id, d.replaced) for d in drops] == [(0, str(poison), False)]
@@ -180,3 +186,95 @@ def test_groups_a_death_interrupted_run_their_next_round_alone(tmp_path: Path) -
             assert others == set(), f"suspect {group_id} ran beside {others}"
         else:
             assert not others & suspects, f"{group_id} ran beside suspects {others & suspects}"
+
+
+class HangOnceGate(SimulatedGate):
+    """An attempt of one sibling of one prompt hangs: in flight when the test kills the run."""
+
+    def __init__(self, *args: object, prompt_idx: int, hung: list[str], **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._prompt_idx = prompt_idx
+        self._hung = hung
+        self.hanging = asyncio.Event()
+
+    async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
+        if request.prompt["idx"] == self._prompt_idx and request.generation_index == 3:
+            self._hung.append(request.gate_rollout_id)
+            self.hanging.set()
+            await asyncio.Event().wait()  # never set: hangs until the kill
+        return await super().run_attempt(request)
+
+
+def kill_while_hanging(config: RunConfig, prompt_idx: int, hung: list[str]) -> None:
+    """One start, killed from outside while the prompt's attempt is in flight."""
+    gates: list[HangOnceGate] = []
+
+    def gate(data_plane: DataPlane) -> SimulatedGate:
+        gates.append(
+            HangOnceGate(
+                config.gate.simulated,
+                data_plane,
+                ParityEnvironment(),
+                seed=config.seed,
+                prompt_idx=prompt_idx,
+                hung=hung,
+            )
+        )
+        return gates[0]
+
+    async def main() -> None:
+        task = asyncio.create_task(
+            run(
+                config, gate_factory=gate, trainer=BatchKeepingTrainer(), dataset=dataset_of(config)
+            )
+        )
+        while not gates or not gates[0].hanging.is_set():
+            assert not task.done(), (
+                "the run ended before the prompt's attempt hung (was it dropped?)"
+            )
+            await asyncio.sleep(0.01)  # the gate is built inside the run
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    # A SIGKILL writes no returns: forget the one the cancellation wrote for it.
+    attempt = hung[-1].rsplit("_a", 1)[1]
+    for _, path in journal_segments(
+        Path(config.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME
+    ):
+        kept = [
+            line
+            for line in read_segment(path)
+            if not (isinstance(line, ReturnedLine) and line.attempt_uuid == attempt)
+        ]
+        path.write_bytes(b"".join(msgspec.json.encode(line) + b"\n" for line in kept))
+
+
+def test_an_innocent_prompt_in_flight_at_more_kills_than_the_infra_budget_is_kept(
+    tmp_path: Path,
+) -> None:
+    # The first prompt of the epoch: a restart dispatches it first, alone once a
+    # suspect, and each kill comes while its attempt runs (issue 16, prompt 42).
+    innocent = epoch_permutation(NUM_PROMPTS, seed=0, epoch=0)[0]
+    config = small_config(
+        tmp_path,
+        "grpo.max_num_epochs=1",
+        "gate.simulated.latency_per_token_s=0.002",
+        "rollout_checkpointing.interval_s=0.05",
+    )
+    kills = config.rollout.max_sibling_retries + 2
+    assert kills <= config.rollout.max_interrupted_retries
+    hung: list[str] = []
+    for _ in range(kills):
+        kill_while_hanging(config, innocent, hung)
+    summary = run_once(config, poison_idx=-1)
+    assert summary is not None
+    history = read_run_history(Path(config.logging.log_dir))
+    # Every kill charged the prompt's attempt: the same sibling, `kills` times.
+    charged = {a.gate_rollout_id for a in history.attempts if a.status == "failed"}
+    assert len(set(hung)) == kills and set(hung) <= charged
+    assert effective_drops(history) == []
+    assert check_exactly_once(history, expected_prompts(NUM_PROMPTS, 1)) == []
+    trained, _, _ = logs(config)
+    assert str(innocent) in {record.sample_id for record in trained}

@@ -19,7 +19,9 @@ from ledger_records import (
 from rollvault.config.schema import RolloutConfig
 from rollvault.controller.loop.retry_budget import budget_exhausted, retry_spend, was_interrupted
 
-BUDGET = msgspec.structs.replace(RolloutConfig(), max_sibling_retries=2, max_group_retries=1)
+BUDGET = msgspec.structs.replace(
+    RolloutConfig(), max_sibling_retries=2, max_interrupted_retries=3, max_group_retries=1
+)
 
 
 def test_a_fresh_group_has_spent_nothing() -> None:
@@ -29,13 +31,33 @@ def test_a_fresh_group_has_spent_nothing() -> None:
     assert budget_exhausted(record, BUDGET) is None
 
 
-def test_infra_and_interrupted_failures_spend_the_siblings_budget() -> None:
-    record = group([INFRA, CRASH, RESERVED], [SEALED])
+def test_infra_failures_spend_the_siblings_budget() -> None:
+    record = group([INFRA, INFRA, RESERVED], [SEALED])
     assert retry_spend(record).sibling_failures == (2, 0)
     assert budget_exhausted(record, BUDGET) is None  # two failures, two retries allowed
-    over = group([INFRA, CRASH, CRASH, RESERVED], [SEALED])
+    over = group([INFRA, INFRA, INFRA, RESERVED], [SEALED])
     reason = budget_exhausted(over, BUDGET)
     assert reason is not None and "sibling 0" in reason and "max_sibling_retries=2" in reason
+
+
+def test_interruptions_spend_their_own_budget_not_the_infra_one() -> None:
+    # Three deaths with sibling 0 in flight: more than the infra budget allows, kept.
+    record = group([CRASH, INFRA, CRASH, CRASH, RESERVED], [SEALED])
+    spend = retry_spend(record)
+    assert (spend.sibling_failures, spend.sibling_interruptions) == ((1, 0), (3, 0))
+    assert budget_exhausted(record, BUDGET) is None
+    over = group([CRASH, CRASH, CRASH, CRASH, RESERVED], [SEALED])
+    reason = budget_exhausted(over, BUDGET)
+    assert reason is not None and "sibling 0" in reason
+    assert "max_interrupted_retries=3" in reason
+
+
+def test_the_default_interruption_budget_is_larger_than_the_infra_one() -> None:
+    rollout = RolloutConfig()
+    assert rollout.max_interrupted_retries > rollout.max_sibling_retries
+    kills = rollout.max_interrupted_retries
+    assert budget_exhausted(group([CRASH] * kills + [RESERVED]), rollout) is None
+    assert budget_exhausted(group([CRASH] * (kills + 1) + [RESERVED]), rollout) is not None
 
 
 def test_data_failures_spend_the_groups_budget_once_per_round() -> None:

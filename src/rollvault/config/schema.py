@@ -184,6 +184,13 @@ class RolloutConfig(_Section, frozen=True):
     recovery_granularity: RecoveryGranularity = RecoveryGranularity.SIBLING
     # Infrastructure (transient) failures tolerated per sibling before the group is lost.
     max_sibling_retries: NonNegativeInt = 3
+    # Interruptions tolerated per sibling (its attempt was in flight when the process
+    # died) before the group is lost as a poison prompt. Larger than the infra budget:
+    # an external kill is indistinguishable from a poison prompt, and a run killed often
+    # must not drop the innocent prompt a restart always dispatches first; a real poison
+    # prompt still stops after this many + 1 restarts. Part of the run's fingerprint
+    # (it decides which prompts train).
+    max_interrupted_retries: NonNegativeInt = 8
     # Data (permanent) failures tolerated per group before it is lost.
     max_group_retries: NonNegativeInt = 2
     # replace: a lost group is replaced by a spare prompt with the same target step;

@@ -47,9 +47,10 @@ class AttemptFailureKind(StrEnum):
     sibling's budget. ``data``: the prompt itself failed (environment error);
     it spends the group's budget. ``interrupted``: the attempt was in flight
     when the controller process died, recorded by the restore that found it
-    so; it spends the sibling's budget like ``infra``, because a prompt whose
-    attempt kills the process would otherwise be retried on every restart
-    forever (see :mod:`rollvault.controller.loop.retry_budget`).
+    so; it spends the sibling's interruption budget (larger than the infra
+    one, as an external kill looks the same), because a prompt whose attempt
+    kills the process would otherwise be retried on every restart forever
+    (see :mod:`rollvault.controller.loop.retry_budget`).
     """
 
     INFRA = "infra"

@@ -12,6 +12,13 @@ it starts once no other round is in flight, and no other round starts until
 it is done. A death during it is charged to it alone; a suspect that comes
 through is a suspect no longer, and its next rounds share again.
 
+A restarted run dispatches its suspects first, so when kills come from
+outside faster than snapshots (each start killed before its first), an
+innocent suspect's isolated round is in flight at each of them and charged
+at each: this is why interruptions spend a budget of their own,
+``rollout.max_interrupted_retries``, larger than the infra one
+(:mod:`~rollvault.controller.loop.retry_budget`).
+
 The cost is paid only after a death: the groups it interrupted run one
 round at a time, once.
 """

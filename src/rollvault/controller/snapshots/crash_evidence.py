@@ -4,9 +4,16 @@ An attempt was in flight when the process died when it was dispatched (the
 restored snapshot holds it ``dispatched``, or the journal has it dispatched
 after the snapshot) and it never came back (no ``returned`` line: neither
 sealed, nor failed, nor cancelled by the controller). Such an attempt is an
-interrupted failure of its sibling, and it spends the sibling's retry
-budget (:mod:`rollvault.controller.loop.retry_budget` says why). A restore
-records it:
+interrupted failure of its sibling, and it spends the sibling's
+interruption budget, ``rollout.max_interrupted_retries``
+(:mod:`rollvault.controller.loop.retry_budget` says why, and why that budget
+is not the infra one). Every attempt in flight is charged, whether its
+round ran alone or beside others: an attempt the snapshot holds
+``dispatched`` carries no record of how its round ran, and when kills come
+before snapshots, start after start, it is a suspect's isolated round that
+is in flight at each of them, which sparing the shared rounds would not
+spare; the size of the interruption budget is what keeps such a prompt.
+A restore records it:
 
 - in the ledger, for a group the snapshot holds that is still generating
   (``RolloutRecoveryLedger.mark_attempt_interrupted``), the snapshot's
