@@ -188,11 +188,17 @@ def test_a_hung_sync_function_releases_its_attempt_at_the_timeout() -> None:
         release.wait(timeout=30)
         return 1.0
 
-    try:
-        with pytest.raises(RewardFunctionTimeoutError, match=r"timeout_s=0.05 s"):
-            _score(_environment(hangs, timeout_s=0.05), ROW_PROMPT, "42")
-    finally:
-        release.set()  # the thread Python cannot stop ends here
+    async def main() -> None:
+        try:
+            with pytest.raises(RewardFunctionTimeoutError, match=r"timeout_s=0.05 s"):
+                await _environment(hangs, timeout_s=0.05).score_text(
+                    ROW_PROMPT, "42", finished=True
+                )
+        finally:
+            # The thread Python cannot stop ends here, before asyncio.run waits for it.
+            release.set()
+
+    asyncio.run(main())
 
 
 def test_a_timeout_error_the_function_raises_itself_is_its_own_failure() -> None:
