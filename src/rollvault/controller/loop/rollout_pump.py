@@ -64,6 +64,7 @@ from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.statuses import (
     AttemptFailureKind,
     PromptGroupStatus,
+    RecoveryGranularity,
     RolloutAttemptStatus,
 )
 
@@ -400,10 +401,11 @@ class RolloutPump:
         journaled: list[tuple[Handed[_Returned, GateAttemptError | None], _Journaled]] = []
         async with parts.cut.mutation():
             self._attempt_lines, self._lines_owner = [], asyncio.current_task()
+            groups: dict[str, PromptGroupRecoveryRecord] = {}
             try:
                 for entry in batch:
                     try:
-                        applied = await self._seal_returned(*entry.item)
+                        applied = await self._seal_returned(*entry.item, groups)
                     except Exception as error:  # noqa: BLE001 - raised in its own attempt
                         entry.fail(error)
                         continue
@@ -432,10 +434,21 @@ class RolloutPump:
             entry.settle(None)
 
     async def _seal_returned(
-        self, request: AttemptRequest, outcome: AttemptOutcome
+        self,
+        request: AttemptRequest,
+        outcome: AttemptOutcome,
+        groups: dict[str, PromptGroupRecoveryRecord],
     ) -> _Journaled | GateAttemptError:
-        """Seal one returned attempt, or refuse it as off version (inside the cut)."""
-        record = self._parts.ledger.get_group(request.group_id)
+        """Seal one returned attempt, or refuse it as off version (inside the cut).
+
+        ``groups``: the batch's copies of its groups. A copy taken before an earlier
+        seal of the batch serves the seal journal as well (a seal changes only its
+        own sibling); the version check of a ``prompt_group`` group needs the
+        siblings sealed so far, so it takes a fresh one.
+        """
+        record = groups.get(request.group_id)
+        if record is None or record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
+            record = groups[request.group_id] = self._parts.ledger.get_group(request.group_id)
         off_version = off_version_reason(record, outcome.weight_version)
         if off_version is not None:
             return await self._refuse_off_version(request, outcome, off_version)
