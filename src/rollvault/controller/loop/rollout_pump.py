@@ -16,6 +16,13 @@ Multi-turn attempts: the gate hands each finished turn to the pump's
 and commits it. A dispatched attempt that inherited a committed prefix (a
 restore) gets it as its request's ``resume``; an attempt that fails in the
 run drops its turns, so its retry starts the episode afresh.
+
+Batches: a model gate's worker returns a whole generation batch at once, and
+its attempts resume in one turn of the event loop. The turns they hand over
+are committed together (:class:`TurnCommitter`), and the attempts that then
+return are sealed together (:class:`~rollvault.controller.loop.tick_batches.TickBatch`):
+one mutation section and one ``attempts.jsonl`` write per batch; the seal
+journal's records follow after the cut, as for a single seal.
 """
 
 from __future__ import annotations
