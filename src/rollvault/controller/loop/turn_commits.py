@@ -7,7 +7,8 @@ one mutation section, so a snapshot sees a turn wholly committed or not at all.
 Batching: a model gate's worker returns a whole generation batch at once, and
 its attempts then hand over their turns in one turn of the event loop. The
 committer collects the turns handed over in that turn and commits them
-together (:meth:`TurnCommitter.commit_turn` waits for it): one mutation
+together (:class:`~rollvault.controller.loop.tick_batches.TickBatch`;
+:meth:`TurnCommitter.commit_turn` waits for it): one mutation
 section, one data-plane ``put`` of their rows (one validation pass) and one
 ``turns.jsonl`` write, instead of one of each per turn. Each turn's row is
 in the data plane before its ledger commit, as before; a turn the ledger
@@ -17,9 +18,6 @@ wait behind a checkpoint that waits for the caller).
 """
 
 from __future__ import annotations
-
-import asyncio
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +32,7 @@ from rollvault.controller.loop.gate import (
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import TurnLogRecord
 from rollvault.controller.loop.seal_journal import PartialRecord
+from rollvault.controller.loop.tick_batches import Handed, TickBatch
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.dataplane.rows import Row
 from rollvault.ledger.errors import LedgerError
@@ -41,15 +40,8 @@ from rollvault.ledger.errors import LedgerError
 __all__ = ["TurnCommitter"]
 
 
-@dataclass(slots=True)
-class _Handed:
-    """A turn handed over and waiting for its batch's commit."""
-
-    request: AttemptRequest
-    turn: CommittedTurn
-    done: asyncio.Future[None]
-    refused: bool = False
-    """Its row or its ledger commit was refused (the error is in ``done``)."""
+_Turn = tuple[AttemptRequest, CommittedTurn]
+"""A turn handed over, with the attempt that handed it."""
 
 
 class TurnCommitter:
@@ -58,12 +50,12 @@ class TurnCommitter:
     def __init__(self, parts: RolloutParts) -> None:
         self._parts = parts
         self.turns_committed = 0
-        self.batches = 0
-        """Commit batches (mutation sections) the turns went through."""
-        self._waiting: list[_Handed] = []
-        self._flush: asyncio.Task[None] | None = None
-        self._flushing: set[asyncio.Task[None]] = set()
-        """Batch tasks still running (the loop keeps only weak references to tasks)."""
+        self._batches = TickBatch[_Turn, None](self._commit_batch, name="turn-commits")
+
+    @property
+    def batches(self) -> int:
+        """Commit batches (mutation sections) the turns handed over went through."""
+        return self._batches.batches
 
     async def commit_turn(self, request: AttemptRequest, turn: CommittedTurn) -> None:
         """Commit ``turn`` with the others handed over in this turn of the event loop.
@@ -71,81 +63,65 @@ class TurnCommitter:
         Raises GateAttemptError when the ledger refuses it (a superseded or
         finished attempt); then its row is not left in the data plane.
         """
-        item = _Handed(request, turn, asyncio.get_running_loop().create_future())
-        if self._parts.cut.holds_mutation():
-            await self._commit([item])
-            if item.done.done():
-                item.done.result()  # raises the refusal
-        else:
-            self._waiting.append(item)
-            if self._flush is None:
-                # Scheduled behind the attempts already woken by the same batch, so it
-                # finds their turns waiting too.
-                self._flush = asyncio.create_task(self._commit_waiting(), name="turn-commits")
-                self._flushing.add(self._flush)
-                self._flush.add_done_callback(self._flushing.discard)
-            await item.done
-        self._parts.partials.turn_committed(request.gate_rollout_id, turn.turn_index)
-
-    async def _commit_waiting(self) -> None:
-        handed, self._waiting = self._waiting, []
-        self._flush = None
-        # An attempt cancelled while it waited (the run stops) commits nothing.
-        live = [item for item in handed if not item.done.done()]
-        try:
-            await self._commit(live)
-        except asyncio.CancelledError:
-            for item in live:
-                item.done.cancel()
-            raise
-        except Exception as error:  # noqa: BLE001 - raised in every attempt of the batch
-            for item in live:
-                _settle(item, error)
-        for item in live:
-            if not item.done.done():
-                item.done.set_result(None)
-
-    async def _commit(self, handed: list[_Handed]) -> None:
-        """Stage, commit and log ``handed`` in one mutation section; a refused turn's
-        future gets its GateAttemptError (a resolved future: raised here)."""
-        if not handed:
+        if not self._parts.cut.holds_mutation():
+            await self._batches.submit((request, turn))
             return
+        (error,) = await self._commit([(request, turn)])
+        if error is not None:
+            raise error
+
+    async def _commit_batch(self, batch: list[Handed[_Turn, None]]) -> None:
+        errors = await self._commit([entry.item for entry in batch])
+        for entry, error in zip(batch, errors, strict=True):
+            if error is None:
+                entry.settle(None)
+            else:
+                entry.fail(error)
+
+    async def _commit(self, turns: list[_Turn]) -> list[Exception | None]:
+        """Stage, commit and log ``turns`` in one mutation section; each one's error
+        (its row or its turn refused), or None."""
         parts = self._parts
         async with parts.cut.mutation():
-            await self._stage(handed)
+            errors = await self._stage(turns)
             records: list[TurnLogRecord] = []
-            for item in handed:
-                record = await self._commit_one(item)
-                if record is not None:
-                    records.append(record)
+            for position, (request, turn) in enumerate(turns):
+                if errors[position] is not None:
+                    continue  # its row was refused
+                committed = await self._commit_one(request, turn)
+                if isinstance(committed, Exception):
+                    errors[position] = committed
+                else:
+                    records.append(committed)
             parts.logs.turns.write_many(records)
             self.turns_committed += len(records)
-            self.batches += 1
+        return errors
 
-    async def _stage(self, handed: list[_Handed]) -> None:
+    async def _stage(self, turns: list[_Turn]) -> list[Exception | None]:
         """Put the rows in the data plane: at once, or one by one if the batch is refused
         (so a bad row fails its own attempt, not its batch)."""
-        rows: dict[str, Row] = {item.turn.key: item.turn.row for item in handed}
+        rows: dict[str, Row] = {turn.key: turn.row for _, turn in turns}
         data_plane = self._parts.data_plane
-        if len(rows) == len(handed):
+        errors: list[Exception | None] = [None] * len(turns)
+        if len(rows) == len(turns):
             try:
                 await data_plane.put(STAGING_PARTITION, rows)
-                return
+                return errors
             except Exception:  # noqa: BLE001 - retried one by one below, which attributes it
-                if len(handed) == 1:
+                if len(turns) == 1:
                     raise
-        for item in handed:
+        for position, (_, turn) in enumerate(turns):
             try:
-                await data_plane.put(STAGING_PARTITION, {item.turn.key: item.turn.row})
+                await data_plane.put(STAGING_PARTITION, {turn.key: turn.row})
             except Exception as error:  # noqa: BLE001 - raised in the attempt that handed it
-                _settle(item, error)
+                errors[position] = error
+        return errors
 
-    async def _commit_one(self, item: _Handed) -> TurnLogRecord | None:
+    async def _commit_one(
+        self, request: AttemptRequest, turn: CommittedTurn
+    ) -> TurnLogRecord | GateAttemptError:
         """Commit one staged turn in the ledger and record its episode state (in the cut)."""
-        if item.refused:
-            return None  # its row was refused
         parts = self._parts
-        request, turn = item.request, item.turn
         key = logical_id(request.group_id, request.generation_index)
         try:
             revision = parts.ledger.commit_turn(
@@ -159,13 +135,12 @@ class TurnCommitter:
         except LedgerError as error:
             # A superseded or finished attempt: its row must not stay behind.
             await parts.data_plane.clear(STAGING_PARTITION, [turn.key])
-            _settle(
-                item,
-                GateAttemptError(
-                    request.gate_rollout_id, FailureKind.INFRA, f"turn refused: {error}"
-                ),
+            return GateAttemptError(
+                request.gate_rollout_id, FailureKind.INFRA, f"turn refused: {error}"
             )
-            return None
+        # Here, not after the caller's wait: a caller cancelled meanwhile (the run stops)
+        # still had its turn committed, and its partial is no longer needed.
+        parts.partials.turn_committed(request.gate_rollout_id, turn.turn_index)
         previous = parts.episodes.get(key)
         rewards = list(previous.turn_rewards[: turn.turn_index]) if previous else []
         parts.episodes.record(
@@ -212,9 +187,3 @@ class TurnCommitter:
         )
         if parts.seal_journal.partial(record) is not None:
             parts.partials.record(record)
-
-
-def _settle(item: _Handed, error: Exception) -> None:
-    item.refused = True
-    if not item.done.done():
-        item.done.set_exception(error)
