@@ -199,13 +199,15 @@ def staged_row_digest(row: RowView) -> str:
     Covers every array field in name order, with dtype and length, so the
     finalizer detects any row that is not the one the gate staged.
     """
-    digest = hashlib.sha256()
+    # The same bytes in the same order as one update per part (receipts on disk carry
+    # these digests), hashed at once: the hot path digests every staged row.
+    parts: list[bytes] = []
     for name in sorted(row):
         value = row[name]
-        digest.update(name.encode() + b"\0")
+        parts.append(name.encode() + b"\0")
         if isinstance(value, np.ndarray):
-            digest.update(f"{value.dtype.str}:{value.shape[0]}\0".encode())
-            digest.update(np.ascontiguousarray(value).tobytes())
+            parts.append(f"{value.dtype.str}:{value.shape[0]}\0".encode())
+            parts.append(np.ascontiguousarray(value).tobytes())
         else:
-            digest.update(repr(value).encode() + b"\0")
-    return digest.hexdigest()
+            parts.append(repr(value).encode() + b"\0")
+    return hashlib.sha256(b"".join(parts)).hexdigest()

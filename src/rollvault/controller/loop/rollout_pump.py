@@ -16,6 +16,13 @@ Multi-turn attempts: the gate hands each finished turn to the pump's
 and commits it. A dispatched attempt that inherited a committed prefix (a
 restore) gets it as its request's ``resume``; an attempt that fails in the
 run drops its turns, so its retry starts the episode afresh.
+
+Batches: a model gate's worker returns a whole generation batch at once, and
+its attempts resume in one turn of the event loop. The turns they hand over
+are committed together (:class:`TurnCommitter`), and the attempts that then
+return are sealed together (:class:`~rollvault.controller.loop.tick_batches.TickBatch`):
+one mutation section and one ``attempts.jsonl`` write per batch; the seal
+journal's records follow after the cut, as for a single seal.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
 from rollvault.controller.loop.seal_journal import SealRecord, encode_rows
+from rollvault.controller.loop.tick_batches import Handed, TickBatch
 from rollvault.controller.loop.turn_commits import TurnCommitter
 from rollvault.controller.snapshots.journal_replay import adopt_journaled_seals
 from rollvault.controller.snapshots.restorer import RestoreError, RolloutRestorer
@@ -63,6 +71,7 @@ from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.statuses import (
     AttemptFailureKind,
     PromptGroupStatus,
+    RecoveryGranularity,
     RolloutAttemptStatus,
 )
 
@@ -98,6 +107,11 @@ class RolloutPump:
         self._end_weight_version = end_weight_version
         self._isolation = RoundIsolation()
         self._turns = _RowKeepingSink(TurnCommitter(parts))
+        self._seals = TickBatch[_Returned, GateAttemptError | None](self._seal_batch, name="seals")
+        self._attempt_lines: list[AttemptLogRecord] | None = None
+        """Inside a seal batch: its attempt lines, written at once at its end."""
+        self._lines_owner: asyncio.Task[Any] | None = None
+        """The seal batch's task (another task's lines are its own to write)."""
         self.failures = Counter[FailureKind]()
         self.dropped_groups = 0
 
@@ -380,21 +394,72 @@ class RolloutPump:
                 await self._drop_turns(request)
                 self._fail_attempt(request, error, num_tokens=0)
             return error
+        return await self._seals.submit((request, outcome))
+
+    async def _seal_batch(self, batch: list[Handed[_Returned, GateAttemptError | None]]) -> None:
+        """Seal the attempts a generation batch returned, in one mutation section.
+
+        Each seal is applied in the ledger after its rows are in the data plane
+        (its turns were committed before its attempt returned); the attempt lines
+        go out in one write before the cut is released, and the seal journal's
+        records are handed over after it, as for one seal.
+        """
+        parts = self._parts
+        journaled: list[tuple[Handed[_Returned, GateAttemptError | None], _Journaled]] = []
         async with parts.cut.mutation():
-            record = parts.ledger.get_group(request.group_id)
-            off_version = off_version_reason(record, outcome.weight_version)
-            if off_version is not None:
-                return await self._refuse_off_version(request, outcome, off_version)
-            sealed = self._seal(request, outcome)
-        # ``record`` is the group as it was just before this seal: the seal changes only
-        # this sibling's attempt, whose fields the journal takes from ``sealed``.
-        await self._journal_seal(
-            record,
-            request.generation_index,
-            sealed,
-            rows=self._turns.rows(request.gate_rollout_id),
-        )
-        return None
+            self._attempt_lines, self._lines_owner = [], asyncio.current_task()
+            groups: dict[str, PromptGroupRecoveryRecord] = {}
+            try:
+                for entry in batch:
+                    try:
+                        applied = await self._seal_returned(*entry.item, groups)
+                    except Exception as error:  # noqa: BLE001 - raised in its own attempt
+                        entry.fail(error)
+                        continue
+                    if isinstance(applied, GateAttemptError):
+                        entry.settle(applied)
+                    else:
+                        journaled.append((entry, applied))
+                lines, self._attempt_lines = self._attempt_lines, None
+                parts.logs.attempts.write_many(lines)
+            finally:
+                self._attempt_lines, self._lines_owner = None, None
+        for entry, (record, sealed) in journaled:
+            request = entry.item[0]
+            try:
+                # ``record`` is the group as it was just before this seal: the seal changes
+                # only this sibling's attempt, whose fields the journal takes from ``sealed``.
+                await self._journal_seal(
+                    record,
+                    request.generation_index,
+                    sealed,
+                    rows=self._turns.rows(request.gate_rollout_id),
+                )
+            except Exception as error:  # noqa: BLE001 - raised in its own attempt
+                entry.fail(error)
+                continue
+            entry.settle(None)
+
+    async def _seal_returned(
+        self,
+        request: AttemptRequest,
+        outcome: AttemptOutcome,
+        groups: dict[str, PromptGroupRecoveryRecord],
+    ) -> _Journaled | GateAttemptError:
+        """Seal one returned attempt, or refuse it as off version (inside the cut).
+
+        ``groups``: the batch's copies of its groups. A copy taken before an earlier
+        seal of the batch serves the seal journal as well (a seal changes only its
+        own sibling); the version check of a ``prompt_group`` group needs the
+        siblings sealed so far, so it takes a fresh one.
+        """
+        record = groups.get(request.group_id)
+        if record is None or record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
+            record = groups[request.group_id] = self._parts.ledger.get_group(request.group_id)
+        off_version = off_version_reason(record, outcome.weight_version)
+        if off_version is not None:
+            return await self._refuse_off_version(request, outcome, off_version)
+        return record, self._seal(request, outcome)
 
     async def _journal_seal(
         self,
@@ -615,20 +680,22 @@ class RolloutPump:
         checks: dict[str, bool | float] | None = None,
         staging_keys: list[str] | None = None,
     ) -> None:
-        self._parts.logs.attempts.write(
-            AttemptLogRecord(
-                gate_rollout_id=request.gate_rollout_id,
-                group_id=request.group_id,
-                generation_index=request.generation_index,
-                status=status,
-                num_tokens=num_tokens,
-                incarnation=self._parts.logs.incarnation,
-                reason=reason,
-                reward=reward,
-                checks=checks,
-                staging_keys=staging_keys,
-            )
+        line = AttemptLogRecord(
+            gate_rollout_id=request.gate_rollout_id,
+            group_id=request.group_id,
+            generation_index=request.generation_index,
+            status=status,
+            num_tokens=num_tokens,
+            incarnation=self._parts.logs.incarnation,
+            reason=reason,
+            reward=reward,
+            checks=checks,
+            staging_keys=staging_keys,
         )
+        if self._attempt_lines is not None and asyncio.current_task() is self._lines_owner:
+            self._attempt_lines.append(line)  # a seal batch writes its lines at once
+        else:
+            self._parts.logs.attempts.write(line)
 
 
 @dataclass(frozen=True, slots=True)
@@ -643,6 +710,13 @@ class _Sealed:
     reward_log_context: RewardLogContext | None
     num_tokens: int
     checks: dict[str, bool | float] | None
+
+
+_Returned = tuple[AttemptRequest, AttemptOutcome]
+"""An attempt the gate returned, waiting for its seal batch."""
+
+_Journaled = tuple[PromptGroupRecoveryRecord, _Sealed]
+"""A seal applied in a batch: the group just before it, and what the ledger was handed."""
 
 
 class _RowKeepingSink:
