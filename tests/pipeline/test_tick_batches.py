@@ -94,3 +94,34 @@ def test_a_caller_cancelled_before_its_batch_runs_is_left_out() -> None:
 
     assert asyncio.run(run()) == 2
     assert seen == [[2]]
+
+
+def test_a_started_batch_ends_though_its_caller_is_cancelled_and_drain_waits_for_it() -> None:
+    gate = asyncio.Event()
+    processed: list[int] = []
+
+    async def slow(batch: list[Handed[int, int]]) -> None:
+        await gate.wait()  # e.g. the cut, held by a checkpoint
+        for entry in batch:
+            processed.append(entry.item)
+            entry.settle(entry.item)
+
+    batches = TickBatch[int, int](slow, name="slow")
+
+    async def run() -> tuple[list[int], list[int]]:
+        caller = asyncio.create_task(batches.submit(7))
+        await asyncio.sleep(0)  # the caller hands over and the batch starts
+        await asyncio.sleep(0)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        before = list(processed)
+        draining = asyncio.create_task(batches.drain())
+        await asyncio.sleep(0)
+        assert not draining.done()  # the batch is still waiting: drain waits with it
+        gate.set()
+        await draining
+        return before, list(processed)
+
+    before, after = asyncio.run(run())
+    assert before == [] and after == [7]

@@ -116,7 +116,18 @@ class RolloutPump:
         self.dropped_groups = 0
 
     async def run(self, restorer: RolloutRestorer | None = None) -> None:
-        """Generate restored groups first, then fresh ones, until no prompt is left."""
+        """Generate restored groups first, then fresh ones, until no prompt is left.
+
+        Stopped (cancelled) or done, it returns only once the turn-commit and seal
+        batches already started have ended: none runs on past the pump.
+        """
+        try:
+            await self._run(restorer)
+        finally:
+            await self._turns.drain()
+            await self._seals.drain()
+
+    async def _run(self, restorer: RolloutRestorer | None) -> None:
         async with asyncio.TaskGroup() as slots:
             if restorer is not None:
 
@@ -736,6 +747,10 @@ class _RowKeepingSink:
 
     async def record_partial(self, request: AttemptRequest, partial: PartialTurn) -> None:
         await self._committer.record_partial(request, partial)
+
+    async def drain(self) -> None:
+        """Wait until every commit batch already started has ended."""
+        await self._committer.drain()
 
     def rows(self, gate_rollout_id: str) -> dict[str, RowView]:
         """The rows of the attempt's committed turns, by staging key."""

@@ -43,7 +43,10 @@ class TickBatch(Generic[ItemT, ResultT]):
     ``process`` settles each :class:`Handed` it is given (``settle``/``fail``);
     one it leaves unsettled fails with a RuntimeError naming the batch, and an
     error ``process`` raises goes to every caller still waiting. An item whose
-    caller was cancelled before its batch started is not passed on.
+    caller was cancelled before its batch started is not passed on; a batch
+    that started runs to its end even if its callers are cancelled (its work is
+    one mutation section and must not stop half done), and its owner awaits it
+    with :meth:`drain` before it goes on (no batch outlives the pump).
     """
 
     def __init__(
@@ -69,6 +72,11 @@ class TickBatch(Generic[ItemT, ResultT]):
             self._running.add(task)
             task.add_done_callback(self._running.discard)
         return await done
+
+    async def drain(self) -> None:
+        """Wait until every batch already started has ended."""
+        while self._running:
+            await asyncio.wait(list(self._running))
 
     async def _run(self) -> None:
         handed, self._waiting = self._waiting, []

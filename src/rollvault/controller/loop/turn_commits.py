@@ -57,6 +57,10 @@ class TurnCommitter:
         """Commit batches (mutation sections) the turns handed over went through."""
         return self._batches.batches
 
+    async def drain(self) -> None:
+        """Wait until every commit batch already started has ended."""
+        await self._batches.drain()
+
     async def commit_turn(self, request: AttemptRequest, turn: CommittedTurn) -> None:
         """Commit ``turn`` with the others handed over in this turn of the event loop.
 
