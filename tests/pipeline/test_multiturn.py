@@ -80,7 +80,8 @@ class RestartedGuess(GuessEnvironment):
 class RecordingGate(SimulatedGate):
     """Records every model call: (logical rollout id, turn, prompt ids); may stall turns.
 
-    ``stall_turn``: siblings ``stall_index`` hang at that turn until cancelled.
+    ``stall_turn``: siblings ``stall_index`` (every sibling when None) hang at that turn
+    until cancelled.
     """
 
     def __init__(
@@ -89,7 +90,7 @@ class RecordingGate(SimulatedGate):
         data_plane: DataPlane,
         *,
         stall_turn: int | None = None,
-        stall_index: int = 0,
+        stall_index: int | None = 0,
         environment: type[GuessEnvironment] = GuessEnvironment,
     ) -> None:
         super().__init__(config.gate.simulated, data_plane, environment, seed=config.seed)
@@ -99,7 +100,8 @@ class RecordingGate(SimulatedGate):
 
     async def _generate(self, rollout_id: str, prompt_ids: list[int], turn: int) -> Generation:
         logical = rollout_id.rsplit("_a", 1)[0]
-        if turn == self._stall and logical.endswith(f"_g{self._stall_index}"):
+        stalled = self._stall_index is None or logical.endswith(f"_g{self._stall_index}")
+        if turn == self._stall and stalled:
             await asyncio.Event().wait()  # hangs until the run is cancelled
         self.calls.append((logical, rollout_id, turn, list(prompt_ids)))
         return await super()._generate(rollout_id, prompt_ids, turn)
@@ -171,12 +173,22 @@ def _stop_when_episodes_in_flight(
     at_least: int,
     environment: type[GuessEnvironment] = GuessEnvironment,
 ) -> RecordingGate:
-    """Run with every sibling 0 stalled at turn 1 until a snapshot holds episodes in flight."""
+    """Run with every sibling stalled at turn 1 until a snapshot holds episodes in flight.
+
+    Every sibling, not some: an episode the snapshot holds at a committed turn must not
+    seal before the run is cancelled, or the seal journal's record of it (replayed on
+    restore) makes it sealed rather than resumed, and the snapshot no longer says what
+    the restore resumes.
+    """
     root = snapshots_root(Path(config.checkpointing.checkpoint_dir) / BOOTSTRAP_DIRNAME)
     gates: list[RecordingGate] = []
 
     def gate(data_plane: DataPlane) -> RecordingGate:
-        gates.append(RecordingGate(config, data_plane, stall_turn=1, environment=environment))
+        gates.append(
+            RecordingGate(
+                config, data_plane, stall_turn=1, stall_index=None, environment=environment
+            )
+        )
         return gates[-1]
 
     async def main() -> None:
