@@ -22,6 +22,7 @@ from rollvault.durable.compatibility import (
     BootstrapCompatibilityIdentity,
     _compatibility_differences,
     _format_changed_value,
+    config_as_now_read,
 )
 from rollvault.durable.config_paths import canonical_json
 from rollvault.durable.dataset_identity import (
@@ -179,12 +180,22 @@ def _read_anchor_manifest(anchor: Path) -> BootstrapAnchorManifest:
 def _identity_differences(
     stored: BootstrapCompatibilityIdentity, identity: BootstrapCompatibilityIdentity
 ) -> list[str]:
+    """What differs between an anchor's identity and this run's, as this version reads it.
+
+    Empty when the anchor was written by an older rollvault whose only
+    differences are paths since declared operational and settings since added
+    at their legacy values (:func:`config_as_now_read`): that run resumes
+    under its own fingerprint.
+    """
     lines = []
-    if list(stored.excluded_paths) != list(identity.excluded_paths):
+    no_longer = sorted(set(stored.excluded_paths) - set(identity.excluded_paths))
+    if no_longer:
         old = _format_changed_value(list(stored.excluded_paths))
         new = _format_changed_value(list(identity.excluded_paths))
         lines.append(f"excluded operational paths: {old} -> {new}")
-    lines += _compatibility_differences(stored.to_dict()["config"], identity.to_dict()["config"])
+    lines += _compatibility_differences(
+        config_as_now_read(stored, identity), identity.to_dict()["config"]
+    )
     return lines
 
 
@@ -193,7 +204,12 @@ def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityI
 
     Raises ``SnapshotManifestError`` when the anchor's manifest is missing or
     corrupt, and ``IncompatibleRunError`` listing every changed dotpath (values
-    of secret-looking keys redacted) when ``identity`` differs from it.
+    of secret-looking keys redacted) when ``identity`` differs from it. An
+    anchor an older rollvault wrote before some settings existed passes when
+    this run holds those settings at the values that do what that run did
+    (:func:`~rollvault.durable.compatibility.config_as_now_read`); the run
+    then continues under the anchor's fingerprint (the manifest's), which
+    its snapshots carry.
     """
     manifest = _read_anchor_manifest(anchor)
     if manifest.fingerprint == identity.fingerprint():
@@ -205,7 +221,8 @@ def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityI
             f"bootstrap compatibility schema version: {manifest.schema_version} -> "
             f"{identity.schema_version}",
         )
-    raise IncompatibleRunError(anchor, differences or ["fingerprint differs"])
+    if differences:
+        raise IncompatibleRunError(anchor, differences)
 
 
 def prune_bootstrap_snapshots(checkpoint_dir: Path, *, durable_trainer_checkpoint: Path) -> bool:

@@ -32,6 +32,7 @@ __all__ = [
     "BootstrapCompatibilityIdentity",
     "IncompatibleRunError",
     "bootstrap_compatibility_identity",
+    "config_as_now_read",
 ]
 
 BOOTSTRAP_COMPATIBILITY_SCHEMA_VERSION: Final = 7
@@ -160,6 +161,24 @@ _REWARD_SEMANTIC_KEYS: Final[Mapping[str, str]] = MappingProxyType(
     }
 )
 
+# Settings added after runs were written without them, each with the value that
+# does what those runs did: resumed with that value, such a run computes what it
+# would have computed. An anchor that lacks one of these keys is read as holding
+# that value, so it resumes exactly when this run's value is the same, and the
+# refusal otherwise names the value that resumes it ("old -> new"). A setting
+# whose old behaviour no value reproduces is not listed, and so is refused as a
+# key the anchor lacks. Add a key here when adding a semantic setting.
+_LEGACY_VALUES: Final[Mapping[str, tuple[Any, str]]] = MappingProxyType(
+    {
+        "rollout.prefix_resume": (
+            "off",
+            "an attempt killed mid-turn was generated again from the start of its turn",
+        ),
+        "rollout.prefix_resume_tokens": (16, "used only when rollout.prefix_resume is not off"),
+        "reward.timeout_s": (None, "a reward call had no time limit"),
+    }
+)
+
 _MISSING: Final = object()
 _MAX_VALUE_CHARS: Final = 60
 # A key is secret when one of its words is one of these, or its last word is
@@ -242,6 +261,44 @@ def bootstrap_compatibility_identity(config: Mapping[str, Any]) -> BootstrapComp
         excluded_paths=tuple(sorted(_BOOTSTRAP_FINGERPRINT_EXCLUDED_PATHS)),
         config=kept,
     )
+
+
+def config_as_now_read(
+    stored: BootstrapCompatibilityIdentity, current: BootstrapCompatibilityIdentity
+) -> dict[str, Any]:
+    """``stored``'s config as ``current``'s rollvault version would have written it.
+
+    Paths ``current`` treats as operational that ``stored`` did not are dropped
+    (they were declared not to change what a run computes), and each setting
+    of ``_LEGACY_VALUES`` that ``current`` has and ``stored`` lacks takes its
+    legacy value. The anchor is compatible exactly when the result equals
+    ``current``'s config; the differences between them are what to report.
+    """
+    config = canonical_config(stored.config)
+    added = sorted(set(current.excluded_paths) - set(stored.excluded_paths))
+    config = _drop_excluded_paths(config, excluded_paths=tuple(parse_pattern(p) for p in added))
+    for dotpath, (value, _why) in _LEGACY_VALUES.items():
+        path = dotpath.split(".")
+        if _lookup(current.config, path) is _MISSING or _lookup(config, path) is not _MISSING:
+            continue
+        section = config
+        for name in path[:-1]:
+            child = section.setdefault(name, {})
+            if not isinstance(child, dict):
+                break  # the anchor holds a value where this version has a section
+            section = child
+        else:
+            section[path[-1]] = value
+    return config
+
+
+def _lookup(config: Mapping[str, Any], path: list[str]) -> Any:
+    value: Any = config
+    for name in path:
+        if not isinstance(value, Mapping) or name not in value:
+            return _MISSING
+        value = value[name]
+    return value
 
 
 def _looks_secret(path: ConfigPath) -> bool:

@@ -195,9 +195,16 @@ async def run(
                 trainer=trainer,
                 on_step=on_step,
                 resume=resume,
-                fingerprint=run_fingerprint(config),
+                fingerprint=_continued_fingerprint(config, resume),
                 shutdown=shutdown,
             )
+
+
+def _continued_fingerprint(config: RunConfig, resume: ResumeSource | None) -> str:
+    """The fingerprint new snapshots carry: the resumed anchor's, else this config's."""
+    if resume is not None and resume.fingerprint is not None:
+        return resume.fingerprint
+    return run_fingerprint(config)
 
 
 @contextlib.contextmanager

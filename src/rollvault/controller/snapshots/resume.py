@@ -40,7 +40,11 @@ from rollvault.controller.snapshots.checkpointer import (
 from rollvault.controller.snapshots.dataset_check import check_dataset_unchanged, dataset_identity
 from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
 from rollvault.controller.snapshots.verification import read_snapshot
-from rollvault.durable.bootstrap import ensure_bootstrap_anchor, holds_run
+from rollvault.durable.bootstrap import (
+    ensure_bootstrap_anchor,
+    holds_run,
+    read_bootstrap_manifest,
+)
 from rollvault.durable.compatibility import (
     BootstrapCompatibilityIdentity,
     bootstrap_compatibility_identity,
@@ -83,6 +87,9 @@ class ResumeSource:
     """The trainer state to load (None at the bootstrap anchor)."""
     skipped: tuple[tuple[Path, str], ...] = ()
     """Newer trainer checkpoints that could not be used, with why (newest first)."""
+    fingerprint: str | None = None
+    """The fingerprint the run continues under: its anchor's, which differs from this
+    config's own when an older rollvault wrote the anchor (None: this config's)."""
 
 
 def run_identity(config: RunConfig) -> BootstrapCompatibilityIdentity:
@@ -152,7 +159,11 @@ def prepare_checkpoint_dir(
         # After the config check: a changed seed or num_prompts changes rows too, and
         # the changed setting is the better message.
         check_dataset_unchanged(anchor, dataset, rows)
-    return _resume_source(config, checkpoint_dir, identity.fingerprint())
+    # The anchor's fingerprint, not this config's: they differ when an older rollvault
+    # wrote the anchor before some settings existed, and its snapshots carry the anchor's.
+    fingerprint = read_bootstrap_manifest(anchor).fingerprint
+    source = _resume_source(config, checkpoint_dir, fingerprint)
+    return dataclasses.replace(source, fingerprint=fingerprint)
 
 
 def _remove_run(checkpoint_dir: Path, log_dir: Path) -> None:
