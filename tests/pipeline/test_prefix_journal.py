@@ -106,16 +106,34 @@ async def _replay(parts: RolloutParts, config: RunConfig, from_seq: int = 0) -> 
         journal.close()
 
 
+async def _retried(parts: RolloutParts, record: PromptGroupRecoveryRecord, index: int) -> str:
+    """Fail sibling ``index``'s attempt and retry it; returns the failed attempt's hex id."""
+    failed = record.siblings[index].current_attempt.attempt_id
+    async with parts.cut.mutation():
+        parts.ledger.mark_sibling_failed(
+            parts.cut,
+            record.group_id,
+            generation_index=index,
+            gate_rollout_id=record.gate_rollout_id(index),
+            reason="test: a retried attempt",
+        )
+        parts.ledger.prepare_incomplete_retry(parts.cut, record.group_id)
+        parts.ledger.mark_group_dispatched(parts.cut, record.group_id, generation_indices=[index])
+    return failed
+
+
 def test_replay_gives_the_newest_partial_to_its_live_attempt_only(tmp_path: Path) -> None:
     config = _config(tmp_path)
 
     async def main() -> None:
         parts = build_parts(config, dataset=dataset_of(config))
         record = await _dispatched_group(parts)
+        failed = await _retried(parts, record, 1)
         journal = _journal(config)
         journal.partial(_partial(record, 0, [5, 6]))
         journal.partial(_partial(record, 0, [5, 6, 7, 8]))  # cumulative: this one counts
-        journal.partial(_partial(record, 1, [9, 9], attempt="0" * 32))  # another attempt's
+        # The retried (older) attempt's: fenced off, a retry starts afresh.
+        journal.partial(_partial(record, 1, [9, 9], attempt=failed))
         journal.close()
         counts = await _replay(parts, config)
         key = f"{record.group_id}_g0"
@@ -124,6 +142,32 @@ def test_replay_gives_the_newest_partial_to_its_live_attempt_only(tmp_path: Path
         assert parts.partials.resumed[key].weight_versions == [0, 1, 2, 3]
         assert counts.partials_matched == 1
         assert counts.partials_unmatched == 1
+
+    asyncio.run(main())
+
+
+def test_a_partial_of_an_attempt_minted_after_the_snapshot_goes_to_its_sibling(
+    tmp_path: Path,
+) -> None:
+    """A restart killed before its first snapshot minted the attempt: the ledger never saw it."""
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        parts = build_parts(config, dataset=dataset_of(config))
+        record = await _dispatched_group(parts)
+        journal = _journal(config)
+        journal.partial(_partial(record, 0, [5, 6]))  # the snapshot's attempt's
+        unknown = "ab" * 16
+        journal.partial(_partial(record, 0, [5, 6, 7], attempt=unknown))  # the restart's
+        journal.partial(_partial(record, 1, [9], attempt=unknown, turn=1))  # turn 0 uncommitted
+        stale = _partial(record, 1, [8], attempt="cd" * 16)
+        journal.partial(msgspec.structs.replace(stale, target_step=1))  # another step's
+        journal.close()
+        counts = await _replay(parts, config)
+        assert {key: p.token_ids for key, p in parts.partials.resumed.items()} == {
+            f"{record.group_id}_g0": [5, 6, 7]
+        }
+        assert (counts.partials_matched, counts.partials_unmatched) == (2, 2)
 
     asyncio.run(main())
 

@@ -18,8 +18,10 @@ chunks and hands every chunk that does not end the turn to its sink as a
 * on **restore**, gives the newest journaled partial of an attempt to the
   fresh attempt of its sibling (fenced by attempt id: only while the
   interrupted attempt was the sibling's current one, with exactly the turns
-  committed that precede the partial's), which continues that turn after it
-  (:func:`resume_with_prefix`). A partial of a group reserved after the
+  committed that precede the partial's; or of an attempt the snapshot never
+  saw, minted by a restart killed before its first snapshot: see
+  :mod:`rollvault.controller.snapshots.journal_replay`), which continues that
+  turn after it (:func:`resume_with_prefix`). A partial of a group reserved after the
   snapshot is pooled by prompt and sibling, as its seals are, and given to
   the sibling of the prompt's next group.
 

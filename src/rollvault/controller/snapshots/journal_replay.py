@@ -52,7 +52,12 @@ What is replayed, and why it keeps DESIGN's invariants:
   committed (fenced by attempt id); the restorer then hands it to the fresh
   attempt ``prepare_for_restart`` makes. A partial of a group reserved after
   the snapshot is pooled by prompt and sibling and given to the prompt's next
-  group, as seals are (:func:`adopt_journaled_partials`).
+  group, as seals are (:func:`adopt_journaled_partials`). A partial of an
+  attempt the snapshot's ledger does not know at all (one a restart killed
+  before its first snapshot minted, as for seals above) goes to the sibling
+  too, under the same conditions as an adopted seal but with exactly the
+  turns before it committed; a partial of an attempt the ledger knows as an
+  older one of the sibling stays fenced off (a retry starts afresh).
 * **Finalizations and step boundaries** need no re-application: a restore
   rolls the trainer back to the snapshot's trainer checkpoint anyway, and a
   group whose every sibling is sealed again is finalized again by the rollout
@@ -182,12 +187,34 @@ def _replay_partial(
         parts.partials.pooled[prompt] = partial
         counts.partials_pooled += 1
         return
-    if not owns_partial(parts.ledger.get_group(partial.group_id), partial):
+    group = parts.ledger.get_group(partial.group_id)
+    if not owns_partial(group, partial) and not _adoptable_partial(group, partial):
         counts.partials_unmatched += 1
         return
     key = logical_id(partial.group_id, partial.generation_index)
     parts.partials.resumed[key] = partial_turn(partial)
     counts.partials_matched += 1
+
+
+def _adoptable_partial(group: PromptGroupRecoveryRecord, partial: PartialRecord) -> bool:
+    """Whether ``partial`` of an attempt unknown to the snapshot may go to its sibling.
+
+    See the module docstring: an attempt minted after the snapshot by a start
+    that died before its own, while the sibling's current attempt is live with
+    exactly the turns before the partial's committed.
+    """
+    if partial.generation_index >= len(group.siblings):
+        return False
+    sibling = group.siblings[partial.generation_index]
+    attempt = sibling.current_attempt
+    return (
+        group.status is PromptGroupStatus.GENERATING
+        and group.recovery_granularity is RecoveryGranularity.SIBLING
+        and attempt.status in (RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED)
+        and len(attempt.turn_keys) == partial.turn_index
+        and partial.target_step == group.target_step
+        and all(known.attempt_id != partial.attempt_hex for known in sibling.attempts)
+    )
 
 
 def adopt_journaled_partials(parts: RolloutParts, group_id: str, sealed: set[int]) -> int:
