@@ -22,6 +22,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     ENV_ROLLOUTS_SCHEMA_VERSION,
     SIDECARS_METADATA_KEY,
     empty_env_rollouts,
+    read_ledger_segment,
     segments_dir_for,
 )
 from rollvault.dataplane.checkpoint_format import (
@@ -29,7 +30,11 @@ from rollvault.dataplane.checkpoint_format import (
     replace_user_metadata,
     sha256_hex,
 )
-from rollvault.ledger.indexed_sidecar import INDEXED_SIDECAR_SCHEMA_VERSION
+from rollvault.ledger.indexed_sidecar import (
+    INDEXED_SIDECAR_SCHEMA_VERSION,
+    assemble_indexed_sidecar,
+    decode_indexed_sidecar,
+)
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import AttemptFailureKind
 
@@ -124,12 +129,14 @@ def read_sidecar(snapshot: Path) -> dict[str, Any]:
 def inline_sidecar(snapshot: Path, state: dict[str, Any]) -> dict[str, Any]:
     """A version 6 sidecar (builtins) with its records read from its ledger segments, as 5."""
     inline = dict(state)
-    index = inline.pop("ledger_index")
-    records = {
-        ref["file"]: json.loads((segments_dir_for(snapshot) / ref["file"]).read_bytes())["groups"]
-        for ref in index["segments"]
+    del inline["ledger_index"]
+    typed = decode_indexed_sidecar(msgspec.json.encode(state))
+    segments = {
+        ref.file: read_ledger_segment(segments_dir_for(snapshot) / ref.file, ref)
+        for ref in typed.ledger_index.segments
     }
-    groups = [records[index["segments"][segment]["file"]][o] for segment, o in index["groups"]]
+    # Delta records resolved: each group whole, as the version 5 sidecar held it.
+    groups = list(assemble_indexed_sidecar(typed, segments).ledger_state["groups"])
     inline["schema_version"] = V5
     inline["ledger"] = {"schema_version": V5, "groups": groups}
     return inline
