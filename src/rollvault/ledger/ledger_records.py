@@ -71,14 +71,14 @@ class _SegmentOut(msgspec.Struct, frozen=True):
 
 
 class _SegmentIn(msgspec.Struct, forbid_unknown_fields=True):
-    ledger_segment_format: int
-    bases: list[LedgerSegmentFileName]
-    records: list[msgspec.Raw]
+    """Either form's fields, decoded in one pass; :func:`decode_ledger_segment` checks
+    that exactly one form's are present."""
 
-
-class _WholeSegmentIn(msgspec.Struct, forbid_unknown_fields=True):
-    schema_version: int
-    groups: list[msgspec.Raw]
+    schema_version: int | None = None
+    groups: list[msgspec.Raw] | None = None
+    ledger_segment_format: int | None = None
+    bases: list[LedgerSegmentFileName] | None = None
+    records: list[msgspec.Raw] | None = None
 
 
 class _RecordIn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -86,10 +86,6 @@ class _RecordIn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     header: msgspec.Raw
     """``null`` when the base's header holds (msgspec decodes no ``Raw | None``)."""
     siblings: list[tuple[_NonNegativeInt, msgspec.Raw]]
-
-
-class _FormProbe(msgspec.Struct):
-    ledger_segment_format: int | None = None
 
 
 @dataclass(frozen=True)
@@ -130,27 +126,34 @@ def encode_ledger_segment_records(bases: Sequence[str], records: Sequence[Record
 def decode_ledger_segment(data: bytes, *, name: str) -> SegmentRecords:
     """A ledger segment of either form, its records undecoded."""
     try:
-        form = msgspec.json.decode(data, type=_FormProbe).ledger_segment_format
-        if form is None:
-            whole = msgspec.json.decode(data, type=_WholeSegmentIn, strict=True)
-            if whole.schema_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
-                raise LedgerStateError(
-                    f"ledger segment {name}: $.schema_version: records of ledger schema "
-                    f"{whole.schema_version}; segments hold schema "
-                    f"{ROLLOUT_RECOVERY_SCHEMA_VERSION}"
-                )
-            return SegmentRecords(form=1, bases=[], records=whole.groups)
-        state = msgspec.json.decode(data, type=_SegmentIn, strict=True)
+        state = _SEGMENT_DECODER.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise LedgerStateError(f"ledger segment {name}: {exc}") from exc
+    if state.ledger_segment_format is None:
+        if state.schema_version is None or state.groups is None or state.bases or state.records:
+            raise LedgerStateError(
+                f"ledger segment {name}: $: neither form 1 (schema_version, groups) nor form "
+                f"{LEDGER_SEGMENT_FORMAT} (ledger_segment_format, bases, records)"
+            )
+        if state.schema_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
+            raise LedgerStateError(
+                f"ledger segment {name}: $.schema_version: records of ledger schema "
+                f"{state.schema_version}; segments hold schema {ROLLOUT_RECOVERY_SCHEMA_VERSION}"
+            )
+        return SegmentRecords(form=1, bases=[], records=state.groups)
     if state.ledger_segment_format != LEDGER_SEGMENT_FORMAT:
         raise LedgerStateError(
             f"ledger segment {name}: $.ledger_segment_format: {state.ledger_segment_format}; "
             f"this build reads forms 1 and {LEDGER_SEGMENT_FORMAT}"
         )
-    return SegmentRecords(
-        form=state.ledger_segment_format, bases=state.bases, records=state.records
-    )
+    if state.bases is None or state.records is None or state.groups is not None:
+        raise LedgerStateError(
+            f"ledger segment {name}: $: form {LEDGER_SEGMENT_FORMAT} holds exactly "
+            "ledger_segment_format, bases and records"
+        )
+    if state.schema_version is not None:
+        raise LedgerStateError(f"ledger segment {name}: $.schema_version: not a form 2 field")
+    return SegmentRecords(form=LEDGER_SEGMENT_FORMAT, bases=state.bases, records=state.records)
 
 
 def resolve_group(
@@ -179,8 +182,9 @@ def resolve_group(
                 raise LedgerStateError(
                     f"{where}: the chain reaches {_at(file, ordinal)}, a form 1 record"
                 )
-            return _decode(GroupState, raw, file, ordinal, where), RecordChain(tuple(links), False)
-        record = _decode(_RecordIn, raw, file, ordinal, where)
+            group = _decode(_GROUP_DECODER, raw, file, ordinal, where)
+            return group, RecordChain(tuple(links), False)
+        record = _decode(_RECORD_DECODER, raw, file, ordinal, where)
         has_header = bytes(record.header) != _NULL
         if header is None and has_header:
             header = record.header
@@ -207,11 +211,10 @@ def resolve_group(
     if extra:
         raise LedgerStateError(f"{where}: siblings {extra} of a group of {count} ({link[0]})")
     assert header is not None  # a whole record has one
-    fields = msgspec.structs.asdict(_decode(GroupHeaderState, header, *link, where))
-    group = GroupState(
-        **fields,
-        siblings=[_decode(SiblingState, siblings[i], *link, where) for i in range(count)],
-    )
+    fields = msgspec.structs.asdict(_decode(_HEADER_DECODER, header, *link, where))
+    # One decode for the siblings (one call each costs more than their bytes).
+    joined = b"".join((b"[", b",".join(siblings[i] for i in range(count)), b"]"))
+    group = GroupState(**fields, siblings=_decode(_SIBLINGS_DECODER, joined, *link, where))
     return group, RecordChain(tuple(links), True)
 
 
@@ -243,11 +246,18 @@ def _at(file: str, ordinal: int) -> str:
     return f"record {ordinal} of {file}"
 
 
-_T = TypeVar("_T", GroupState, GroupHeaderState, SiblingState, _RecordIn)
+_T = TypeVar("_T")
+_SEGMENT_DECODER: Final = msgspec.json.Decoder(_SegmentIn, strict=True)
+_RECORD_DECODER: Final = msgspec.json.Decoder(_RecordIn, strict=True)
+_GROUP_DECODER: Final = msgspec.json.Decoder(GroupState, strict=True)
+_HEADER_DECODER: Final = msgspec.json.Decoder(GroupHeaderState, strict=True)
+_SIBLINGS_DECODER: Final = msgspec.json.Decoder(list[SiblingState], strict=True)
 
 
-def _decode(kind: type[_T], raw: msgspec.Raw, file: str, ordinal: int, where: str) -> _T:
+def _decode(
+    decoder: msgspec.json.Decoder[_T], raw: bytes | msgspec.Raw, file: str, ordinal: int, where: str
+) -> _T:
     try:
-        return msgspec.json.decode(raw, type=kind, strict=True)
+        return decoder.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise LedgerStateError(f"ledger segment {file} record {ordinal} ({where}): {exc}") from exc
