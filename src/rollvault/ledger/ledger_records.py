@@ -9,7 +9,8 @@ is an immutable file of group records. Two forms are read:
   each record is ``[base, header, siblings]``. ``header`` is the group's
   fields but its siblings (:class:`~rollvault.ledger.state_schema.GroupHeaderState`),
   or null when it equals the base's; ``siblings`` lists ``[index, sibling]``
-  pairs. A *whole* record has no base, a header and every sibling
+  pairs, each sibling in its compact form (:mod:`rollvault.ledger.compact_siblings`:
+  no empty fields, no derivable receipt fields). A *whole* record has no base, a header and every sibling
   0..n-1. A *delta* record names its base, ``[position in "bases", record
   ordinal]``, an older record of the same group, and holds only the
   siblings that changed since it (a seal changes one): the group is the
@@ -31,12 +32,16 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
+from rollvault.ledger.compact_siblings import (
+    CompactSibling,
+    CompactSiblingState,
+    expand_siblings,
+)
 from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.state_schema import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     GroupHeaderState,
     GroupState,
-    SiblingState,
 )
 
 LEDGER_SEGMENT_FORMAT: Final = 2
@@ -109,7 +114,7 @@ class RecordChain:
     """Whether a delta may name the newest as its base (form 2; form 1 records are not)."""
 
 
-def encode_piece(piece: GroupHeaderState | SiblingState) -> bytes:
+def encode_piece(piece: GroupHeaderState | CompactSibling) -> bytes:
     """The deterministic bytes of a header or sibling, as a form 2 record embeds them."""
     return _ENCODER.encode(piece)
 
@@ -214,7 +219,9 @@ def resolve_group(
     fields = msgspec.structs.asdict(_decode(_HEADER_DECODER, header, *link, where))
     # One decode for the siblings (one call each costs more than their bytes).
     joined = b"".join((b"[", b",".join(siblings[i] for i in range(count)), b"]"))
-    group = GroupState(**fields, siblings=_decode(_SIBLINGS_DECODER, joined, *link, where))
+    decoded = _decode(_SIBLINGS_DECODER, joined, *link, where)
+    expand_siblings(fields["group_id"], decoded)
+    group = GroupState(**fields, siblings=list(decoded))
     return group, RecordChain(tuple(links), True)
 
 
@@ -251,7 +258,7 @@ _SEGMENT_DECODER: Final = msgspec.json.Decoder(_SegmentIn, strict=True)
 _RECORD_DECODER: Final = msgspec.json.Decoder(_RecordIn, strict=True)
 _GROUP_DECODER: Final = msgspec.json.Decoder(GroupState, strict=True)
 _HEADER_DECODER: Final = msgspec.json.Decoder(GroupHeaderState, strict=True)
-_SIBLINGS_DECODER: Final = msgspec.json.Decoder(list[SiblingState], strict=True)
+_SIBLINGS_DECODER: Final = msgspec.json.Decoder(list[CompactSiblingState], strict=True)
 
 
 def _decode(

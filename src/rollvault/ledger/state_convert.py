@@ -158,11 +158,3 @@ def group_header_to_state(record: PromptGroupRecoveryRecord) -> GroupHeaderState
         phase=record.phase,
         status=record.status,
     )
-
-
-def sibling_to_state(sibling: RolloutSiblingRecord) -> SiblingState:
-    """The persisted form of one sibling; containers shared as in :func:`group_to_state`."""
-    return SiblingState(
-        generation_index=sibling.generation_index,
-        attempts=[_attempt_to_state(attempt) for attempt in sibling.attempts],
-    )

@@ -56,6 +56,7 @@ from typing import Final
 import msgspec
 
 from rollvault.durable.segment_store import publish_ledger_segment
+from rollvault.ledger.compact_siblings import compact_sibling
 from rollvault.ledger.indexed_sidecar import (
     LedgerIndex,
     LedgerSegmentRef,
@@ -69,7 +70,7 @@ from rollvault.ledger.ledger_records import (
     encode_piece,
 )
 from rollvault.ledger.records import PromptGroupRecoveryRecord
-from rollvault.ledger.state_convert import group_header_to_state, sibling_to_state
+from rollvault.ledger.state_convert import group_header_to_state
 
 COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live records once fewer than this fraction of its records are live."""
@@ -119,7 +120,7 @@ class _Encoded:
     def of(cls, record: PromptGroupRecoveryRecord) -> _Encoded:
         pieces = (
             encode_piece(group_header_to_state(record)),
-            *(encode_piece(sibling_to_state(sibling)) for sibling in record.siblings),
+            *(encode_piece(compact_sibling(record.group_id, s)) for s in record.siblings),
         )
         return cls(pieces, tuple(_digest(piece) for piece in pieces))
 
