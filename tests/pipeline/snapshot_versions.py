@@ -186,3 +186,25 @@ def inline_snapshot_to_v5(snapshot: Path) -> None:
     if state["schema_version"] != V5:
         raise ValueError(f"expected a version 6 (or 5) sidecar, got {state['schema_version']}")
     rewrite_sidecar(snapshot, state)
+
+
+def ledger_segments_to_form_1(snapshot: Path) -> str:
+    """Rewrite a version 6 snapshot's ledger as the first writer of ledger segments wrote it.
+
+    Its live groups, resolved, go whole into one form 1 segment (a version 5
+    ledger state, ``<stem>-form1.ledger-segment.json``) and the index lists
+    only that one; returns its name. The segments the snapshot referenced
+    before stay on disk (retention's business).
+    """
+    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
+    data = msgspec.json.Encoder(order="sorted").encode({"schema_version": V5, "groups": groups})
+    name = f"{snapshot.name}-form1.ledger-segment.json"
+    (segments_dir_for(snapshot) / name).write_bytes(data)
+    ref = {"file": name, "sha256": sha256_hex(data), "byte_size": len(data)}
+    state["ledger_index"] = {
+        "segments": [{**ref, "record_count": len(groups)}],
+        "groups": [[0, ordinal] for ordinal in range(len(groups))],
+    }
+    rewrite_sidecar(snapshot, state)
+    return name

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pipeline_helpers import dataset_of, small_config
-from snapshot_versions import inline_snapshot_to_v5, rewrite_sidecar
+from snapshot_versions import inline_snapshot_to_v5, ledger_segments_to_form_1, rewrite_sidecar
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
 
@@ -447,3 +447,47 @@ def test_a_delta_whose_base_segment_the_index_does_not_list_is_rejected(
     assert problem.path == newest / ROLLOUT_RECOVERY_STATE_FILENAME
     assert "$.ledger_index.groups[0]: the chain reaches ledger segment" in problem.problem
     assert "which the index does not list" in problem.problem
+
+
+def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_whole_first(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def write() -> tuple[str, dict[str, Any]]:
+        run = _new_run(config)
+        group = await _reserve(run.parts, sealed=1, gate=run.gate)
+        await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate)
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return group, _restored_ledger(newest)
+
+    group, expected = asyncio.run(write())
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    form_1 = ledger_segments_to_form_1(source.snapshot.path)  # as the writer before deltas
+    assert _restored_ledger(source.snapshot.path) == expected
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+
+    async def restart() -> None:
+        parts = build_parts(config, dataset=dataset_of(config))
+        restorer = RolloutRestorer(
+            parts,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=source,
+        )
+        await restorer.restore()
+        assert restorer.ledger_seed is not None
+        run = Run(parts, run_fingerprint(config))
+        run.checkpointer.seed_segments(restorer.segment_seed, ledger=restorer.ledger_seed)
+        after = await run.snapshot()
+        (file,) = _ledger_files(after) - {form_1}
+        assert _groups_in(after, file) == [group]  # the restart changed only it: rewritten
+        (record,) = _records_in(after, file)
+        assert record[0] is None  # whole: no delta rests on a form 1 record
+        assert _restored_ledger(after) == _live_ledger(parts)
+        parts.logs.close()
+
+    asyncio.run(restart())
