@@ -288,9 +288,9 @@ async def measure_writes(
 
 
 async def restore_once(config: RunConfig, args: argparse.Namespace) -> dict[str, float]:
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     source = prepare_checkpoint_dir(config)
-    resolved = time.perf_counter()
+    resolved, resolved_cpu = time.perf_counter(), time.process_time()
     if source is None or source.snapshot is None:
         raise RuntimeError("the benchmark's snapshot was not found for restore")
     parts = build_parts(config, dataset=_dataset(config))
@@ -301,7 +301,7 @@ async def restore_once(config: RunConfig, args: argparse.Namespace) -> dict[str,
         resume=source,
     )
     await restorer.restore()
-    finished = time.perf_counter()
+    finished, finished_cpu = time.perf_counter(), time.process_time()
     parts.logs.close()
     restored = len(parts.ledger) + len(parts.replay)
     expected = args.groups + args.canonical
@@ -311,6 +311,8 @@ async def restore_once(config: RunConfig, args: argparse.Namespace) -> dict[str,
     return {
         "read_verify": resolved - started,
         "restore": finished - resolved,
+        "read_verify_cpu": resolved_cpu - started_cpu,
+        "restore_cpu": finished_cpu - resolved_cpu,
         "total": finished - started,
         "raw_read": raw_seconds,
         "raw_bytes": raw_bytes,
@@ -415,6 +417,11 @@ async def measure_incremental(
                 ),
                 "ledger_records_compacted": (
                     0 if ledger_pending is None else ledger_pending.info.compacted_records
+                ),
+                "ledger_delta_records": (
+                    0
+                    if ledger_pending is None
+                    else getattr(ledger_pending.info, "delta_records", 0)
                 ),
                 "new_rows": info.new_rows,
                 "new_row_bytes": info.new_row_bytes,
@@ -681,11 +688,30 @@ def incremental_report(result: dict[str, Any]) -> list[str]:
             f"{statistics.median(r['write_ms'] for r in steady):.1f} ms; segments on disk "
             f"{rounds[-1]['segments_on_disk_bytes'] / 1e6:.2f} MB",
         ]
+        per = {
+            key: statistics.median(r[key] for r in steady)
+            for key in (
+                "ledger_segment_bytes",
+                "ledger_sidecar",
+                "other_files",
+                "data_plane_bytes",
+                "new_row_bytes",
+                "ledger_records_written",
+                "ledger_delta_records",
+            )
+        }
+        lines.append(
+            "  per snapshot (median): new rows {new_row_bytes:.0f} B; data plane "
+            "{data_plane_bytes:.0f} B; ledger segments {ledger_segment_bytes:.0f} B "
+            "({ledger_records_written:.0f} records, {ledger_delta_records:.0f} deltas); ledger "
+            "sidecar {ledger_sidecar:.0f} B; other files {other_files:.0f} B".format(**per)
+        )
     restore = result["incremental_restore_ms_median"]
     formats = result["formats"]
     lines += [
-        f"  restore of the last one: read + verify {restore['read_verify']:.1f} ms, "
-        f"RolloutRestorer.restore {restore['restore']:.1f} ms",
+        f"  restore of the last one: read + verify {restore['read_verify']:.1f} ms "
+        f"({restore['read_verify_cpu']:.1f} ms CPU), RolloutRestorer.restore "
+        f"{restore['restore']:.1f} ms ({restore['restore_cpu']:.1f} ms CPU)",
         f"  its rows read from segments {formats['v2_read_ms']:.0f} ms vs the same rows "
         f"in the version 1 format ({formats['v1_bytes'] / 1e6:.2f} MB) "
         f"{formats['v1_read_ms']:.0f} ms (median of 3, alternated)",
@@ -709,6 +735,7 @@ def main() -> None:
     parser.add_argument("--seal-per-round", type=int, default=256)
     parser.add_argument("--finalize-per-round", type=int, default=8)
     parser.add_argument("--ledger-inline", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep --dir (to profile a restore)")
     args = parser.parse_args()
     if args.dir.exists():
         raise SystemExit(f"{args.dir} exists; remove it or pass another --dir")
@@ -716,7 +743,8 @@ def main() -> None:
     try:
         result = asyncio.run(bench(args.dir, args))
     finally:
-        shutil.rmtree(args.dir)
+        if not args.keep:
+            shutil.rmtree(args.dir)
     print(json.dumps(result, indent=2) if args.json else report(result, args))
 
 

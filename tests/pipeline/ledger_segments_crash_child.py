@@ -49,13 +49,13 @@ from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
-    LEDGER_SEGMENT_SUFFIX,
     LedgerIndex,
-    assemble_indexed_sidecar,
+    assemble_indexed_ledger,
     decode_indexed_sidecar,
     encode_indexed_sidecar,
 )
 from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX, RecordChain
 from rollvault.ledger.sidecar import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
     ParsedRolloutRecoveryState,
@@ -79,14 +79,17 @@ def manifest_for(step: int) -> RolloutSnapshotManifest:
     )
 
 
-def read(snapshot: Path) -> tuple[ParsedRolloutRecoveryState, LedgerIndex]:
+def read(
+    snapshot: Path,
+) -> tuple[ParsedRolloutRecoveryState, LedgerIndex, list[RecordChain]]:
     """The snapshot's sidecar and its ledger segments, checked as restore checks them."""
     state = decode_indexed_sidecar((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
     records = {
         ref.file: read_ledger_segment(segments_dir_for(snapshot) / ref.file, ref)
         for ref in state.ledger_index.segments
     }
-    return assemble_indexed_sidecar(state, records), state.ledger_index
+    parsed, chains = assemble_indexed_ledger(state, records)
+    return parsed, state.ledger_index, chains
 
 
 def step_of(parsed: ParsedRolloutRecoveryState) -> int:
@@ -105,9 +108,10 @@ async def commit(checkpoint_dir: Path) -> None:
     writer = LedgerSegmentWriter(segments_dir_for(root / "snapshot_0"))
     async with cut.mutation():
         if committed:
-            parsed, index = read(committed[-1])
+            parsed, index, chains = read(committed[-1])
             ledger.load_parsed_state(cut, parsed)
-            writer = LedgerSeed(writer.segments_dir, ledger.shared_groups(), index).writer()
+            shared = ledger.shared_groups()
+            writer = LedgerSeed(writer.segments_dir, shared, index, chains).writer()
             step = step_of(parsed)
         step += 1
         for record in ledger.groups():
@@ -167,7 +171,7 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
     steps = []
     for path in committed_snapshot_paths(root):
         try:
-            parsed, _index = read(path)
+            parsed, _index, _chains = read(path)
         except (SnapshotCorruptError, LedgerError, OSError) as exc:
             problems[path.name] = str(exc)
             continue

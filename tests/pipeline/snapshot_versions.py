@@ -22,6 +22,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     ENV_ROLLOUTS_SCHEMA_VERSION,
     SIDECARS_METADATA_KEY,
     empty_env_rollouts,
+    read_ledger_segment,
     segments_dir_for,
 )
 from rollvault.dataplane.checkpoint_format import (
@@ -29,7 +30,11 @@ from rollvault.dataplane.checkpoint_format import (
     replace_user_metadata,
     sha256_hex,
 )
-from rollvault.ledger.indexed_sidecar import INDEXED_SIDECAR_SCHEMA_VERSION
+from rollvault.ledger.indexed_sidecar import (
+    INDEXED_SIDECAR_SCHEMA_VERSION,
+    assemble_indexed_sidecar,
+    decode_indexed_sidecar,
+)
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.statuses import AttemptFailureKind
 
@@ -124,12 +129,14 @@ def read_sidecar(snapshot: Path) -> dict[str, Any]:
 def inline_sidecar(snapshot: Path, state: dict[str, Any]) -> dict[str, Any]:
     """A version 6 sidecar (builtins) with its records read from its ledger segments, as 5."""
     inline = dict(state)
-    index = inline.pop("ledger_index")
-    records = {
-        ref["file"]: json.loads((segments_dir_for(snapshot) / ref["file"]).read_bytes())["groups"]
-        for ref in index["segments"]
+    del inline["ledger_index"]
+    typed = decode_indexed_sidecar(msgspec.json.encode(state))
+    segments = {
+        ref.file: read_ledger_segment(segments_dir_for(snapshot) / ref.file, ref)
+        for ref in typed.ledger_index.segments
     }
-    groups = [records[index["segments"][segment]["file"]][o] for segment, o in index["groups"]]
+    # Delta records resolved: each group whole, as the version 5 sidecar held it.
+    groups = list(assemble_indexed_sidecar(typed, segments).ledger_state["groups"])
     inline["schema_version"] = V5
     inline["ledger"] = {"schema_version": V5, "groups": groups}
     return inline
@@ -179,3 +186,25 @@ def inline_snapshot_to_v5(snapshot: Path) -> None:
     if state["schema_version"] != V5:
         raise ValueError(f"expected a version 6 (or 5) sidecar, got {state['schema_version']}")
     rewrite_sidecar(snapshot, state)
+
+
+def ledger_segments_to_form_1(snapshot: Path) -> str:
+    """Rewrite a version 6 snapshot's ledger as the first writer of ledger segments wrote it.
+
+    Its live groups, resolved, go whole into one form 1 segment (a version 5
+    ledger state, ``<stem>-form1.ledger-segment.json``) and the index lists
+    only that one; returns its name. The segments the snapshot referenced
+    before stay on disk (retention's business).
+    """
+    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
+    data = msgspec.json.Encoder(order="sorted").encode({"schema_version": V5, "groups": groups})
+    name = f"{snapshot.name}-form1.ledger-segment.json"
+    (segments_dir_for(snapshot) / name).write_bytes(data)
+    ref = {"file": name, "sha256": sha256_hex(data), "byte_size": len(data)}
+    state["ledger_index"] = {
+        "segments": [{**ref, "record_count": len(groups)}],
+        "groups": [[0, ordinal] for ordinal in range(len(groups))],
+    }
+    rewrite_sidecar(snapshot, state)
+    return name

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pipeline_helpers import dataset_of, small_config
-from snapshot_versions import inline_snapshot_to_v5, rewrite_sidecar
+from snapshot_versions import inline_snapshot_to_v5, ledger_segments_to_form_1, rewrite_sidecar
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
 
@@ -24,6 +24,7 @@ from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import AttemptRequest
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.pipeline import build_parts
+from rollvault.controller.snapshots import ledger_segments
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
@@ -40,7 +41,7 @@ from rollvault.controller.snapshots.verification import (
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.gates.simulated import SimulatedGate
-from rollvault.ledger.indexed_sidecar import LEDGER_SEGMENT_SUFFIX
+from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.training.recording import RecordingTrainer
 
@@ -66,8 +67,24 @@ def _ledger_files(snapshot: Path) -> set[str]:
 
 
 def _groups_in(snapshot: Path, file: str) -> list[str]:
+    """The group of each record of ``file``, as ``snapshot``'s chains reach them."""
+    loaded = read_snapshot_files(snapshot, read_snapshot_manifest(snapshot))
+    groups = loaded.recovery.ledger_state["groups"]
+    owner = {
+        link: group["group_id"]
+        for group, chain in zip(groups, loaded.ledger_chains, strict=True)
+        for link in chain.links
+    }
+    count = len(_records_in(snapshot, file))
+    return [owner[(file, ordinal)] for ordinal in range(count)]
+
+
+def _records_in(snapshot: Path, file: str) -> list[Any]:
+    """The records of a form 2 ledger segment as builtins: ``[base, header, siblings]``."""
     data = json.loads((segments_dir_for(snapshot) / file).read_bytes())
-    return [group["group_id"] for group in data["groups"]]
+    assert data["ledger_segment_format"] == 2
+    records: list[Any] = data["records"]
+    return records
 
 
 def _on_disk(snapshot: Path) -> set[str]:
@@ -133,6 +150,10 @@ def test_a_snapshot_writes_the_records_of_changed_groups_only_and_restores_the_l
         second = await run.snapshot()
         (new,) = _ledger_files(second) - {whole}
         assert _groups_in(second, new) == [a, d]  # b and c did not change: not written
+        delta, added = _records_in(second, new)
+        assert delta[0] == [0, 0] and delta[1] is None  # a's base: whole's first record
+        assert [index for index, _ in delta[2]] == [0]  # only the sibling its seal changed
+        assert added[0] is None and len(added[2]) == SIBLINGS  # d: a whole record
         assert _index(second)["groups"][1:3] == _index(first)["groups"][1:3]
         assert _restored_ledger(second) == _live_ledger(parts)
         await finalizer.finalize(c)  # canonical now: out of the ledger part
@@ -142,8 +163,8 @@ def test_a_snapshot_writes_the_records_of_changed_groups_only_and_restores_the_l
         assert _groups_in(third, newest) == [b]
         assert len(_index(third)["groups"]) == 3
         assert _restored_ledger(third) == _live_ledger(parts)
-        # The first segment holds no live record of the third, but the second's b and c.
-        assert whole not in _ledger_files(third) and whole in _on_disk(third)
+        # a's and b's deltas rest on their first records: the first segment stays referenced.
+        assert _ledger_files(third) == {whole, new, newest}
         run.parts.logs.close()
         for snapshot in (second, third):
             verification = verify_snapshot(
@@ -162,14 +183,14 @@ def test_retention_deletes_a_ledger_segment_once_no_kept_snapshot_references_it(
     async def main() -> None:
         run = _new_run(config)
         parts = run.parts
-        groups = [await _reserve(parts, sealed=0, gate=run.gate) for _ in range(4)]
+        finalizer = Finalizer(parts, end_weight_version={})
+        groups = [await _reserve(parts, sealed=SIBLINGS, gate=run.gate) for _ in range(4)]
         first = await run.snapshot()
         (whole,) = _ledger_files(first)
-        for index in range(3):  # every group changes: the first segment dies
-            for group_id in groups:
-                await _seal(parts, run.gate, group_id, index)
+        for group_id in groups:  # its records die one by one
+            await finalizer.finalize(group_id)
+            await _reserve(parts, sealed=0, gate=run.gate)
             latest = await run.snapshot()
-            assert whole not in _ledger_files(latest)
             kept = committed_snapshot_paths(latest.parent)
             assert len(kept) == 2  # keep_latest_k: exactly what the two reference is on disk
             assert _on_disk(latest) == set().union(*(_ledger_files(s) for s in kept))
@@ -185,19 +206,23 @@ def test_a_sparse_ledger_segment_is_compacted_into_the_new_one(tmp_path: Path) -
     async def main() -> None:
         run = _new_run(config)
         parts = run.parts
-        groups = [await _reserve(parts, sealed=0, gate=run.gate) for _ in range(4)]
+        finalizer = Finalizer(parts, end_weight_version={})
+        done = [await _reserve(parts, sealed=SIBLINGS, gate=run.gate) for _ in range(4)]
+        changing, waiting = [await _reserve(parts, sealed=0, gate=run.gate) for _ in range(2)]
         first = await run.snapshot()
         (whole,) = _ledger_files(first)
-        await _seal(parts, run.gate, groups[0], 0)
+        await finalizer.finalize(done[0])
         second = await run.snapshot()
-        assert whole in _ledger_files(second)  # 3 of 4 live: kept as it is
-        await _seal(parts, run.gate, groups[1], 0)
-        await _seal(parts, run.gate, groups[2], 0)
-        third = await run.snapshot()  # 1 of 4 live, below half: rewritten
+        assert whole in _ledger_files(second)  # 5 of 6 live: kept as it is
+        for group_id in done[1:]:
+            await finalizer.finalize(group_id)
+        await _seal(parts, run.gate, changing, 0)
+        third = await run.snapshot()  # 2 of 6 live, below half: rewritten
         assert whole not in _ledger_files(third)
         changed, cold = sorted(_ledger_files(third) - _ledger_files(second), reverse=True)
-        assert _groups_in(third, changed) == groups[1:3]
-        assert "-cold-" in cold and _groups_in(third, cold) == groups[3:]  # kept apart
+        assert _groups_in(third, changed) == [changing]
+        assert _records_in(third, changed)[0][0] is None  # whole, not a delta on a dying base
+        assert "-cold-" in cold and _groups_in(third, cold) == [waiting]  # kept apart
         assert _restored_ledger(third) == _live_ledger(parts)
         parts.logs.close()
 
@@ -237,6 +262,10 @@ def test_a_restart_s_first_snapshot_rewrites_only_the_groups_the_restart_changed
         after = await run.snapshot()
         written = [g for f in _ledger_files(after) - restored_files for g in _groups_in(after, f)]
         assert written == [flying]  # its interrupted attempt became a fresh one
+        (file,) = _ledger_files(after) - restored_files
+        (record,) = _records_in(after, file)
+        assert record[0] is not None  # a delta: the sealed sibling is not written again
+        assert [index for index, _ in record[2]] == list(range(1, SIBLINGS))
         assert sealed in parts.ledger and _restored_ledger(after) == _live_ledger(parts)
         parts.logs.close()
 
@@ -361,3 +390,104 @@ def test_ledger_segments_are_kept_while_a_committed_snapshot_s_sidecar_is_unread
     sidecar.unlink()  # no sidecar: never restorable, so it needs no segment
     collect_segments(newest.parent)
     assert not orphan.exists() and _on_disk(newest) == _ledger_files(older)
+
+
+def test_a_group_s_chain_of_deltas_is_bounded_then_written_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ledger_segments, "MAX_CHAIN", 2)
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = _new_run(config)
+        parts = run.parts
+        group = await _reserve(parts, sealed=0, gate=run.gate)
+        files = _ledger_files(await run.snapshot())
+        bases = []
+        for index in range(3):
+            await _seal(parts, run.gate, group, index)
+            snapshot = await run.snapshot()  # keep_latest_k=2: read each before it goes
+            (file,) = _ledger_files(snapshot) - files
+            (record,) = _records_in(snapshot, file)
+            bases.append(record[0] is not None)
+            assert _restored_ledger(snapshot) == _live_ledger(parts)
+            files = _ledger_files(snapshot)
+        assert bases == [True, False, True]  # delta, whole at the bound, delta on it
+        assert len(files) == 2  # the whole one's chain only
+        parts.logs.close()
+
+    asyncio.run(main())
+
+
+def test_a_delta_whose_base_segment_the_index_does_not_list_is_rejected(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def write() -> Path:
+        run = _new_run(config)
+        group = await _reserve(run.parts, sealed=1, gate=run.gate)
+        await run.snapshot()
+        await _seal(run.parts, run.gate, group, 1)
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return newest
+
+    newest = asyncio.run(write())
+    state = json.loads((newest / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    index = state["ledger_index"]
+    ((position, ordinal),) = index["groups"]
+    index["segments"] = [index["segments"][position]]  # the base's segment left out
+    index["groups"] = [[0, ordinal]]
+    rewrite_sidecar(newest, state)
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.path == newest / ROLLOUT_RECOVERY_STATE_FILENAME
+    assert "$.ledger_index.groups[0]: the chain reaches ledger segment" in problem.problem
+    assert "which the index does not list" in problem.problem
+
+
+def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_whole_first(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def write() -> tuple[str, dict[str, Any]]:
+        run = _new_run(config)
+        group = await _reserve(run.parts, sealed=1, gate=run.gate)
+        await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate)
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return group, _restored_ledger(newest)
+
+    group, expected = asyncio.run(write())
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    form_1 = ledger_segments_to_form_1(source.snapshot.path)  # as the writer before deltas
+    assert _restored_ledger(source.snapshot.path) == expected
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+
+    async def restart() -> None:
+        parts = build_parts(config, dataset=dataset_of(config))
+        restorer = RolloutRestorer(
+            parts,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=source,
+        )
+        await restorer.restore()
+        assert restorer.ledger_seed is not None
+        run = Run(parts, run_fingerprint(config))
+        run.checkpointer.seed_segments(restorer.segment_seed, ledger=restorer.ledger_seed)
+        after = await run.snapshot()
+        (file,) = _ledger_files(after) - {form_1}
+        assert _groups_in(after, file) == [group]  # the restart changed only it: rewritten
+        (record,) = _records_in(after, file)
+        assert record[0] is None  # whole: no delta rests on a form 1 record
+        assert _restored_ledger(after) == _live_ledger(parts)
+        parts.logs.close()
+
+    asyncio.run(restart())

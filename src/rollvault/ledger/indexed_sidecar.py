@@ -2,15 +2,20 @@
 
 Version 5 and before write every group of the ledger into the sidecar at every
 snapshot. From version 6 each group's record is written once per change into
-a **ledger segment**, an immutable JSON file holding a version 5 ledger state
-(``{"schema_version": 5, "groups": [...]}``: the records are exactly version
-5's groups). The sidecar itself holds the controller state as before plus an
-index: the segments it references (name, SHA-256, size, record count) and,
-in ledger order, which record of which segment is each live group's current
-one. A group unchanged since the previous snapshot costs an index entry.
+a **ledger segment**, an immutable file of records
+(:mod:`rollvault.ledger.ledger_records`: form 1 holds whole records, a
+version 5 ledger state; form 2, written since, whole or *delta* records, a
+delta holding only the siblings that changed since its base record). The
+sidecar itself holds the controller state as before plus an index: the
+segments it references (name, SHA-256, size, record count), every segment
+a live group's chain of records reaches included, and, in ledger order,
+which record of which segment is each live group's newest one. A group
+unchanged since the previous snapshot costs an index entry. (The sidecar's
+own fields are those of version 6 before delta records; the segment's form
+says how to read it, so the file's version stays 6.)
 
-This module is the format only (no I/O): building and decoding the two kinds
-of file, and assembling a decoded index and its segments into the same
+This module is the format only (no I/O): building and decoding the sidecar,
+and assembling a decoded index and its segments into the same
 :class:`~rollvault.ledger.sidecar.ParsedRolloutRecoveryState` a version 5
 sidecar decodes to, through the same checks. Which segments exist, where
 they live and when they are deleted is the snapshot layer's business.
@@ -18,20 +23,25 @@ they live and when they are deleted is the snapshot layer's business.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Final
 
 import msgspec
 
 from rollvault.ledger.errors import LedgerStateError
-from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.ledger_records import (
+    LEDGER_SEGMENT_SUFFIX,
+    LedgerSegmentFileName,
+    RecordChain,
+    SegmentRecords,
+    resolve_group,
+)
 from rollvault.ledger.reward_penalties import CaptureRewardSettings
 from rollvault.ledger.sidecar import (
     ParsedRolloutRecoveryState,
     sidecar_envelope_fields,
     split_sidecar,
 )
-from rollvault.ledger.state_convert import group_to_state
 from rollvault.ledger.state_schema import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     GroupState,
@@ -42,15 +52,10 @@ from rollvault.ledger.state_schema import (
 
 INDEXED_SIDECAR_SCHEMA_VERSION: Final = 6
 """The sidecar file's version when its ledger is in segments (version 5 and before: inline)."""
-LEDGER_SEGMENT_SUFFIX: Final = ".ledger-segment.json"
 
 _WHAT: Final = "rollout recovery sidecar"
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
-LedgerSegmentFileName = Annotated[
-    str,
-    msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}\.ledger-segment\.json$"),
-]
 
 
 class LedgerSegmentRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -82,13 +87,6 @@ class IndexedSidecarState(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tr
     reward_settings: CaptureRewardSettings | None
 
 
-class _LedgerSegmentFile(msgspec.Struct, forbid_unknown_fields=True):
-    """A ledger segment with its records undecoded: only the live ones are decoded."""
-
-    schema_version: int
-    groups: list[msgspec.Raw]
-
-
 class _VersionOnly(msgspec.Struct):
     schema_version: int
 
@@ -100,30 +98,6 @@ class _IndexOnly(msgspec.Struct):
 def ledger_segment_file_name(stem: str) -> str:
     """The name of the ledger segment the snapshot named ``stem`` writes."""
     return f"{stem}-ledger{LEDGER_SEGMENT_SUFFIX}"
-
-
-def encode_ledger_segment(records: Sequence[PromptGroupRecoveryRecord]) -> bytes:
-    """The bytes of a ledger segment holding ``records`` (in this order), deterministic JSON."""
-    state = LedgerState(
-        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
-        groups=[group_to_state(record) for record in records],
-    )
-    return _ENCODER.encode(state)
-
-
-def decode_ledger_segment(data: bytes, *, name: str) -> list[msgspec.Raw]:
-    """The records of a ledger segment, each still JSON: :func:`assemble_indexed_sidecar`
-    decodes (strictly) and checks only those the index names, not the dead ones."""
-    try:
-        state = msgspec.json.decode(data, type=_LedgerSegmentFile, strict=True)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise LedgerStateError(f"ledger segment {name}: {exc}") from exc
-    if state.schema_version != ROLLOUT_RECOVERY_SCHEMA_VERSION:
-        raise LedgerStateError(
-            f"ledger segment {name}: $.schema_version: records of ledger schema "
-            f"{state.schema_version}; segments hold schema {ROLLOUT_RECOVERY_SCHEMA_VERSION}"
-        )
-    return state.groups
 
 
 def encode_indexed_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> bytes:
@@ -173,37 +147,35 @@ def decode_ledger_index(data: bytes) -> LedgerIndex:
 
 
 def assemble_indexed_sidecar(
-    state: IndexedSidecarState, segments: Mapping[str, list[msgspec.Raw]]
+    state: IndexedSidecarState, segments: Mapping[str, SegmentRecords]
 ) -> ParsedRolloutRecoveryState:
-    """The parsed sidecar of ``state``, its records taken from ``segments`` (file -> records).
+    """The parsed sidecar of ``state``, its records taken from ``segments`` (file -> records)."""
+    return assemble_indexed_ledger(state, segments)[0]
+
+
+def assemble_indexed_ledger(
+    state: IndexedSidecarState, segments: Mapping[str, SegmentRecords]
+) -> tuple[ParsedRolloutRecoveryState, list[RecordChain]]:
+    """The parsed sidecar of ``state`` and, per live group in index order, its chain of records.
 
     Every rule a version 5 sidecar is held to applies (the records become a
     version 5 ledger state, checked as one), plus the index's own: each entry
-    names a listed segment and one of its records, and no record twice.
+    names a listed segment and one of its records, every base a chain reaches
+    is in a listed segment, and no record is reached twice
+    (:func:`~rollvault.ledger.ledger_records.resolve_group`).
     """
     refs = state.ledger_index.segments
+    listed = {ref.file: segments[ref.file] for ref in refs}
     groups: list[GroupState] = []
-    used: set[tuple[int, int]] = set()
+    chains: list[RecordChain] = []
+    used: set[tuple[str, int]] = set()
     for position, (segment, ordinal) in enumerate(state.ledger_index.groups):
         where = f"{_WHAT} $.ledger_index.groups[{position}]"
         if segment >= len(refs):
             raise LedgerStateError(f"{where}: segment {segment} of {len(refs)} listed")
-        ref = refs[segment]
-        records = segments[ref.file]
-        if ordinal >= len(records):
-            raise LedgerStateError(
-                f"{where}: record {ordinal} of {ref.file}, which holds {len(records)}"
-            )
-        if (segment, ordinal) in used:
-            raise LedgerStateError(f"{where}: record {ordinal} of {ref.file} is listed twice")
-        used.add((segment, ordinal))
-        try:
-            groups.append(msgspec.json.decode(records[ordinal], type=GroupState, strict=True))
-        except msgspec.ValidationError as exc:
-            raise LedgerStateError(
-                f"ledger segment {ref.file} $.groups[{ordinal}] (the index's groups[{position}])"
-                f": {exc}"
-            ) from exc
+        group, chain = resolve_group((refs[segment].file, ordinal), listed, used, where=where)
+        groups.append(group)
+        chains.append(chain)
     try:
         typed = SidecarState(
             schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
@@ -216,4 +188,4 @@ def assemble_indexed_sidecar(
         )
     except (TypeError, msgspec.ValidationError) as exc:
         raise LedgerStateError(f"{_WHAT}: {exc}") from exc
-    return split_sidecar(typed)
+    return split_sidecar(typed), chains

@@ -21,6 +21,7 @@ from rollvault.ledger.records import (
 from rollvault.ledger.state_schema import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     AttemptState,
+    GroupHeaderState,
     GroupState,
     LedgerState,
     PromptRefState,
@@ -137,4 +138,23 @@ def _attempt_from_state(state: AttemptState, attempt_uuid: uuid.UUID) -> Rollout
         failure_kind=state.failure_kind,
         turn_keys=list(state.turn_keys),
         env_state_revision=state.env_state_revision,
+    )
+
+
+def group_header_to_state(record: PromptGroupRecoveryRecord) -> GroupHeaderState:
+    """Every persisted field of ``record`` but its siblings (a ledger segment record's header)."""
+    return GroupHeaderState(
+        group_id=record.group_id,
+        admission_id=record.admission_id,
+        prompt_id=record.prompt_id,
+        prompt_ref=PromptRefState(
+            sample_id=record.prompt_ref.sample_id, task_name=record.prompt_ref.task_name
+        ),
+        task_source=record.task_source,
+        recovery_granularity=record.recovery_granularity,
+        expected_generations=record.expected_generations,
+        target_step=record.target_step,
+        start_weight_version=record.start_weight_version,
+        phase=record.phase,
+        status=record.status,
     )

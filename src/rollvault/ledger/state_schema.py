@@ -102,6 +102,22 @@ class GroupState(_Schema):
     status: PromptGroupStatus
 
 
+class GroupHeaderState(_Schema):
+    """A group's fields but its siblings: the header of a ledger segment record (sidecar v6)."""
+
+    group_id: _NonEmptyStr
+    admission_id: _NonEmptyStr
+    prompt_id: _NonEmptyStr
+    prompt_ref: PromptRefState
+    task_source: str | None
+    recovery_granularity: RecoveryGranularity
+    expected_generations: Annotated[int, msgspec.Meta(ge=1)]
+    target_step: _NonNegativeInt | None
+    start_weight_version: _NonNegativeInt
+    phase: PromptGroupPhase
+    status: PromptGroupStatus
+
+
 class LedgerState(_Schema):
     schema_version: int
     groups: list[GroupState]

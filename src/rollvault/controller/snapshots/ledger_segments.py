@@ -1,29 +1,42 @@
-"""Writing the ledger incrementally: each group's record once per change, into ledger segments.
+"""Writing the ledger incrementally: each group's changes once, into ledger segments.
 
 :class:`LedgerSegmentWriter` writes successive snapshots of one ledger into
 one segments directory (the anchor's ``segments/``, beside the row segments).
-It remembers, for the last snapshot it *committed*, where each group's record
-is and the token it was written for: the record's ``siblings`` list. The
-ledger's copy-on-write capture guarantees that token: once a capture shares a
-record, the ledger copies the whole record (siblings list included) before
-its next change, and only the runtime prompt payload (never persisted) is
-ever set on a shared record's new shell, keeping its siblings. So a group
-whose siblings list is the one remembered has not changed since that
-snapshot, and costs an index entry; every other group's record is encoded
-and written into this snapshot's one new ledger segment. Nothing unchanged
-is encoded again.
+It remembers, for the last snapshot it *committed*, where each group's newest
+record is, the chain of records it resolves through
+(:mod:`rollvault.ledger.ledger_records`), a digest of the group's header and
+of each sibling as written, and the token it was written for: the record's
+``siblings`` list. The ledger's copy-on-write capture guarantees that token:
+once a capture shares a record, the ledger copies the whole record (siblings
+list included) before its next change, and only the runtime prompt payload
+(never persisted) is ever set on a shared record's new shell, keeping its
+siblings. So a group whose siblings list is the one remembered has not
+changed since that snapshot, and costs an index entry; every other group is
+encoded sibling by sibling, and only the siblings (and the header) whose
+bytes differ from the remembered digests are written, as a *delta* record
+naming the group's previous record as its base. A seal changes one sibling,
+so it costs that sibling, not the group.
 
-Compaction: a referenced segment whose live records fall below
-``compact_below`` of its records has them rewritten, so that it stops being
-referenced and retention deletes it. That bounds the dead bytes on disk to
-about as many again as the live ones. The rewritten records go to a segment
+Chains are bounded: a group whose chain already holds :data:`MAX_CHAIN`
+records, or reaches a segment being compacted, or whose digests are unknown
+(restored from a form 1 segment), is written whole, so restore follows at
+most :data:`MAX_CHAIN` records per group. A restored writer knows the chains
+(the restore resolved them) but not the digests: it computes them from the
+restored records, which stay frozen (shared) until the ledger changes them.
+
+Compaction: a referenced segment whose live records (every record a live
+group's chain reaches) fall below ``compact_below`` of its records has the
+groups reaching it rewritten whole, so that it stops being referenced and
+retention deletes it. That bounds the dead bytes on disk to about as many
+again as the live ones. Unchanged groups rewritten this way go to a segment
 of their own (``<stem>-ledger-cold``), not beside the changed ones: records
 that survived a segment's decay are the cold ones (groups waiting, not being
 sealed), and mixed with hot records they would be rewritten again each time
 the hot ones around them die (the first measurement, mixed, rewrote 36% more
-records per snapshot after 10 rounds and still growing). The fraction is a
-constant, not a config field: it trades disk for write bytes only, and
-nothing measured yet asks to tune it.
+records per snapshot after 10 rounds and still growing). The fraction and
+the chain bound are constants, not config fields: they trade disk and
+restore reads for write bytes only, and nothing measured yet asks to tune
+them.
 
 A snapshot that fails or is never committed leaves its segment unreferenced,
 for the next collection (:mod:`.segment_retention`); the writer still
@@ -40,25 +53,117 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+import msgspec
+
 from rollvault.durable.segment_store import publish_ledger_segment
+from rollvault.ledger.compact_siblings import compact_sibling
 from rollvault.ledger.indexed_sidecar import (
     LedgerIndex,
     LedgerSegmentRef,
-    encode_ledger_segment,
     ledger_segment_file_name,
 )
+from rollvault.ledger.ledger_records import (
+    RecordChain,
+    RecordLink,
+    RecordOut,
+    encode_ledger_segment_records,
+    encode_piece,
+)
 from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.state_convert import group_header_to_state
 
 COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live records once fewer than this fraction of its records are live."""
+
+
+MAX_CHAIN: Final = 8
+"""Most records a group's chain holds (its newest included) before it is written whole."""
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 @dataclass(frozen=True)
 class _Placed:
     token: object
     """The record's siblings list when it was written (see the module docstring)."""
-    segment: str
-    ordinal: int
+    chain: tuple[RecordLink, ...]
+    """Its records, newest first: (segment file, ordinal)."""
+    digests: tuple[bytes, ...] | None
+    """The header's digest, then each sibling's, as written; None: not known (see ``source``)."""
+    source: PromptGroupRecoveryRecord | None = None
+    """A restored, frozen record the digests are computed from when needed (None: not deltable)."""
+
+    @property
+    def segment(self) -> str:
+        return self.chain[0][0]
+
+    @property
+    def ordinal(self) -> int:
+        return self.chain[0][1]
+
+    def known_digests(self) -> tuple[bytes, ...] | None:
+        if self.digests is None and self.source is not None:
+            return _Encoded.of(self.source).digests
+        return self.digests
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A group encoded piece by piece: its header, then its siblings."""
+
+    pieces: tuple[bytes, ...]
+    digests: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, record: PromptGroupRecoveryRecord) -> _Encoded:
+        pieces = (
+            encode_piece(group_header_to_state(record)),
+            *(encode_piece(compact_sibling(record.group_id, s)) for s in record.siblings),
+        )
+        return cls(pieces, tuple(_digest(piece) for piece in pieces))
+
+
+@dataclass
+class _SegmentBuild:
+    """The records of one new segment, placed as they are added."""
+
+    file: str
+    records: list[RecordOut] = field(default_factory=list)
+    bases: dict[str, int] = field(default_factory=dict)
+
+    def add_whole(self, encoded: _Encoded) -> tuple[RecordLink, ...]:
+        header, *siblings = encoded.pieces
+        return self._add(None, header, list(enumerate(siblings)), ())
+
+    def add_delta(
+        self, encoded: _Encoded, base: _Placed, changed: list[int]
+    ) -> tuple[RecordLink, ...]:
+        """A delta of ``encoded`` against ``base``; ``changed`` are piece positions (0: header)."""
+        header = encoded.pieces[0] if 0 in changed else None
+        siblings = [(i - 1, encoded.pieces[i]) for i in changed if i]
+        position = self.bases.setdefault(base.segment, len(self.bases))
+        return self._add((position, base.ordinal), header, siblings, base.chain)
+
+    def _add(
+        self,
+        base: tuple[int, int] | None,
+        header: bytes | None,
+        siblings: list[tuple[int, bytes]],
+        below: tuple[RecordLink, ...],
+    ) -> tuple[RecordLink, ...]:
+        self.records.append(
+            RecordOut(
+                base=base,
+                header=None if header is None else msgspec.Raw(header),
+                siblings=[(index, msgspec.Raw(piece)) for index, piece in siblings],
+            )
+        )
+        return ((self.file, len(self.records) - 1), *below)
+
+    def encode(self) -> bytes:
+        return encode_ledger_segment_records(list(self.bases), self.records)
 
 
 def _cold_name(stem: str) -> str:
@@ -74,6 +179,8 @@ class LedgerWriteInfo:
     """Records written: changed or new groups, and the compacted ones."""
     compacted_records: int
     referenced: tuple[str, ...]
+    delta_records: int = 0
+    """Of ``new_records``, those written as deltas (only the changed siblings)."""
 
 
 @dataclass
@@ -92,20 +199,30 @@ class LedgerSeed:
 
     ``records`` are the ledger's records right after the load, in index order,
     marked shared (``shared_groups``), so their siblings lists stand for the
-    loaded records.
+    loaded records. ``chains`` are the records each group was resolved from
+    (:func:`~rollvault.ledger.indexed_sidecar.assemble_indexed_ledger`), in
+    the same order.
     """
 
     segments_dir: Path
     records: Sequence[PromptGroupRecoveryRecord]
     index: LedgerIndex
+    chains: Sequence[RecordChain]
 
     def writer(self) -> LedgerSegmentWriter:
         """A writer whose next snapshot writes only groups changed since the restored one."""
         writer = LedgerSegmentWriter(self.segments_dir)
         placed = {}
-        for record, (segment, ordinal) in zip(self.records, self.index.groups, strict=True):
-            file = self.index.segments[segment].file
-            placed[record.group_id] = _Placed(record.siblings, file, ordinal)
+        for record, (segment, ordinal), chain in zip(
+            self.records, self.index.groups, self.chains, strict=True
+        ):
+            if chain.links[0] != (self.index.segments[segment].file, ordinal):
+                raise ValueError(
+                    f"ledger seed: group {record.group_id!r}'s chain starts at {chain.links[0]}, "
+                    f"its index entry names record {ordinal} of segment {segment}"
+                )
+            source = record if chain.deltable else None
+            placed[record.group_id] = _Placed(record.siblings, chain.links, None, source)
         writer._placed = placed
         writer._segments = {ref.file: ref for ref in self.index.segments}
         return writer
@@ -123,26 +240,47 @@ class LedgerSegmentWriter:
     _segments: dict[str, LedgerSegmentRef] = field(default_factory=dict)
 
     def write(self, records: Sequence[PromptGroupRecoveryRecord], *, stem: str) -> PendingLedger:
-        """Write the changed records of ``records`` (the live groups, in ledger order).
+        """Write the changes of ``records`` (the live groups, in ledger order).
 
-        The new segment, named after ``stem``, is durable when this returns.
+        The new segments, named after ``stem``, are durable when this returns.
         Call :meth:`committed` once the snapshot that holds the index is.
         """
+        sparse = self._sparse(records)
+        fresh = _SegmentBuild(ledger_segment_file_name(stem))
+        cold = _SegmentBuild(_cold_name(stem))
         placed: dict[str, _Placed] = {}
+        deltas = compacted = 0
         for record in records:
             known = self._placed.get(record.group_id)
+            if known is not None and sparse.isdisjoint(file for file, _ in known.chain):
+                if known.token is record.siblings:
+                    placed[record.group_id] = known
+                    continue
+                encoded = _Encoded.of(record)
+                changed = self._changed(known, encoded)
+                if changed is not None:
+                    if changed:
+                        chain = fresh.add_delta(encoded, known, changed)
+                        deltas += 1
+                    else:  # copied by the ledger, not changed: nothing to write
+                        chain = known.chain
+                    placed[record.group_id] = _Placed(record.siblings, chain, encoded.digests)
+                    continue
+            else:
+                encoded = _Encoded.of(record)
+            target = fresh
             if known is not None and known.token is record.siblings:
-                placed[record.group_id] = known
-        fresh = [record for record in records if record.group_id not in placed]
-        sparse = self._sparse(placed)
-        cold = [r for r in records if r.group_id in placed and placed[r.group_id].segment in sparse]
-        for record in cold:
-            del placed[record.group_id]
-        segments = {p.segment: self._segments[p.segment] for p in placed.values()}
-        segment_bytes = 0
-        for file, written in ((ledger_segment_file_name(stem), fresh), (_cold_name(stem), cold)):
-            if written:
-                segment_bytes += self._publish(file, written, placed, segments)
+                target = cold  # unchanged, rewritten only to leave a sparse segment
+                compacted += 1
+            chain = target.add_whole(encoded)
+            placed[record.group_id] = _Placed(record.siblings, chain, encoded.digests)
+        segments = {
+            file: self._segments[file]
+            for group in placed.values()
+            for file, _ in group.chain
+            if file in self._segments
+        }
+        segment_bytes = sum(self._publish(build, segments) for build in (fresh, cold))
         listed = sorted(segments)
         position = {file: number for number, file in enumerate(listed)}
         index = LedgerIndex(
@@ -153,35 +291,43 @@ class LedgerSegmentWriter:
         )
         info = LedgerWriteInfo(
             segment_bytes=segment_bytes,
-            new_records=len(fresh) + len(cold),
-            compacted_records=len(cold),
+            new_records=len(fresh.records) + len(cold.records),
+            compacted_records=compacted,
             referenced=tuple(listed),
+            delta_records=deltas,
         )
         self.last_written = PendingLedger(index=index, placed=placed, segments=segments, info=info)
         return self.last_written
 
-    def _publish(
-        self,
-        file: str,
-        records: list[PromptGroupRecoveryRecord],
-        placed: dict[str, _Placed],
-        segments: dict[str, LedgerSegmentRef],
-    ) -> int:
-        """Write ``records`` as the segment ``file``, place them there; return its bytes."""
-        data = encode_ledger_segment(records)
-        publish_ledger_segment(self.segments_dir / file, data)
-        segments[file] = LedgerSegmentRef(
-            file=file,
+    @staticmethod
+    def _changed(known: _Placed, encoded: _Encoded) -> list[int] | None:
+        """The piece positions (0: header) that differ from ``known``; None: write it whole."""
+        digests = known.known_digests()
+        if digests is None or len(digests) != len(encoded.digests) or len(known.chain) >= MAX_CHAIN:
+            return None
+        return [i for i, (a, b) in enumerate(zip(digests, encoded.digests, strict=True)) if a != b]
+
+    def _publish(self, build: _SegmentBuild, segments: dict[str, LedgerSegmentRef]) -> int:
+        """Write ``build``'s records as its segment, if any; return its bytes."""
+        if not build.records:
+            return 0
+        data = build.encode()
+        publish_ledger_segment(self.segments_dir / build.file, data)
+        segments[build.file] = LedgerSegmentRef(
+            file=build.file,
             sha256=hashlib.sha256(data).hexdigest(),
             byte_size=len(data),
-            record_count=len(records),
+            record_count=len(build.records),
         )
-        for ordinal, record in enumerate(records):
-            placed[record.group_id] = _Placed(record.siblings, file, ordinal)
         return len(data)
 
-    def _sparse(self, placed: dict[str, _Placed]) -> set[str]:
-        live = Counter(p.segment for p in placed.values())
+    def _sparse(self, records: Sequence[PromptGroupRecoveryRecord]) -> set[str]:
+        """Referenced segments fewer than ``compact_below`` of whose records live groups reach."""
+        live: Counter[str] = Counter()
+        for record in records:
+            known = self._placed.get(record.group_id)
+            if known is not None:
+                live.update(file for file, _ in known.chain)
         return {
             file
             for file, count in live.items()

@@ -281,7 +281,10 @@ class RolloutRestorer:
             # Shared before anything changes them, so that their siblings lists stand
             # for the loaded records (see ledger_segments).
             self.ledger_seed = LedgerSeed(
-                segments_dir_for(snapshot.path), parts.ledger.shared_groups(), snapshot.ledger_index
+                segments_dir_for(snapshot.path),
+                parts.ledger.shared_groups(),
+                snapshot.ledger_index,
+                snapshot.ledger_chains,
             )
         if self._resume.mode is RestoreMode.LATEST:
             for seal in snapshot.controller.pooled_seals:

@@ -29,10 +29,10 @@ from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
     INDEXED_SIDECAR_SCHEMA_VERSION,
-    LEDGER_SEGMENT_SUFFIX,
     decode_ledger_index,
     sidecar_file_version,
 )
+from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 
 _LOG = logging.getLogger("rollvault.checkpointer")

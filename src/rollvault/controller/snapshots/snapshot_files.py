@@ -71,11 +71,11 @@ from rollvault.ledger.indexed_sidecar import (
     INDEXED_SIDECAR_SCHEMA_VERSION,
     LedgerIndex,
     LedgerSegmentRef,
-    assemble_indexed_sidecar,
+    assemble_indexed_ledger,
     decode_indexed_sidecar,
-    decode_ledger_segment,
     encode_indexed_sidecar,
 )
+from rollvault.ledger.ledger_records import RecordChain, SegmentRecords, decode_ledger_segment
 from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.sidecar import (
     ROLLOUT_RECOVERY_STATE_FILENAME,
@@ -273,6 +273,8 @@ class LoadedSnapshot:
     """Where each row is in its segments (None: read from rows): seeds the next writer."""
     ledger_index: LedgerIndex | None = None
     """Where each group's record is in the ledger segments (None: a version 5 sidecar)."""
+    ledger_chains: tuple[RecordChain, ...] = ()
+    """Per group of ``ledger_index``, the records it was resolved from (seeds the next writer)."""
 
 
 @dataclass(frozen=True)
@@ -394,7 +396,7 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
     segments = _read_data_plane(path / DATA_PLANE_DIRNAME, segments_dir_for(path))
     data_plane = segments.checkpoint
     digests = advertised_digests(path / DATA_PLANE_DIRNAME, data_plane.user_metadata)
-    recovery, ledger_index = read_recovery_sidecar_indexed(
+    recovery, indexed = read_recovery_sidecar_indexed(
         path / ROLLOUT_RECOVERY_STATE_FILENAME, digests
     )
     raw = {
@@ -412,7 +414,8 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
         data_plane=data_plane,
         env_rollouts=decode_env_rollouts(path, raw),
         segments=segments if segments.segments else None,
-        ledger_index=ledger_index,
+        ledger_index=None if indexed is None else indexed.index,
+        ledger_chains=() if indexed is None else indexed.chains,
     )
     _check_counts(snapshot, digests)
     return snapshot
@@ -471,8 +474,16 @@ def checked_bytes(path: Path, digest: SidecarDigest) -> bytes:
     return data
 
 
+@dataclass(frozen=True)
+class IndexedLedger:
+    """A version 6 sidecar's index and, per group in it, the chain of records it resolved."""
+
+    index: LedgerIndex
+    chains: tuple[RecordChain, ...]
+
+
 _LAST_DECODED: dict[
-    tuple[str, int, int], tuple[ParsedRolloutRecoveryState, LedgerIndex | None]
+    tuple[str, int, int], tuple[ParsedRolloutRecoveryState, IndexedLedger | None]
 ] = {}
 """The last ledger sidecar this process decoded, by SHA-256 and advertised schema and count.
 
@@ -501,8 +512,8 @@ def read_recovery_sidecar_file(
 
 def read_recovery_sidecar_indexed(
     path: Path, digests: Mapping[str, SidecarDigest]
-) -> tuple[ParsedRolloutRecoveryState, LedgerIndex | None]:
-    """:func:`read_recovery_sidecar_file`, and the ledger index of a version 6 sidecar."""
+) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
+    """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6 sidecar."""
     digest = digests.get(path.name)
     if digest is None:
         raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
@@ -528,7 +539,7 @@ def read_recovery_sidecar_indexed(
     return cached
 
 
-def _decode_indexed(path: Path, data: bytes) -> tuple[ParsedRolloutRecoveryState, LedgerIndex]:
+def _decode_indexed(path: Path, data: bytes) -> tuple[ParsedRolloutRecoveryState, IndexedLedger]:
     """A version 6 sidecar and its ledger segments (beside the snapshot), checked."""
     try:
         state = decode_indexed_sidecar(data)
@@ -539,14 +550,14 @@ def _decode_indexed(path: Path, data: bytes) -> tuple[ParsedRolloutRecoveryState
         for ref in state.ledger_index.segments
     }
     try:
-        parsed = assemble_indexed_sidecar(state, records)
+        parsed, chains = assemble_indexed_ledger(state, records)
     except LedgerError as exc:
         raise SnapshotCorruptError(path, str(exc)) from exc
     _require_reward_settings(path, parsed)
-    return parsed, state.ledger_index
+    return parsed, IndexedLedger(state.ledger_index, tuple(chains))
 
 
-def read_ledger_segment(path: Path, ref: LedgerSegmentRef) -> list[msgspec.Raw]:
+def read_ledger_segment(path: Path, ref: LedgerSegmentRef) -> SegmentRecords:
     """The records of the ledger segment ``path``, refused unless it is what ``ref`` records.
 
     Raises :class:`SnapshotCorruptError` naming the segment: missing, another
