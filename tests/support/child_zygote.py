@@ -3,13 +3,15 @@
 A crash test starts a child process per fault point, and a fresh Python that
 imports numpy and rollvault's snapshot layers costs far more than the child's
 work. :class:`Zygote` starts ``python child_zygote.py <child script>`` once:
-it imports the child script as a module (its ``main()`` is not run), then, per
-request, forks a child that sets its environment and ``sys.argv``, re-reads
-the fault plan from that environment (``rollvault.durable.faults`` reads it
-once at import, which happened in the zygote), and runs the script's
-``main()``. Each child is a new process forked from the same pristine state, so
-a SIGKILL at a fault point kills that child only, and the next child (the
-"fresh process" that checks what the kill left) shares no memory with it.
+it imports the child script as a module (what its ``__main__`` block does is
+not run), then, per request, forks a child that sets its environment and
+``sys.argv``, re-reads the fault plan from that environment
+(``rollvault.durable.faults`` reads it once at import, which happened in the
+zygote), and runs the script as ``python <script> <argv>`` would (``runpy``,
+as ``__main__``; its imports are already loaded). Each child is a new process
+forked from the same pristine state, so a SIGKILL at a fault point kills that
+child only, and the next child (the "fresh process" that checks what the kill
+left) shares no memory with it.
 
 :meth:`Zygote.run` returns what :func:`subprocess.run` would: the exit status
 (negative for a signal), stdout and stderr.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -30,7 +33,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import IO, Any
 
-_CHILD_MODULE = "_zygote_child"
+_PRELOADED = "_zygote_preloaded"
 
 
 class Zygote:
@@ -49,7 +52,7 @@ class Zygote:
         self._runs = 0
 
     def run(self, argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-        """Fork a child running the script's ``main()`` with ``argv`` and exactly ``env``."""
+        """Fork a child running the script with ``argv`` and exactly ``env``."""
         assert self._process.stdin is not None and self._process.stdout is not None
         self._runs += 1
         out = self._outputs / f"{self._runs}.out"
@@ -108,16 +111,16 @@ class Zygote:
 
 def _load(script: Path) -> ModuleType:
     sys.path[0] = str(script.resolve().parent)  # as `python <script>` would have it
-    spec = importlib.util.spec_from_file_location(_CHILD_MODULE, script)
+    spec = importlib.util.spec_from_file_location(_PRELOADED, script)
     assert spec is not None and spec.loader is not None, f"cannot import {script}"
     module = importlib.util.module_from_spec(spec)
-    sys.modules[_CHILD_MODULE] = module
+    sys.modules[_PRELOADED] = module
     spec.loader.exec_module(module)
     return module
 
 
 def _child(module: ModuleType, request: dict[str, Any]) -> int:
-    """In the forked child: run ``main()`` as the script would run; return its exit status."""
+    """In the forked child: run the script as ``__main__``; return its exit status."""
     from rollvault.durable import faults
 
     # A hung child is killed like subprocess.run's timeout would (status -SIGALRM).
@@ -126,13 +129,14 @@ def _child(module: ModuleType, request: dict[str, Any]) -> int:
     os.environ.update(request["env"])
     # Read once at import, in the zygote: this child's variables are read again.
     faults._PLAN = faults.plan_from_environment(os.environ)
-    sys.argv = [str(module.__file__), *request["argv"]]
+    script = str(module.__file__)
+    sys.argv = [script, *request["argv"]]
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
     try:
-        module.main()
+        runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
         code = stop.code
         if isinstance(code, str):
