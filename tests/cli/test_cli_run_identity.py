@@ -70,9 +70,25 @@ def test_a_finished_run_is_extended_and_trains_every_prompt_once(tmp_path: Path)
     assert check_exactly_once(history, expected) == []
 
 
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished two-step simulated run, once for the module: tests resume copies of it."""
+    directory = tmp_path_factory.mktemp("two_step_run")
+    first = _run(directory, *_simulated(directory, "grpo.max_num_steps=2"))
+    assert first.returncode == 0, first.stderr
+    return directory
+
+
+def _copy_run(run_dir: Path, tmp_path: Path) -> None:
+    """``run_dir``'s logs and checkpoints at ``tmp_path`` (operational paths: a restart
+    there resumes the copy as it would the original)."""
+    for name in ("logs", "ckpt"):
+        shutil.copytree(run_dir / name, tmp_path / name, symlinks=True)
+
+
 @pytest.mark.slow
-def test_a_semantic_change_is_still_refused(tmp_path: Path) -> None:
-    assert _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=2")).returncode == 0
+def test_a_semantic_change_is_still_refused(two_step_run: Path, tmp_path: Path) -> None:
+    _copy_run(two_step_run, tmp_path)
     refused = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=4", "seed=3"))
     assert refused.returncode == 2
     assert "seed: 0 -> 3" in refused.stderr
@@ -125,9 +141,10 @@ def test_the_model_is_its_files_not_its_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_damaged_dataset_identity_file_refuses_the_start_and_is_kept(tmp_path: Path) -> None:
-    first = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=2"))
-    assert first.returncode == 0, first.stderr
+def test_a_damaged_dataset_identity_file_refuses_the_start_and_is_kept(
+    two_step_run: Path, tmp_path: Path
+) -> None:
+    _copy_run(two_step_run, tmp_path)
     record = tmp_path / "ckpt" / "bootstrap" / "dataset_identity.json"
     damaged = record.read_bytes()[:-20]
     record.write_bytes(damaged)
