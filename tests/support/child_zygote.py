@@ -51,8 +51,10 @@ class Zygote:
         self._outputs = Path(tempfile.mkdtemp(prefix="zygote-"))
         self._runs = 0
 
-    def run(self, argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-        """Fork a child running the script with ``argv`` and exactly ``env``."""
+    def run(
+        self, argv: list[str], env: Mapping[str, str], *, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Fork a child running the script with ``argv`` and exactly ``env`` (in ``cwd``)."""
         assert self._process.stdin is not None and self._process.stdout is not None
         self._runs += 1
         out = self._outputs / f"{self._runs}.out"
@@ -63,6 +65,7 @@ class Zygote:
             "stdout": str(out),
             "stderr": str(err),
             "timeout_s": self.timeout_s,
+            "cwd": None if cwd is None else str(cwd),
         }
         self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
@@ -129,6 +132,8 @@ def _child(module: ModuleType, request: dict[str, Any]) -> int:
     os.environ.update(request["env"])
     # Read once at import, in the zygote: this child's variables are read again.
     faults._PLAN = faults.plan_from_environment(os.environ)
+    if request["cwd"] is not None:
+        os.chdir(request["cwd"])
     script = str(module.__file__)
     sys.argv = [script, *request["argv"]]
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
