@@ -4,31 +4,42 @@
 with ``save_period=8``, so it leaves ``step_8`` and (the last step) ``step_12``.
 ``step_12`` is then damaged; the restart must resume from ``step_8`` with its
 trainer state, say what it skipped and why, and still train every prompt of
-both epochs exactly once.
+both epochs exactly once. The commands are forked from one process that has
+imported the command line once (``child_zygote``, ``rollvault_cli.py``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from child_zygote import Zygote
 
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
 
+_zygote: Zygote | None = None
+"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cli_zygote() -> Iterator[None]:
+    global _zygote
+    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=300) as z:
+        _zygote = z
+        try:
+            yield
+        finally:
+            _zygote = None
+
 
 def _rollvault(tmp_path: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rollvault.cli.main", command, *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    assert _zygote is not None, "the _cli_zygote fixture is not active"
+    return _zygote.run([command, *args], os.environ, cwd=tmp_path)
 
 
 def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
