@@ -6,17 +6,19 @@ segment dropped). The journal is read as the kill left it; then a second start
 restores and runs to the end. Every prompt must train exactly once, and every
 seal whose record the kill left on disk must train as itself (replayed) or
 through its prompt's new group (adopted): never generated again (DESIGN
-invariant 10).
+invariant 10). The starts are forked from one process that has imported the
+command line once (``child_zygote``, ``rollvault_cli.py``).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from child_zygote import Zygote
 
 from rollvault.checkpoint_tools.run_history import (
     check_exactly_once,
@@ -48,22 +50,33 @@ OVERRIDES = (
 )
 
 
+_zygote: Zygote | None = None
+"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cli_zygote() -> Iterator[None]:
+    global _zygote
+    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=120) as z:
+        _zygote = z
+        try:
+            yield
+        finally:
+            _zygote = None
+
+
 def _start(run_dir: Path, kill_at: str | None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in (KILL_AT_ENV, TRACE_ENV)}
     if kill_at is not None:
         environ[KILL_AT_ENV] = kill_at
     command = [
-        sys.executable,
-        "-m",
-        "rollvault.cli.main",
         "run",
         *OVERRIDES,
         f"logging.log_dir={run_dir / 'logs'}",
         f"checkpointing.checkpoint_dir={run_dir / 'ckpt'}",
     ]
-    return subprocess.run(
-        command, env=environ, cwd=run_dir, capture_output=True, text=True, timeout=120
-    )
+    assert _zygote is not None, "the _cli_zygote fixture is not active"
+    return _zygote.run(command, environ, cwd=run_dir)
 
 
 @pytest.mark.parametrize(

@@ -4,31 +4,42 @@
 with ``save_period=8``, so it leaves ``step_8`` and (the last step) ``step_12``.
 ``step_12`` is then damaged; the restart must resume from ``step_8`` with its
 trainer state, say what it skipped and why, and still train every prompt of
-both epochs exactly once.
+both epochs exactly once. The commands are forked from one process that has
+imported the command line once (``child_zygote``, ``rollvault_cli.py``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from child_zygote import Zygote
 
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
 
+_zygote: Zygote | None = None
+"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cli_zygote() -> Iterator[None]:
+    global _zygote
+    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=300) as z:
+        _zygote = z
+        try:
+            yield
+        finally:
+            _zygote = None
+
 
 def _rollvault(tmp_path: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rollvault.cli.main", command, *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    assert _zygote is not None, "the _cli_zygote fixture is not active"
+    return _zygote.run([command, *args], os.environ, cwd=tmp_path)
 
 
 def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -51,9 +62,21 @@ def _flip_middle_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def _first_run(tmp_path: Path) -> Path:
-    first = _run(tmp_path, "grpo.max_num_steps=12")
+@pytest.fixture(scope="module")
+def first_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first run, once for the module: each test damages a copy of it."""
+    directory = tmp_path_factory.mktemp("first_run")
+    first = _run(directory, "grpo.max_num_steps=12")
     assert first.returncode == 0, first.stderr
+    assert trainer_checkpoint_steps(directory / "ckpt") == [8, 12]
+    return directory
+
+
+def _first_run(first_run_dir: Path, tmp_path: Path) -> Path:
+    """The first run's logs and checkpoints, copied to ``tmp_path`` (the restart's paths:
+    both are operational, so the copy resumes as the original would)."""
+    for name in ("logs", "ckpt"):
+        shutil.copytree(first_run_dir / name, tmp_path / name, symlinks=True)
     assert trainer_checkpoint_steps(tmp_path / "ckpt") == [8, 12]
     return tmp_path / "ckpt" / "step_12"
 
@@ -77,9 +100,9 @@ def _check_resumed_from_step_8(tmp_path: Path, damaged: Path) -> None:
 
 @pytest.mark.slow
 def test_a_damaged_rollout_state_without_snapshots_falls_back_to_the_older_step(
-    tmp_path: Path,
+    first_run_dir: Path, tmp_path: Path
 ) -> None:
-    step_12 = _first_run(tmp_path)
+    step_12 = _first_run(first_run_dir, tmp_path)
     _flip_middle_byte(step_12 / "rollout_state" / "rollout_recovery.json")
     shutil.rmtree(step_12 / "rollout_snapshots", ignore_errors=True)
     _check_resumed_from_step_8(tmp_path, step_12 / "rollout_state" / "rollout_recovery.json")
@@ -87,9 +110,9 @@ def test_a_damaged_rollout_state_without_snapshots_falls_back_to_the_older_step(
 
 @pytest.mark.slow
 def test_a_flipped_byte_in_the_trainer_state_is_caught_by_verify_and_skipped(
-    tmp_path: Path,
+    first_run_dir: Path, tmp_path: Path
 ) -> None:
-    step_12 = _first_run(tmp_path)
+    step_12 = _first_run(first_run_dir, tmp_path)
     state = sorted(p for p in (step_12 / "trainer").rglob("*") if p.is_file())[0]
     _flip_middle_byte(state)
     verify = _rollvault(tmp_path, "verify", str(tmp_path / "ckpt"))
@@ -100,9 +123,9 @@ def test_a_flipped_byte_in_the_trainer_state_is_caught_by_verify_and_skipped(
 
 @pytest.mark.slow
 def test_with_every_trainer_checkpoint_damaged_the_restart_is_refused_and_changes_nothing(
-    tmp_path: Path,
+    first_run_dir: Path, tmp_path: Path
 ) -> None:
-    step_12 = _first_run(tmp_path)
+    step_12 = _first_run(first_run_dir, tmp_path)
     for step in (step_12, tmp_path / "ckpt" / "step_8"):
         _flip_middle_byte(sorted(p for p in (step / "trainer").rglob("*") if p.is_file())[0])
     refused = _run(tmp_path, "grpo.max_num_steps=16")

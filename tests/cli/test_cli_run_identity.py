@@ -3,17 +3,23 @@
 Stopping criteria and throughput settings are not the run's meaning: a
 finished run can be extended, and its concurrency changed. The model is its
 files, not its path: a moved model directory resumes, new weights at the
-same path are refused.
+same path are refused. The simulated starts are forked from one process that
+has imported the command line once (``child_zygote``, ``rollvault_cli.py``);
+the GRPO recipe's starts, which import torch and spawn their own processes,
+are each a new Python.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from child_zygote import Zygote
 
 import rollvault
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
@@ -21,13 +27,33 @@ from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_
 GRPO_RECIPE = Path(rollvault.__file__).parent / "configs" / "grpo_addition.yaml"
 
 
-def _run(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+_zygote: Zygote | None = None
+"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cli_zygote() -> Iterator[None]:
+    global _zygote
+    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=300) as z:
+        _zygote = z
+        try:
+            yield
+        finally:
+            _zygote = None
+
+
+def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    assert _zygote is not None, "the _cli_zygote fixture is not active"
+    return _zygote.run(["run", *args], os.environ, cwd=cwd)
+
+
+def _fresh_run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rollvault.cli.main", "run", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=300,
         check=False,
     )
 
@@ -70,9 +96,25 @@ def test_a_finished_run_is_extended_and_trains_every_prompt_once(tmp_path: Path)
     assert check_exactly_once(history, expected) == []
 
 
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished two-step simulated run, once for the module: tests resume copies of it."""
+    directory = tmp_path_factory.mktemp("two_step_run")
+    first = _run(directory, *_simulated(directory, "grpo.max_num_steps=2"))
+    assert first.returncode == 0, first.stderr
+    return directory
+
+
+def _copy_run(run_dir: Path, tmp_path: Path) -> None:
+    """``run_dir``'s logs and checkpoints at ``tmp_path`` (operational paths: a restart
+    there resumes the copy as it would the original)."""
+    for name in ("logs", "ckpt"):
+        shutil.copytree(run_dir / name, tmp_path / name, symlinks=True)
+
+
 @pytest.mark.slow
-def test_a_semantic_change_is_still_refused(tmp_path: Path) -> None:
-    assert _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=2")).returncode == 0
+def test_a_semantic_change_is_still_refused(two_step_run: Path, tmp_path: Path) -> None:
+    _copy_run(two_step_run, tmp_path)
     refused = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=4", "seed=3"))
     assert refused.returncode == 2
     assert "seed: 0 -> 3" in refused.stderr
@@ -102,11 +144,11 @@ def _grpo(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
 @pytest.mark.slow
 def test_the_model_is_its_files_not_its_path(tmp_path: Path) -> None:
     first_dir = tmp_path / "model_a"
-    first = _run(tmp_path, *_grpo(tmp_path, first_dir, "grpo.max_num_steps=2"))
+    first = _fresh_run(tmp_path, *_grpo(tmp_path, first_dir, "grpo.max_num_steps=2"))
     assert first.returncode == 0, first.stderr
     moved_dir = tmp_path / "model_b"
     shutil.move(first_dir, moved_dir)
-    moved = _run(
+    moved = _fresh_run(
         tmp_path,
         *_grpo(tmp_path, moved_dir, "grpo.max_num_steps=3", "model.build_default=false"),
     )
@@ -116,7 +158,7 @@ def test_the_model_is_its_files_not_its_path(tmp_path: Path) -> None:
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01  # one bit of the last weight: same shapes, other weights
     weights.write_bytes(bytes(data))
-    refused = _run(
+    refused = _fresh_run(
         tmp_path,
         *_grpo(tmp_path, moved_dir, "grpo.max_num_steps=4", "model.build_default=false"),
     )
@@ -125,9 +167,10 @@ def test_the_model_is_its_files_not_its_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_damaged_dataset_identity_file_refuses_the_start_and_is_kept(tmp_path: Path) -> None:
-    first = _run(tmp_path, *_simulated(tmp_path, "grpo.max_num_steps=2"))
-    assert first.returncode == 0, first.stderr
+def test_a_damaged_dataset_identity_file_refuses_the_start_and_is_kept(
+    two_step_run: Path, tmp_path: Path
+) -> None:
+    _copy_run(two_step_run, tmp_path)
     record = tmp_path / "ckpt" / "bootstrap" / "dataset_identity.json"
     damaged = record.read_bytes()[:-20]
     record.write_bytes(damaged)

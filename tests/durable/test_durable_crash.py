@@ -3,7 +3,9 @@
 A child process commits or prunes snapshots and is killed (by the fault hook
 at a chosen ``(point, nth)``, or by us after a random delay). Then a fresh
 process must find every committed snapshot complete, resolve the old or the
-new one, and commit the next snapshot successfully.
+new one, and commit the next snapshot successfully. The children are forked
+from one process that imported the child script once (``child_zygote``),
+except the randomly killed one, which is a new Python each time.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from child_zygote import Zygote
 
 from rollvault.durable.faults import FAULT_POINTS, KILL_AT_ENV, TRACE_ENV
 
@@ -33,16 +37,27 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+_zygote: Zygote | None = None
+"""The module's forking server of CHILD (see _child_zygote)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _child_zygote() -> Iterator[None]:
+    # Module-wide, so that the helpers below stay plain functions of their arguments.
+    global _zygote
+    with Zygote(CHILD) as zygote:
+        _zygote = zygote
+        try:
+            yield
+        finally:
+            _zygote = None
+
+
 def _run(
     mode: str, checkpoint_dir: Path, *args: str, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(CHILD), mode, str(checkpoint_dir), *args],
-        env=_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    assert _zygote is not None, "the _child_zygote fixture is not active"
+    return _zygote.run([mode, str(checkpoint_dir), *args], _env(**env))
 
 
 def _ok(mode: str, checkpoint_dir: Path, *args: str) -> str:

@@ -3,7 +3,8 @@
 A child appends, rotates and drops segments and is killed at one
 ``(fault point, nth)``. A fresh process must then read a gapless run of
 verified records that holds every record the child saw durable, never miss a
-record no rotation covered, and append after them.
+record no rotation covered, and append after them. The children are forked
+from one process that imported the child script once (``child_zygote``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from child_zygote import Zygote
 
 from rollvault.durable.faults import KILL_AT_ENV, TRACE_ENV
 
@@ -23,16 +25,27 @@ CHILD = Path(__file__).with_name("journal_crash_child.py")
 pytestmark = pytest.mark.slow
 
 
+_zygote: Zygote | None = None
+"""The module's forking server of CHILD (see _child_zygote)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _child_zygote() -> Iterator[None]:
+    # Module-wide, so that the helpers below stay plain functions of their arguments.
+    global _zygote
+    with Zygote(CHILD) as zygote:
+        _zygote = zygote
+        try:
+            yield
+        finally:
+            _zygote = None
+
+
 def _run(mode: str, journal: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in (KILL_AT_ENV, TRACE_ENV)}
     environ.update(env)
-    return subprocess.run(
-        [sys.executable, str(CHILD), mode, str(journal)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    assert _zygote is not None, "the _child_zygote fixture is not active"
+    return _zygote.run([mode, str(journal)], environ)
 
 
 def _last(stdout: str, word: str) -> int | None:

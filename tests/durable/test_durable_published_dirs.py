@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from child_zygote import Zygote
 
 from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.published_dirs import publish_directory
@@ -89,35 +89,42 @@ CHILD = textwrap.dedent(
     import sys
     from pathlib import Path
     from rollvault.durable.published_dirs import publish_directory
-    final, version = Path(sys.argv[1]), int(sys.argv[2])
-    def write(directory):
-        (directory / "weights.bin").write_bytes(bytes([version % 256]) * 4096)
-        (directory / "sub").mkdir()
-        (directory / "sub" / "config.json").write_text('{"version": %d}' % version)
-    publish_directory(final, write, with_digests=True)
+    def main():
+        final, version = Path(sys.argv[1]), int(sys.argv[2])
+        def write(directory):
+            (directory / "weights.bin").write_bytes(bytes([version % 256]) * 4096)
+            (directory / "sub").mkdir()
+            (directory / "sub" / "config.json").write_text('{"version": %d}' % version)
+        publish_directory(final, write, with_digests=True)
+    if __name__ == "__main__":
+        main()
     """
 )
+"""The child script; forked per run from one process that imported it (``child_zygote``)."""
 
 
-def _child(final: Path, version: int, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, str(final), str(version)],
-        env={**os.environ, **env},
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+def _child(
+    zygote: Zygote, final: Path, version: int, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    return zygote.run([str(final), str(version)], {**os.environ, **env})
 
 
 @pytest.mark.slow
 def test_kill_at_every_fault_point_never_leaves_a_partial_directory(tmp_path: Path) -> None:
+    script = tmp_path / "publish_child.py"
+    script.write_text(CHILD)
+    with Zygote(script) as zygote:
+        _kill_at_every_fault_point(zygote, tmp_path)
+
+
+def _kill_at_every_fault_point(zygote: Zygote, tmp_path: Path) -> None:
     template = tmp_path / "template"
-    assert _child(template / "final_model", 1, {}).returncode == 0
+    assert _child(zygote, template / "final_model", 1, {}).returncode == 0
     trace = tmp_path / "trace.txt"
     traced = tmp_path / "traced"
     subprocess.run(["cp", "-a", str(template), str(traced)], check=True)
     env = {"ROLLVAULT_FAULT_TRACE": str(trace)}
-    assert _child(traced / "final_model", 2, env).returncode == 0
+    assert _child(zygote, traced / "final_model", 2, env).returncode == 0
     points = trace.read_text().split()
     assert "published_dir.old_trashed" in points and "published_dir.after_rename" in points
     seen: dict[str, int] = {}
@@ -126,7 +133,7 @@ def test_kill_at_every_fault_point_never_leaves_a_partial_directory(tmp_path: Pa
         root = tmp_path / f"kill_{number}"
         subprocess.run(["cp", "-a", str(template), str(root)], check=True)
         final = root / "final_model"
-        killed = _child(final, 2, {"ROLLVAULT_FAULT_KILL_AT": f"{point}:{seen[point]}"})
+        killed = _child(zygote, final, 2, {"ROLLVAULT_FAULT_KILL_AT": f"{point}:{seen[point]}"})
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
         if final.exists():
             # Whatever is under the final name is complete: the old one or the new one.
@@ -138,5 +145,5 @@ def test_kill_at_every_fault_point_never_leaves_a_partial_directory(tmp_path: Pa
             assert _version(root / "tmp_final_model") == 2
             assert _version(root / "trash_final_model") == 1
         # The next publication clears every leftover and succeeds.
-        assert _child(final, 3, {}).returncode == 0, point
+        assert _child(zygote, final, 3, {}).returncode == 0, point
         assert _names(root) == ["final_model"] and _version(final) == 3, point

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
+from child_zygote import Zygote
 
 from rollvault.durable import trainer_checkpoints
 from rollvault.durable.errors import SnapshotWriteError
@@ -85,35 +85,42 @@ CHILD = textwrap.dedent(
     import sys
     from pathlib import Path
     from rollvault.durable.trainer_checkpoints import publish_trainer_checkpoint, prune_trainer_checkpoints
-    root, step = Path(sys.argv[1]), int(sys.argv[2])
-    def write(directory):
-        (directory / "trainer").mkdir()
-        (directory / "trainer" / "state.bin").write_bytes(bytes([step % 256]) * 4096)
-        (directory / "done").write_text(str(step))
-    publish_trainer_checkpoint(root, step, write)
-    prune_trainer_checkpoints(root, keep_latest=1)
+    def main():
+        root, step = Path(sys.argv[1]), int(sys.argv[2])
+        def write(directory):
+            (directory / "trainer").mkdir()
+            (directory / "trainer" / "state.bin").write_bytes(bytes([step % 256]) * 4096)
+            (directory / "done").write_text(str(step))
+        publish_trainer_checkpoint(root, step, write)
+        prune_trainer_checkpoints(root, keep_latest=1)
+    if __name__ == "__main__":
+        main()
     """
 )
+"""The child script; forked per run from one process that imported it (``child_zygote``)."""
 
 
-def _child(root: Path, step: int, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), str(step)],
-        env={**os.environ, **env},
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+def _child(
+    zygote: Zygote, root: Path, step: int, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    return zygote.run([str(root), str(step)], {**os.environ, **env})
 
 
 @pytest.mark.slow
 def test_kill_at_every_fault_point_leaves_old_or_new_complete(tmp_path: Path) -> None:
+    script = tmp_path / "trainer_checkpoint_child.py"
+    script.write_text(CHILD)
+    with Zygote(script) as zygote:
+        _kill_at_every_fault_point(zygote, tmp_path)
+
+
+def _kill_at_every_fault_point(zygote: Zygote, tmp_path: Path) -> None:
     template = tmp_path / "template"
-    assert _child(template, 1, {}).returncode == 0
+    assert _child(zygote, template, 1, {}).returncode == 0
     trace = tmp_path / "trace.txt"
     traced = tmp_path / "traced"
     subprocess.run(["cp", "-a", str(template), str(traced)], check=True)
-    assert _child(traced, 2, {"ROLLVAULT_FAULT_TRACE": str(trace)}).returncode == 0
+    assert _child(zygote, traced, 2, {"ROLLVAULT_FAULT_TRACE": str(trace)}).returncode == 0
     points = trace.read_text().split()
     assert (
         "trainer_checkpoint.after_rename" in points and "trainer_prune.after_trash_rename" in points
@@ -123,13 +130,13 @@ def test_kill_at_every_fault_point_leaves_old_or_new_complete(tmp_path: Path) ->
         seen[point] = seen.get(point, 0) + 1
         root = tmp_path / f"kill_{number}"
         subprocess.run(["cp", "-a", str(template), str(root)], check=True)
-        killed = _child(root, 2, {"ROLLVAULT_FAULT_KILL_AT": f"{point}:{seen[point]}"})
+        killed = _child(zygote, root, 2, {"ROLLVAULT_FAULT_KILL_AT": f"{point}:{seen[point]}"})
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr)
         latest = latest_trainer_checkpoint(root)
         assert latest in (1, 2), point
         assert _complete(trainer_checkpoint_path(root, latest), latest), point
         # The next publication clears leftovers and succeeds.
-        assert _child(root, 3, {}).returncode == 0, point
+        assert _child(zygote, root, 3, {}).returncode == 0, point
         assert trainer_checkpoint_steps(root) == [3]
         assert not [p for p in root.iterdir() if p.name.startswith(("tmp_", "trash_"))]
 

@@ -3,7 +3,9 @@ go to a new row segment, or whose changed ledger records go to a new ledger segm
 (segment write, index, commit, retention, segment collection).
 
 Each case has its own child process (``segments_crash_child.py`` for rows,
-``ledger_segments_crash_child.py`` for the ledger). After each kill a fresh process
+``ledger_segments_crash_child.py`` for the ledger), forked per run from a
+process that imported it once (``child_zygote.py``: a fresh Python's imports
+cost more than the child's work). After each kill a fresh process
 must find every committed snapshot whole (each referenced segment present and
 intact, each row or group as its step left it), and the next snapshot must commit
 and collect the orphans: afterwards the segments directory holds exactly what the
@@ -17,13 +19,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from child_zygote import Zygote
 
 from rollvault.durable.faults import FAULT_POINTS, KILL_AT_ENV, TRACE_ENV
 
@@ -86,31 +88,30 @@ LEDGER = CrashCase(
 )
 
 
-def _run(
-    case: CrashCase, mode: str, directory: Path, **env: str
-) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k not in (KILL_AT_ENV, TRACE_ENV)}
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, str(case.child), mode, str(directory)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+@dataclass(frozen=True)
+class Child:
+    """A case and the zygote its child processes are forked from."""
+
+    case: CrashCase
+    zygote: Zygote
+
+    def run(self, mode: str, directory: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        environ = {k: v for k, v in os.environ.items() if k not in (KILL_AT_ENV, TRACE_ENV)}
+        environ.update(env)
+        return self.zygote.run([mode, str(directory)], environ)
+
+    def ok(self, mode: str, directory: Path, **env: str) -> str:
+        done = self.run(mode, directory, **env)
+        assert done.returncode == 0, f"{self.case} {mode} failed:\n{done.stderr}"
+        return done.stdout
 
 
-def _ok(case: CrashCase, mode: str, directory: Path, **env: str) -> str:
-    done = _run(case, mode, directory, **env)
-    assert done.returncode == 0, f"{case} {mode} failed:\n{done.stderr}"
-    return done.stdout
-
-
-def _template(case: CrashCase, directory: Path) -> Path:
+def _template(child: Child, directory: Path) -> Path:
     """Three committed steps: snapshots 2 and 3 kept, sharing segments."""
+    case = child.case
     for _ in range(3):
-        _ok(case, "commit", directory)
-    report: dict[str, Any] = json.loads(_ok(case, "verify", directory))
+        child.ok("commit", directory)
+    report: dict[str, Any] = json.loads(child.ok("verify", directory))
     assert report["steps"] == [2, 3] and report["problems"] == {}
     assert report["segments"] == report["referenced"]
     if case is LEDGER:
@@ -118,33 +119,39 @@ def _template(case: CrashCase, directory: Path) -> Path:
     return directory
 
 
-def _kill_points(case: CrashCase, template: Path, tmp_path: Path) -> list[tuple[str, int]]:
+def _kill_points(child: Child, template: Path, tmp_path: Path) -> list[tuple[str, int]]:
     work = tmp_path / "traced"
     shutil.copytree(template, work)
     trace = tmp_path / "trace.txt"
-    _ok(case, "commit", work, **{TRACE_ENV: str(trace)})
+    child.ok("commit", work, **{TRACE_ENV: str(trace)})
     seen: Counter[str] = Counter()
     points = []
     for name in trace.read_text().splitlines():
         seen[name] += 1
         points.append((name, seen[name]))
     assert {name for name, _ in points} <= FAULT_POINTS
-    return [(name, nth) for name, nth in points if name.startswith(case.steps)]
+    return [(name, nth) for name, nth in points if name.startswith(child.case.steps)]
 
 
 @pytest.mark.parametrize("case", [ROWS, LEDGER], ids=str)
 def test_a_kill_at_every_fault_point_of_an_incremental_snapshot_leaves_it_loadable(
     case: CrashCase, tmp_path: Path
 ) -> None:
-    template = _template(case, tmp_path / "template")
-    points = _kill_points(case, template, tmp_path)
+    with Zygote(case.child) as zygote:
+        _kill_at_every_point(Child(case, zygote), tmp_path)
+
+
+def _kill_at_every_point(child: Child, tmp_path: Path) -> None:
+    case = child.case
+    template = _template(child, tmp_path / "template")
+    points = _kill_points(child, template, tmp_path)
     assert case.required <= {name for name, _ in points}
     for index, (name, nth) in enumerate(points):
         work = tmp_path / f"kill_{index}"
         shutil.copytree(template, work)
-        done = _run(case, "commit", work, **{KILL_AT_ENV: f"{name}:{nth}"})
+        done = child.run("commit", work, **{KILL_AT_ENV: f"{name}:{nth}"})
         assert done.returncode == -signal.SIGKILL, f"not killed at {name}:{nth}\n{done.stderr}"
-        reports = json.loads(_ok(case, "recover", work))
+        reports = json.loads(child.ok("recover", work))
         after_kill, again = reports["before"], reports["after"]
         where = f"{case}: after a kill at {name}:{nth}"
         assert after_kill["problems"] == {}, where
