@@ -222,6 +222,17 @@ class RolloutRecoveryLedger:
         """
         return list(self._groups.values())
 
+    def borrowed_group(self, group_id: str) -> PromptGroupRecoveryRecord:
+        """One group's record itself, valid until the ledger's next change; O(1).
+
+        Not in the reference API. :meth:`borrowed_groups` for one group: for a
+        reader of a field or one sibling (the target step, a current attempt's
+        id) that :meth:`get_group`'s deep copy of every sibling would slow
+        down. Nothing is copied or frozen. Read-only: changing it would change
+        the ledger. Raises :class:`UnknownGroupError` if absent.
+        """
+        return self._require_group(group_id)
+
     def __contains__(self, group_id: object) -> bool:
         return isinstance(group_id, str) and group_id in self._groups
 
