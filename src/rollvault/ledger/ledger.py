@@ -510,8 +510,7 @@ class RolloutRecoveryLedger:
         (after a retry, the ones minted for it). The group must be admitted and
         ``generating``; every selected attempt must be ``reserved``.
         """
-        self._enter(cut, "mark_group_dispatched", group_id)
-        record = self._mutable_group(group_id)
+        record = self._enter_group(cut, "mark_group_dispatched", group_id)
         require_group_status(record, allowed=GENERATING_ONLY, transition="dispatch")
         require_phase(record, allowed=_ADMITTED_ONLY, transition="dispatch")
         if generation_indices is None:
@@ -560,13 +559,15 @@ class RolloutRecoveryLedger:
         ``ready_to_finalize``. Repeating an identical seal is a no-op; a
         different one raises :class:`SealConflictError`.
         """
-        self._enter(cut, "mark_sibling_sealed", group_id)
-        record = self._mutable_group(group_id)
+        record = self._enter_group(cut, "mark_sibling_sealed", group_id)
         siblings = record.siblings
         # Exact-type fast path of require_sibling (this is the hot path).
         if not (type(generation_index) is int and 0 <= generation_index < len(siblings)):
             require_sibling(record, generation_index)
-        attempt = fenced_attempt(record, generation_index, gate_rollout_id)
+        attempt = siblings[generation_index].attempts[-1]
+        # fenced_attempt's check inlined (this is the hot path); it raises with the message.
+        if gate_rollout_id != f"{record.group_id}_g{generation_index}_a{attempt.attempt_uuid.hex}":
+            fenced_attempt(record, generation_index, gate_rollout_id)
         values = seal_values(
             record,
             generation_index,
@@ -586,7 +587,14 @@ class RolloutRecoveryLedger:
             self._check_sealable(record, generation_index, attempt)  # raises
         if attempt.turn_keys:
             check_receipt_prefix(record, generation_index, attempt, values.staging_keys)
-        apply_seal(attempt, values)
+        # apply_seal inlined.
+        attempt.receipt = values.receipt
+        attempt.staging_keys = values.staging_keys
+        attempt.reward = values.reward
+        attempt.mask_sample = values.mask_sample
+        attempt.reward_checks = values.reward_checks
+        attempt.reward_log_context = values.reward_log_context
+        attempt.status = _SEALED
         # Last sibling first: seals arrive roughly in generation order, so an
         # unsealed one is usually found at once.
         for sibling in reversed(siblings):
@@ -653,8 +661,7 @@ class RolloutRecoveryLedger:
         the attempt. The controller then retries the sibling with
         :meth:`prepare_incomplete_retry` or gives the group up.
         """
-        self._enter(cut, "mark_sibling_failed", group_id)
-        record = self._mutable_group(group_id)
+        record = self._enter_group(cut, "mark_sibling_failed", group_id)
         if not (type(generation_index) is int and 0 <= generation_index < len(record.siblings)):
             require_sibling(record, generation_index)  # raises
         attempt = fenced_attempt(record, generation_index, gate_rollout_id)
@@ -831,8 +838,7 @@ class RolloutRecoveryLedger:
         is abandoned (sealed ones included) and gets a fresh attempt. At least
         one sibling must be failed or abandoned. Returns a copy of the group.
         """
-        self._enter(cut, "prepare_incomplete_retry", group_id)
-        record = self._mutable_group(group_id)
+        record = self._enter_group(cut, "prepare_incomplete_retry", group_id)
         require_group_status(record, allowed=GENERATING_ONLY, transition="retry")
         retryable = retryable_siblings(record)
         if not retryable:
@@ -1063,6 +1069,21 @@ class RolloutRecoveryLedger:
     def _forget(self, group_id: str) -> None:
         del self._groups[group_id]
         self._captured.discard(group_id)
+
+    def _enter_group(
+        self, cut: DataPlaneMutationCut, operation: str, group_id: str
+    ) -> PromptGroupRecoveryRecord:
+        """:meth:`_enter`, then :meth:`_mutable_group`, in one call (the hot mutators)."""
+        if not (cut is self._cut and cut.holds_mutation()):
+            self._enter(cut, operation, group_id)  # raises, or binds the first cut
+        record = self._groups.get(group_id) if isinstance(group_id, str) else None
+        if record is None:
+            raise UnknownGroupError(f"the ledger holds no group {group_id!r}")
+        if group_id in self._captured:
+            record = copy_group_record(record)
+            self._groups[group_id] = record
+            self._captured.discard(group_id)
+        return record
 
     def _mutable_group(self, group_id: str) -> PromptGroupRecoveryRecord:
         """The live record of a group about to change, unshared from any capture first."""
