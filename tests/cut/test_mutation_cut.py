@@ -332,3 +332,21 @@ def test_a_second_checkpoint_waits_for_the_first() -> None:
         assert log == ["C1 in", "C1 out", "C2 in", "C2 out"]
 
     run(scenario)
+
+
+def test_a_held_section_is_not_held_by_a_worker_thread_nor_outside_the_loop() -> None:
+    # The check reads the running task without asyncio.current_task's call: a
+    # thread started from inside a held section (to_thread copies the task's
+    # context) runs no loop, so it holds nothing, and neither does plain code.
+    cut = DataPlaneMutationCut()
+
+    async def scenario() -> None:
+        async with cut.mutation():
+            assert cut.holds_mutation()
+            assert not await asyncio.to_thread(cut.holds_mutation)
+            with pytest.raises(MutationCutNotHeldError, match="no running event loop"):
+                await asyncio.to_thread(cut.require_mutation, "Ledger.op(thread)")
+        assert not cut.holds_mutation()
+
+    run(scenario)
+    assert not cut.holds_mutation()

@@ -114,3 +114,18 @@ def test_borrowed_groups_are_the_live_records_and_freeze_nothing(harness: Harnes
     # Not frozen: the change went into the same record, no copy was made.
     assert harness.ledger._groups[group_id] is borrowed
     assert borrowed.siblings[0].current_attempt.status is RolloutAttemptStatus.DISPATCHED
+
+
+def test_a_borrowed_group_is_the_live_record_and_an_unknown_one_raises(
+    harness: Harness,
+) -> None:
+    group_id = harness.reserve(2)
+    borrowed = harness.ledger.borrowed_group(group_id)
+    assert borrowed is harness.ledger._groups[group_id]
+    assert borrowed == harness.ledger.get_group(group_id)
+    harness.dispatch(group_id)
+    # Not frozen: the change went into the same record, no copy was made.
+    assert harness.ledger._groups[group_id] is borrowed
+    assert borrowed.siblings[1].current_attempt.status is RolloutAttemptStatus.DISPATCHED
+    with pytest.raises(LedgerError, match="no group 'nope'"):
+        harness.ledger.borrowed_group("nope")

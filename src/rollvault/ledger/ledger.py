@@ -16,6 +16,7 @@ from rollvault.ledger.arguments import (
     require_optional_str,
     require_str,
 )
+from rollvault.ledger.attempt_ids import mint_hex_id_pair
 from rollvault.ledger.call_checks import (
     check_complete_cohort,
     distinct_indices,
@@ -222,6 +223,17 @@ class RolloutRecoveryLedger:
         """
         return list(self._groups.values())
 
+    def borrowed_group(self, group_id: str) -> PromptGroupRecoveryRecord:
+        """One group's record itself, valid until the ledger's next change; O(1).
+
+        Not in the reference API. :meth:`borrowed_groups` for one group: for a
+        reader of a field or one sibling (the target step, a current attempt's
+        id) that :meth:`get_group`'s deep copy of every sibling would slow
+        down. Nothing is copied or frozen. Read-only: changing it would change
+        the ledger. Raises :class:`UnknownGroupError` if absent.
+        """
+        return self._require_group(group_id)
+
     def __contains__(self, group_id: object) -> bool:
         return isinstance(group_id, str) and group_id in self._groups
 
@@ -331,34 +343,61 @@ class RolloutRecoveryLedger:
         ``PromptRef(sample_id=prompt_id, task_name=payload.get("task_name"))``.
         The payload must resolve to the ref (``_validate_prompt_identity``).
         """
-        new_id = uuid.uuid4().hex if group_id is None else group_id
+        fresh = mint_hex_id_pair() if group_id is None or admission_id is None else ("", "")
+        new_id = fresh[0] if group_id is None else group_id
         self._enter(cut, "reserve_group", new_id)
-        where = f"reserve_group(group {new_id!r})"
-        require_str(new_id, name="group_id", where=where)
-        if new_id in self._groups:
-            raise DuplicateGroupError(f"{where}: the ledger already holds group {new_id!r}")
-        require_str(prompt_id, name="prompt_id", where=where)
-        count = require_int(
-            expected_generations, name="expected_generations", where=where, minimum=1
-        )
-        require_optional_int(target_step, name="target_step", where=where)
-        require_int(start_weight_version, name="start_weight_version", where=where)
-        require_optional_str(task_source, name="task_source", where=where)
-        require_bool(admitted, name="admitted", where=where)
-        granularity = require_granularity(recovery_granularity, where=where)
-        admission = uuid.uuid4().hex if admission_id is None else admission_id
-        require_str(admission, name="admission_id", where=where)
-        task_name = datum_task_name(prompt_payload, group_id=new_id)
-        ref = (
-            PromptRef(sample_id=prompt_id, task_name=task_name)
-            if prompt_ref is None
-            else prompt_ref
-        )
-        if not isinstance(ref, PromptRef):
-            raise InvalidLedgerInputError(
-                f"{where}: prompt_ref must be a PromptRef, got {type(ref).__name__}"
+        admission = fresh[1] if admission_id is None else admission_id
+        # Exact-type fast path (a reservation is a hot path); any other argument
+        # takes the checks in the order of their messages, which raise or accept it.
+        if not (
+            type(new_id) is str
+            and new_id
+            and new_id not in self._groups
+            and type(prompt_id) is str
+            and prompt_id
+            and type(expected_generations) is int
+            and expected_generations >= 1
+            and (target_step is None or (type(target_step) is int and target_step >= 0))
+            and type(start_weight_version) is int
+            and start_weight_version >= 0
+            and (task_source is None or type(task_source) is str)
+            and type(admitted) is bool
+            and type(recovery_granularity) is RecoveryGranularity
+            and type(admission) is str
+            and admission
+        ):
+            self._check_reserve_args(
+                new_id,
+                prompt_id=prompt_id,
+                expected_generations=expected_generations,
+                target_step=target_step,
+                start_weight_version=start_weight_version,
+                task_source=task_source,
+                admitted=admitted,
+                recovery_granularity=recovery_granularity,
+                admission_id=admission,
             )
-        _validate_prompt_identity(ref, prompt_payload, group_id=new_id)
+        granularity = (
+            recovery_granularity
+            if type(recovery_granularity) is RecoveryGranularity
+            else require_granularity(recovery_granularity, where="")
+        )
+        count = expected_generations
+        task_name = datum_task_name(prompt_payload, group_id=new_id)
+        if prompt_ref is None:
+            ref = PromptRef(sample_id=prompt_id, task_name=task_name)
+            # The ref is the payload's own (idx and task name): only idx can differ.
+            if str(prompt_payload["idx"]) != prompt_id:
+                _validate_prompt_identity(ref, prompt_payload, group_id=new_id)  # raises
+        else:
+            ref = prompt_ref
+            if not isinstance(ref, PromptRef):
+                raise InvalidLedgerInputError(
+                    f"reserve_group(group {new_id!r}): prompt_ref must be a PromptRef, got "
+                    f"{type(ref).__name__}"
+                )
+            _validate_prompt_identity(ref, prompt_payload, group_id=new_id)
+        attempts = new_attempts(count)
         record = PromptGroupRecoveryRecord(
             group_id=new_id,
             admission_id=admission,
@@ -372,13 +411,53 @@ class RolloutRecoveryLedger:
             start_weight_version=start_weight_version,
             siblings=[
                 RolloutSiblingRecord(generation_index=index, attempts=[attempt])
-                for index, attempt in enumerate(new_attempts(count))
+                for index, attempt in enumerate(attempts)
             ],
             phase=PromptGroupPhase.ADMITTED if admitted else PromptGroupPhase.RESERVED,
             status=PromptGroupStatus.GENERATING,
         )
         self._groups[new_id] = record
-        return self._copy_group(record)
+        # The caller's copy, built as the record was (fresh attempts hold nothing
+        # but their UUID and status): cheaper than copying the record.
+        return msgspec.structs.replace(
+            record,
+            siblings=[
+                RolloutSiblingRecord(
+                    generation_index=index,
+                    attempts=[
+                        RolloutAttemptRecord(attempt_uuid=attempt.attempt_uuid, status=_RESERVED)
+                    ],
+                )
+                for index, attempt in enumerate(attempts)
+            ],
+        )
+
+    def _check_reserve_args(
+        self,
+        new_id: object,
+        *,
+        prompt_id: object,
+        expected_generations: object,
+        target_step: object,
+        start_weight_version: object,
+        task_source: object,
+        admitted: object,
+        recovery_granularity: object,
+        admission_id: object,
+    ) -> None:
+        """The checks of :meth:`reserve_group`'s arguments, in the order of their messages."""
+        where = f"reserve_group(group {new_id!r})"
+        require_str(new_id, name="group_id", where=where)
+        if new_id in self._groups:
+            raise DuplicateGroupError(f"{where}: the ledger already holds group {new_id!r}")
+        require_str(prompt_id, name="prompt_id", where=where)
+        require_int(expected_generations, name="expected_generations", where=where, minimum=1)
+        require_optional_int(target_step, name="target_step", where=where)
+        require_int(start_weight_version, name="start_weight_version", where=where)
+        require_optional_str(task_source, name="task_source", where=where)
+        require_bool(admitted, name="admitted", where=where)
+        require_granularity(recovery_granularity, where=where)
+        require_str(admission_id, name="admission_id", where=where)
 
     def mark_group_admitted(
         self,
@@ -431,8 +510,7 @@ class RolloutRecoveryLedger:
         (after a retry, the ones minted for it). The group must be admitted and
         ``generating``; every selected attempt must be ``reserved``.
         """
-        self._enter(cut, "mark_group_dispatched", group_id)
-        record = self._mutable_group(group_id)
+        record = self._enter_group(cut, "mark_group_dispatched", group_id)
         require_group_status(record, allowed=GENERATING_ONLY, transition="dispatch")
         require_phase(record, allowed=_ADMITTED_ONLY, transition="dispatch")
         if generation_indices is None:
@@ -481,13 +559,15 @@ class RolloutRecoveryLedger:
         ``ready_to_finalize``. Repeating an identical seal is a no-op; a
         different one raises :class:`SealConflictError`.
         """
-        self._enter(cut, "mark_sibling_sealed", group_id)
-        record = self._mutable_group(group_id)
+        record = self._enter_group(cut, "mark_sibling_sealed", group_id)
         siblings = record.siblings
         # Exact-type fast path of require_sibling (this is the hot path).
         if not (type(generation_index) is int and 0 <= generation_index < len(siblings)):
             require_sibling(record, generation_index)
-        attempt = fenced_attempt(record, generation_index, gate_rollout_id)
+        attempt = siblings[generation_index].attempts[-1]
+        # fenced_attempt's check inlined (this is the hot path); it raises with the message.
+        if gate_rollout_id != f"{record.group_id}_g{generation_index}_a{attempt.attempt_uuid.hex}":
+            fenced_attempt(record, generation_index, gate_rollout_id)
         values = seal_values(
             record,
             generation_index,
@@ -507,8 +587,17 @@ class RolloutRecoveryLedger:
             self._check_sealable(record, generation_index, attempt)  # raises
         if attempt.turn_keys:
             check_receipt_prefix(record, generation_index, attempt, values.staging_keys)
-        apply_seal(attempt, values)
-        for sibling in siblings:
+        # apply_seal inlined.
+        attempt.receipt = values.receipt
+        attempt.staging_keys = values.staging_keys
+        attempt.reward = values.reward
+        attempt.mask_sample = values.mask_sample
+        attempt.reward_checks = values.reward_checks
+        attempt.reward_log_context = values.reward_log_context
+        attempt.status = _SEALED
+        # Last sibling first: seals arrive roughly in generation order, so an
+        # unsealed one is usually found at once.
+        for sibling in reversed(siblings):
             if sibling.attempts[-1].status is not _SEALED:
                 return
         record.status = check_group_transition(record, GroupEvent.ALL_SIBLINGS_SEALED)
@@ -572,8 +661,7 @@ class RolloutRecoveryLedger:
         the attempt. The controller then retries the sibling with
         :meth:`prepare_incomplete_retry` or gives the group up.
         """
-        self._enter(cut, "mark_sibling_failed", group_id)
-        record = self._mutable_group(group_id)
+        record = self._enter_group(cut, "mark_sibling_failed", group_id)
         if not (type(generation_index) is int and 0 <= generation_index < len(record.siblings)):
             require_sibling(record, generation_index)  # raises
         attempt = fenced_attempt(record, generation_index, gate_rollout_id)
@@ -750,10 +838,10 @@ class RolloutRecoveryLedger:
         is abandoned (sealed ones included) and gets a fresh attempt. At least
         one sibling must be failed or abandoned. Returns a copy of the group.
         """
-        self._enter(cut, "prepare_incomplete_retry", group_id)
-        record = self._mutable_group(group_id)
+        record = self._enter_group(cut, "prepare_incomplete_retry", group_id)
         require_group_status(record, allowed=GENERATING_ONLY, transition="retry")
-        if not retryable_siblings(record):
+        retryable = retryable_siblings(record)
+        if not retryable:
             raise LedgerTransitionError(
                 f"group {group_id!r}: cannot retry: no sibling's current attempt is failed or "
                 f"abandoned (current attempts: "
@@ -762,7 +850,7 @@ class RolloutRecoveryLedger:
                 transition="retry",
                 status=record.status.value,
             )
-        retry_incomplete(record)
+        retry_incomplete(record, retryable)
         return self._copy_group(record)
 
     def prepare_for_restart(self, cut: DataPlaneMutationCut) -> None:
@@ -961,7 +1049,7 @@ class RolloutRecoveryLedger:
     ) -> None:
         """Require the caller to hold ``cut`` and ``cut`` to be this ledger's cut."""
         bound = self._cut
-        if cut.holds_mutation() and cut is bound:
+        if cut is bound and cut.holds_mutation():
             return  # the hot path: no message to format
         call = f"RolloutRecoveryLedger.{operation}" + (
             "()" if group_id is None else f"(group {group_id!r})"
@@ -982,9 +1070,27 @@ class RolloutRecoveryLedger:
         del self._groups[group_id]
         self._captured.discard(group_id)
 
+    def _enter_group(
+        self, cut: DataPlaneMutationCut, operation: str, group_id: str
+    ) -> PromptGroupRecoveryRecord:
+        """:meth:`_enter`, then :meth:`_mutable_group`, in one call (the hot mutators)."""
+        if not (cut is self._cut and cut.holds_mutation()):
+            self._enter(cut, operation, group_id)  # raises, or binds the first cut
+        record = self._groups.get(group_id) if isinstance(group_id, str) else None
+        if record is None:
+            raise UnknownGroupError(f"the ledger holds no group {group_id!r}")
+        if group_id in self._captured:
+            record = copy_group_record(record)
+            self._groups[group_id] = record
+            self._captured.discard(group_id)
+        return record
+
     def _mutable_group(self, group_id: str) -> PromptGroupRecoveryRecord:
         """The live record of a group about to change, unshared from any capture first."""
-        record = self._require_group(group_id)
+        # _require_group inlined: every mutation of a group starts here.
+        record = self._groups.get(group_id) if isinstance(group_id, str) else None
+        if record is None:
+            raise UnknownGroupError(f"the ledger holds no group {group_id!r}")
         if group_id in self._captured:
             record = copy_group_record(record)
             self._groups[group_id] = record

@@ -94,20 +94,23 @@ def retryable_siblings(record: PromptGroupRecoveryRecord) -> list[RolloutSibling
 
 def mint_fresh_attempts(siblings: list[RolloutSiblingRecord]) -> None:
     """Give each sibling a new reserved current attempt with a new UUID."""
-    for sibling, attempt in zip(siblings, new_attempts(len(siblings)), strict=True):
-        sibling.attempts.append(attempt)
+    for sibling, attempt in zip(siblings, new_attempts(len(siblings)), strict=False):
+        sibling.attempts.append(attempt)  # as many attempts as siblings: no strict check
 
 
-def retry_incomplete(record: PromptGroupRecoveryRecord) -> None:
+def retry_incomplete(
+    record: PromptGroupRecoveryRecord, retryable: list[RolloutSiblingRecord] | None = None
+) -> None:
     """Mint replacements for the retryable siblings, at the group's granularity.
 
-    The caller has checked that at least one sibling is retryable.
+    The caller has checked that at least one sibling is retryable;
+    ``retryable``, when given, is ``retryable_siblings(record)`` as it found them.
     """
     if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
         abandon_entire_group(record)
         mint_fresh_attempts(record.siblings)
     else:
-        mint_fresh_attempts(retryable_siblings(record))
+        mint_fresh_attempts(retryable_siblings(record) if retryable is None else retryable)
 
 
 def redo_interrupted(record: PromptGroupRecoveryRecord) -> None:

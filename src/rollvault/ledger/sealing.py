@@ -7,7 +7,7 @@ it is applied (``mark_group_sealed`` is atomic).
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
@@ -28,8 +28,12 @@ _to_builtins = msgspec.to_builtins
 _isfinite = math.isfinite
 
 
-class SealValues(NamedTuple):
-    """A checked, normalised terminal result, ready to be applied to an attempt."""
+class SealValues(msgspec.Struct, frozen=True):
+    """A checked, normalised terminal result, ready to be applied to an attempt.
+
+    A Struct, not a NamedTuple: one is built per seal, and a Struct's
+    constructor (C) costs a quarter of a NamedTuple's (Python).
+    """
 
     receipt: dict[str, Any]
     staging_keys: list[str]
@@ -72,16 +76,39 @@ def seal_values(
 ) -> SealValues:
     """Check one terminal result for ``attempt`` and return it normalised.
 
-    ``gate_rollout_id`` is the attempt's gate rollout id, already fenced.
+    ``gate_rollout_id`` is the attempt's gate rollout id, already fenced. The
+    checks run in the order of their messages (receipt, its gate id, reward,
+    the reward records, mask flag); each exact-type fast path falls back to
+    the general check, which normalises or raises with the message.
     """
     try:
-        return _seal_values(
-            gate_rollout_id,
-            receipt=receipt,
-            reward=reward,
-            mask_sample=mask_sample,
-            reward_checks=reward_checks,
-            reward_log_context=reward_log_context,
+        typed = _typed_receipt(receipt)
+        if typed.gate_rollout_id != gate_rollout_id:
+            raise InvalidReceiptError(
+                f"receipt gate_rollout_id {typed.gate_rollout_id!r} is not the attempt's "
+                f"gate rollout id {gate_rollout_id!r}"
+            )
+        if type(reward) is float and _isfinite(reward):
+            reward_value = reward
+        else:
+            reward_value = require_finite_float(reward, name="reward", where="seal")
+        if typed.reward is not None and typed.reward != reward_value:
+            raise InvalidReceiptError(
+                f"receipt reward {typed.reward!r} differs from reward {reward_value!r}"
+            )
+        if reward_checks is not None and not isinstance(reward_checks, RewardChecks):
+            raise InvalidLedgerInputError(
+                f"reward_checks must be RewardChecks or None, got {type(reward_checks).__name__}"
+            )
+        if reward_log_context is not None and not isinstance(reward_log_context, RewardLogContext):
+            raise InvalidLedgerInputError(
+                "reward_log_context must be RewardLogContext or None, got "
+                f"{type(reward_log_context).__name__}"
+            )
+        mask_value = (
+            mask_sample
+            if type(mask_sample) is bool
+            else require_bool(mask_sample, name="mask_sample", where="seal")
         )
     except InvalidLedgerInputError as exc:
         # The location is formatted only on failure: sealing is the hot path.
@@ -90,57 +117,16 @@ def seal_values(
             f"attempt {attempt.attempt_uuid.hex}"
         )
         raise type(exc)(f"{where}: {exc}") from exc
-
-
-def _seal_values(
-    gate_rollout_id: str,
-    *,
-    receipt: object,
-    reward: object,
-    mask_sample: object,
-    reward_checks: object,
-    reward_log_context: object,
-) -> SealValues:
-    typed = _typed_receipt(receipt)
-    if typed.gate_rollout_id != gate_rollout_id:
-        raise InvalidReceiptError(
-            f"receipt gate_rollout_id {typed.gate_rollout_id!r} is not the attempt's "
-            f"gate rollout id {gate_rollout_id!r}"
-        )
-    # Exact-type fast paths (sealing is the hot path); anything else takes the
-    # general check, which normalises or raises with the message.
-    if type(reward) is float and _isfinite(reward):
-        reward_value = reward
-    else:
-        reward_value = require_finite_float(reward, name="reward", where="seal")
-    if typed.reward is not None and typed.reward != reward_value:
-        raise InvalidReceiptError(
-            f"receipt reward {typed.reward!r} differs from reward {reward_value!r}"
-        )
-    if reward_checks is not None and not isinstance(reward_checks, RewardChecks):
-        raise InvalidLedgerInputError(
-            f"reward_checks must be RewardChecks or None, got {type(reward_checks).__name__}"
-        )
-    if reward_log_context is not None and not isinstance(reward_log_context, RewardLogContext):
-        raise InvalidLedgerInputError(
-            "reward_log_context must be RewardLogContext or None, got "
-            f"{type(reward_log_context).__name__}"
-        )
-    mask_value = (
-        mask_sample
-        if type(mask_sample) is bool
-        else require_bool(mask_sample, name="mask_sample", where="seal")
-    )
     # ``typed`` was built by ``convert`` (fresh lists) and the stored receipt by
     # ``to_builtins`` (fresher still): neither aliases the caller's receipt nor
     # each other, so the typed staging keys need no further copy.
     return SealValues(
-        receipt=_to_builtins(typed),
-        staging_keys=typed.staging_keys,
-        reward=reward_value,
-        mask_sample=mask_value,
-        reward_checks=reward_checks,
-        reward_log_context=reward_log_context,
+        _to_builtins(typed),
+        typed.staging_keys,
+        reward_value,
+        mask_value,
+        reward_checks,
+        reward_log_context,
     )
 
 
@@ -175,7 +161,9 @@ def check_same_seal(
 ) -> None:
     """Accept a repeated seal of a sealed attempt only when it is identical."""
     differing = [
-        name for name in SealValues._fields if getattr(attempt, name) != getattr(values, name)
+        name
+        for name in SealValues.__struct_fields__
+        if getattr(attempt, name) != getattr(values, name)
     ]
     if differing:
         raise SealConflictError(

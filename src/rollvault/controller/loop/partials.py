@@ -111,7 +111,9 @@ def carry_live_partials(
     """
     kept: dict[str, PartialRecord] = {}
     for rollout_id, partial in prefixes.live.items():
-        if partial.group_id in ledger and owns_partial(ledger.get_group(partial.group_id), partial):
+        if partial.group_id in ledger and owns_partial(
+            ledger.borrowed_group(partial.group_id), partial
+        ):
             kept[rollout_id] = partial
     prefixes.live = kept
     return [*kept.values(), *prefixes.pooled.values()]

@@ -278,7 +278,7 @@ class RolloutPump:
 
     async def _sealed(self, group_id: str) -> bool:
         """Whether a (restored) group needs no generation."""
-        return self._parts.ledger.get_group(group_id).status in _FINALIZABLE
+        return self._parts.ledger.borrowed_group(group_id).status in _FINALIZABLE
 
     async def _generate(self, group_id: str) -> bool:
         """Run the group's attempts until it is sealed (True) or out of budget (False).

@@ -182,7 +182,7 @@ class TurnCommitter:
             gate_rollout_id=request.gate_rollout_id,
             epoch=origin.epoch,
             dataset_idx=origin.dataset_idx,
-            target_step=parts.ledger.get_group(request.group_id).target_step,
+            target_step=parts.ledger.borrowed_group(request.group_id).target_step,
             turn_index=partial.turn_index,
             token_ids=list(partial.token_ids),
             logprobs=list(partial.logprobs),

@@ -187,7 +187,7 @@ def _replay_partial(
         parts.partials.pooled[prompt] = partial
         counts.partials_pooled += 1
         return
-    group = parts.ledger.get_group(partial.group_id)
+    group = parts.ledger.borrowed_group(partial.group_id)
     if not owns_partial(group, partial) and not _adoptable_partial(group, partial):
         counts.partials_unmatched += 1
         return
@@ -226,7 +226,7 @@ def adopt_journaled_partials(parts: RolloutParts, group_id: str, sealed: set[int
     if not pooled:
         return 0
     origin = parts.group(group_id).origin
-    record = parts.ledger.get_group(group_id)
+    record = parts.ledger.borrowed_group(group_id)
     adopted = 0
     for sibling in record.siblings:
         index = sibling.generation_index
@@ -254,7 +254,8 @@ async def _replay_seal(
             pool_seal(parts, seal)
             counts.seals_pooled += 1
         return
-    group = parts.ledger.get_group(seal.group_id)
+    # Borrowed (no copy): everything read from it is read before the ledger changes it.
+    group = parts.ledger.borrowed_group(seal.group_id)
     if seal.generation_index >= len(group.siblings):
         counts.seals_unmatched += 1
         return
@@ -275,6 +276,7 @@ async def _replay_seal(
     ):
         counts.seals_unmatched += 1
         return
+    committed = len(attempt.turn_keys)
     where = f"{record.segment} at byte {record.offset} (record {record.seq})"
     rows = {key: decode_row(row, where=f"{where}, row {key!r}") for key, row in seal.rows.items()}
     await parts.data_plane.put(STAGING_PARTITION, rows)
@@ -294,7 +296,7 @@ async def _replay_seal(
         reward_log_context=seal.reward_log_context,
     )
     counts.seals_replayed += 1
-    _relog_turns(parts, seal, rows, committed=len(attempt.turn_keys))
+    _relog_turns(parts, seal, rows, committed=committed)
     # The first start's line of this seal comes after the snapshot, so the
     # restore rolls it back; the seal stands again, and so must its line.
     parts.logs.attempts.write(
@@ -334,9 +336,10 @@ async def _adopt_onto_current(
     parts: RolloutParts, group: PromptGroupRecoveryRecord, seal: SealRecord
 ) -> None:
     index = seal.generation_index
+    gate_rollout_id = group.gate_rollout_id(index)  # ``group`` is borrowed: read it first
     if group.siblings[index].current_attempt.status is RolloutAttemptStatus.RESERVED:
         parts.ledger.mark_group_dispatched(parts.cut, group.group_id, generation_indices=[index])
-    await _adopt_one(parts, group.gate_rollout_id(index), group.group_id, index, seal)
+    await _adopt_one(parts, gate_rollout_id, group.group_id, index, seal)
 
 
 def _relog_turns(
@@ -382,7 +385,7 @@ async def _adopt_seals(parts: RolloutParts, group_id: str) -> dict[int, SealReco
     pool = parts.journaled_seals.pop((origin.epoch, origin.dataset_idx), None)
     if not pool:
         return {}
-    record = parts.ledger.get_group(group_id)
+    record = parts.ledger.borrowed_group(group_id)
     seals = {
         index: seal
         for index, seal in pool.items()
@@ -395,9 +398,11 @@ async def _adopt_seals(parts: RolloutParts, group_id: str) -> dict[int, SealReco
     if not seals:
         return {}
     adopted = sorted(seals)
+    # ``record`` is borrowed: its gate ids are read before the ledger changes it.
+    gate_ids = {index: record.gate_rollout_id(index) for index in adopted}
     parts.ledger.mark_group_dispatched(parts.cut, group_id, generation_indices=adopted)
     for index in adopted:
-        await _adopt_one(parts, record.gate_rollout_id(index), group_id, index, seals[index])
+        await _adopt_one(parts, gate_ids[index], group_id, index, seals[index])
     return {index: seals[index] for index in adopted}
 
 
