@@ -21,8 +21,9 @@ Batches: a model gate's worker returns a whole generation batch at once, and
 its attempts resume in one turn of the event loop. The turns they hand over
 are committed together (:class:`TurnCommitter`), and the attempts that then
 return are sealed together (:class:`~rollvault.controller.loop.tick_batches.TickBatch`):
-one mutation section and one ``attempts.jsonl`` write per batch; the seal
-journal's records follow after the cut, as for a single seal.
+one mutation section, one ``attempts.jsonl`` write and one dispatch journal
+write (its ``returned`` lines) per batch; the seal journal's records follow
+after the cut, as for a single seal.
 """
 
 from __future__ import annotations
