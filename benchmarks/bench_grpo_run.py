@@ -41,17 +41,27 @@ thread's CPU time; and every run reports this process's CPU time per step
 (event loop, trainer and snapshot threads), so the cost can be read as CPU,
 not only as a throughput difference within the machine's noise.
 
+Where the CPU goes: each run also reports the event loop's own CPU per step
+(``thread_time`` of the thread running ``asyncio.run``: dispatch, seals, the
+seal batch, finalization, the logs) and the seal journal's writer thread's
+CPU per step (it holds the GIL while it frames and writes records, so it
+competes with the event loop in this process). ``--profile DIR`` writes a
+cProfile of each run's event loop thread to ``DIR/<round>_<arm>.prof`` and of its
+snapshots' two worker-thread steps to ``DIR/<round>_<arm>.snapshots.prof`` (and of
+the journal writer thread to ``DIR/<round>_<arm>.writer.prof``).
+
 Finally, ``--curve-steps`` more steps of one snapshots run give the reward
 and accuracy curve, summarised by windows of 25 steps.
 
 Usage: python benchmarks/bench_grpo_run.py [--steps N] [--rounds N] [--curve-steps N]
-       [--set DOTPATH=VALUE ...] [--json]
+       [--set DOTPATH=VALUE ...] [--journal on|off] [--profile DIR] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import statistics
@@ -71,6 +81,7 @@ from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.pipeline import run
 from rollvault.controller.snapshots import checkpointer as checkpointer_module
+from rollvault.durable.journal_writer import JournalWriter
 from rollvault.recipes.async_grpo import prepare
 from rollvault.tasks.registry import build_dataset
 from rollvault.tasks.warmup import warmup_examples
@@ -87,18 +98,47 @@ class SnapshotTimes:
     cpu_s: list[float] = field(default_factory=list)
 
 
-def timed(function: Callable[..., Any], times: SnapshotTimes) -> Callable[..., Any]:
-    """``function`` (run in a worker thread), recording wall and thread-CPU seconds per call."""
+def timed(
+    function: Callable[..., Any], times: SnapshotTimes, profiler: cProfile.Profile | None = None
+) -> Callable[..., Any]:
+    """``function`` (run in a worker thread), recording wall and thread-CPU seconds per call
+    (and profiling each call into ``profiler``, if given)."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         wall, cpu = time.perf_counter(), time.thread_time()
+        if profiler is not None:
+            profiler.enable()
         try:
             return function(*args, **kwargs)
         finally:
+            if profiler is not None:
+                profiler.disable()
             times.wall_s.append(time.perf_counter() - wall)
             times.cpu_s.append(time.thread_time() - cpu)
 
     return wrapper
+
+
+class WriterCpu:
+    """Thread CPU seconds of every journal writer thread that ended, recorded as it ends
+    (and a cProfile of those threads, if ``profiler`` is given)."""
+
+    def __init__(self, profiler: cProfile.Profile | None = None) -> None:
+        self.seconds = 0.0
+        self.profiler = profiler
+
+    def wrap(self, run: Callable[[JournalWriter], None]) -> Callable[[JournalWriter], None]:
+        def wrapper(writer: JournalWriter) -> None:
+            if self.profiler is not None:
+                self.profiler.enable()
+            try:
+                run(writer)
+            finally:
+                if self.profiler is not None:
+                    self.profiler.disable()
+                self.seconds += time.thread_time()
+
+        return wrapper
 
 
 TIMED_STEPS = ("build_snapshot", "publish_snapshot")
@@ -117,6 +157,10 @@ class RunResult:
     parent_peak_mib: float
     controller_cpu_ms_per_step: float = 0.0
     """CPU time of this process (event loop, trainer, snapshot threads) per step."""
+    loop_cpu_ms_per_step: float = 0.0
+    """CPU time of the event loop's thread alone per step."""
+    writer_cpu_ms_per_step: float = 0.0
+    """CPU time of the seal journal's writer thread per step (0: no journal)."""
     children_peak_mib: dict[int, float] = field(default_factory=dict)
     """Per child process (the generation worker, multiprocessing's resource tracker)."""
     rewards: list[float] = field(default_factory=list)
@@ -220,6 +264,7 @@ def run_arm(
     overrides: Sequence[str] = (),
     *,
     journal: bool = True,
+    profile: Path | None = None,
 ) -> RunResult:
     journaled = arm == "snapshots" and journal
     config = recipe_config(
@@ -233,13 +278,13 @@ def run_arm(
         f"rollout_checkpointing.journal.enabled={'true' if journaled else 'false'}",
     )
     setup = prepare(config)
-    marks: list[tuple[float, int, float]] = []
+    marks: list[tuple[float, int, float, float]] = []
     result = RunResult(arm, 0, 0.0, 0.0, 0.0, 0, 0.0)
     load_start = os.getloadavg()[0]
 
     def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
         tokens = setup.tokens_generated()
-        marks.append((time.perf_counter(), tokens, process_cpu_s()))
+        marks.append((time.perf_counter(), tokens, process_cpu_s(), time.thread_time()))
         result.rewards.append(metrics.get("reward_mean", float("nan")))
         result.accuracies.append(metrics.get("accuracy", float("nan")))
         result.journal = {k: v for k, v in metrics.items() if k.startswith("journal/")}
@@ -250,9 +295,20 @@ def run_arm(
                 result.children_peak_mib[pid] = peak
 
     originals = {name: getattr(checkpointer_module, name) for name in TIMED_STEPS}
+    snapshot_profiler = cProfile.Profile() if profile is not None else None
     for name, function in originals.items():
-        setattr(checkpointer_module, name, timed(function, result.snapshot_times[name]))
+        setattr(
+            checkpointer_module,
+            name,
+            timed(function, result.snapshot_times[name], snapshot_profiler),
+        )
+    writer_cpu = WriterCpu(cProfile.Profile() if profile is not None else None)
+    original_run = JournalWriter._run
+    JournalWriter._run = writer_cpu.wrap(original_run)  # type: ignore[method-assign,assignment]
+    profiler = cProfile.Profile() if profile is not None else None
     try:
+        if profiler is not None:
+            profiler.enable()
         summary = asyncio.run(
             run(
                 config,
@@ -263,14 +319,26 @@ def run_arm(
             )
         )
     finally:
+        if profiler is not None:
+            profiler.disable()
+        JournalWriter._run = original_run  # type: ignore[method-assign]
         for name, function in originals.items():
             setattr(checkpointer_module, name, function)
-    (t0, n0, c0), (t1, n1, c1) = marks[0], marks[-1]
+    if profiler is not None and profile is not None:
+        profiler.dump_stats(profile)
+    if snapshot_profiler is not None and profile is not None and result.snapshot_times:
+        snapshot_profiler.dump_stats(profile.with_suffix(".snapshots.prof"))
+    if writer_cpu.profiler is not None and profile is not None and writer_cpu.seconds:
+        writer_cpu.profiler.dump_stats(profile.with_suffix(".writer.prof"))
+    (t0, n0, c0, l0), (t1, n1, c1, l1) = marks[0], marks[-1]
     result.steps = len(marks)
     result.seconds = t1 - t0
     result.steps_per_s = (len(marks) - 1) / (t1 - t0)
     result.tokens_per_s = (n1 - n0) / (t1 - t0)
     result.controller_cpu_ms_per_step = 1000 * (c1 - c0) / (len(marks) - 1)
+    result.loop_cpu_ms_per_step = 1000 * (l1 - l0) / (len(marks) - 1)
+    # The writer runs from the run's start to its end: per step of the whole run.
+    result.writer_cpu_ms_per_step = 1000 * writer_cpu.seconds / len(marks)
     result.snapshots_written = summary.snapshots_written
     result.load_average = (load_start, os.getloadavg()[0])
     return result
@@ -318,6 +386,13 @@ def main() -> int:
         default="on",
         help="the seal journal in the snapshots arm (the none arm never has it)",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write a cProfile of each run's event loop thread to DIR/<round>_<arm>.prof",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as name:
@@ -338,12 +413,15 @@ def main() -> int:
                     args.steps,
                     args.set,
                     journal=args.journal == "on",
+                    profile=_profile_path(args.profile, f"{round_index}_{arm}"),
                 )
                 results.append(result)
                 print(
                     f"round {round_index} {arm:9s}: {result.steps_per_s:5.2f} steps/s "
                     f"{result.tokens_per_s:7.0f} tokens/s "
-                    f"{result.controller_cpu_ms_per_step:5.1f} ms CPU/step over "
+                    f"{result.controller_cpu_ms_per_step:5.1f} ms CPU/step (loop "
+                    f"{result.loop_cpu_ms_per_step:5.1f}, journal writer "
+                    f"{result.writer_cpu_ms_per_step:4.1f}) over "
                     f"{result.seconds:5.1f}s, "
                     f"{result.snapshots_written} snapshots, load {result.load_average[0]:.1f}"
                     f"-{result.load_average[1]:.1f}, peak RSS parent "
@@ -381,6 +459,13 @@ def main() -> int:
     return 0
 
 
+def _profile_path(directory: Path | None, name: str) -> Path | None:
+    if directory is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{name}.prof"
+
+
 def _summarise(results: list[RunResult], rounds: int) -> dict[str, list]:
     lines = []
     medians = {}
@@ -390,10 +475,13 @@ def _summarise(results: list[RunResult], rounds: int) -> dict[str, list]:
             statistics.median(r.steps_per_s for r in mine),
             statistics.median(r.tokens_per_s for r in mine),
             statistics.median(r.controller_cpu_ms_per_step for r in mine),
+            statistics.median(r.loop_cpu_ms_per_step for r in mine),
+            statistics.median(r.writer_cpu_ms_per_step for r in mine),
         )
         lines.append(
             f"median {arm:9s}: {medians[arm][0]:5.2f} steps/s {medians[arm][1]:7.0f} tokens/s "
-            f"{medians[arm][2]:5.1f} ms controller CPU/step"
+            f"{medians[arm][2]:5.1f} ms controller CPU/step (event loop {medians[arm][3]:5.1f}, "
+            f"journal writer {medians[arm][4]:4.1f})"
         )
     for name in TIMED_STEPS:
         times = [r.snapshot_times[name] for r in results if r.arm == "snapshots"]
@@ -408,12 +496,14 @@ def _summarise(results: list[RunResult], rounds: int) -> dict[str, list]:
             )
     ratios = []
     cpu_ratios = []
+    loop_ratios = []
     for round_index in range(rounds):
         with_, without = (results[2 * round_index + k] for k in (0, 1))
         if with_.arm != "snapshots":
             with_, without = without, with_
         ratios.append(with_.steps_per_s / without.steps_per_s)
         cpu_ratios.append(with_.controller_cpu_ms_per_step / without.controller_cpu_ms_per_step)
+        loop_ratios.append(with_.loop_cpu_ms_per_step / without.loop_cpu_ms_per_step)
     lines.append(
         "snapshots / none, train steps/s: per round "
         + ", ".join(f"{r:.3f}" for r in ratios)
@@ -427,9 +517,14 @@ def _summarise(results: list[RunResult], rounds: int) -> dict[str, list]:
         + ", ".join(f"{r:.3f}" for r in cpu_ratios)
         + f"; median of the rounds {statistics.median(cpu_ratios):.3f}"
     )
+    lines.append(
+        "event loop CPU per step, snapshots / none: per round "
+        + ", ".join(f"{r:.3f}" for r in loop_ratios)
+        + f"; median of the rounds {statistics.median(loop_ratios):.3f}"
+    )
     loads = [load for r in results for load in r.load_average]
     lines.append(f"load average (1 min) over the runs: {min(loads):.1f}-{max(loads):.1f}")
-    return {"lines": lines, "ratios": ratios, "cpu_ratios": cpu_ratios}
+    return {"lines": lines, "ratios": ratios, "cpu_ratios": cpu_ratios, "loop_ratios": loop_ratios}
 
 
 if __name__ == "__main__":

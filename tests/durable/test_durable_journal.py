@@ -257,3 +257,41 @@ def test_a_writer_that_wrote_nothing_leaves_no_segment_to_trip_on(tmp_path: Path
     assert [r.seq for r in read_journal(tmp_path).records] == [0, 1, 2]
     with pytest.raises(JournalFormatError, match="holds records"):
         JournalWriter(tmp_path, first_seq=2)
+
+
+def _encode_text(item: object, buffer: bytearray) -> None:
+    if not isinstance(item, str):
+        raise TypeError(f"a str, not {type(item).__name__}")
+    buffer += item.encode()
+
+
+def test_objects_are_encoded_on_the_writer_thread_into_the_group_beside_bytes(
+    tmp_path: Path,
+) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.05, encode=_encode_text)
+    seqs = [writer.append_object("first"), writer.append(b"second"), writer.append_object("")]
+    writer.wait_durable(seqs[-1], timeout=30)
+    writer.close()
+    assert seqs == [0, 1, 2]
+    records = read_journal(tmp_path).records
+    assert [(r.seq, r.payload) for r in records] == [(0, b"first"), (1, b"second"), (2, b"")]
+    assert writer.stats().bytes_written == 3 * RECORD_HEADER_BYTES + len(b"firstsecond")
+
+
+def test_an_object_the_encoder_refuses_stops_the_writer_naming_its_record(
+    tmp_path: Path,
+) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0, encode=_encode_text)
+    writer.wait_durable(writer.append_object("kept"), timeout=30)
+    bad = writer.append_object(42)
+    with pytest.raises(JournalWriteError, match=r"record 1 \(int\) could not be encoded"):
+        writer.wait_durable(bad, timeout=30)
+    with pytest.raises(JournalWriteError):
+        writer.append_object("refused")
+    with pytest.raises(JournalWriteError):
+        writer.close()
+    assert [r.payload for r in read_journal(tmp_path).records] == [b"kept"]
+    plain, _ = JournalWriter.open(tmp_path / "plain")
+    with pytest.raises(ValueError, match="append_object needs a writer with encode"):
+        plain.append_object("x")
+    plain.close()

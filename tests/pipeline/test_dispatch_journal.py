@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from pathlib import Path
 
@@ -120,3 +121,36 @@ def test_pruning_drops_the_segments_a_snapshot_reflects(tmp_path: Path) -> None:
     dispatch(journal, "g", hexes(1))
     journal.close()
     assert [line.seq for line in read_dispatch_journal(tmp_path, after_seq=0).dispatched] == [6]
+
+
+def test_a_seal_batch_returns_its_attempts_in_one_write_of_numbered_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = DispatchJournal(tmp_path)
+    a, b, c = hexes(3)
+    dispatch(journal, "g", [a, b, c])  # seq 1
+    writes: list[int] = []
+    original = os.write
+
+    def counting(fd: int, data: bytes) -> int:
+        writes.append(fd)
+        return original(fd, data)
+
+    monkeypatch.setattr(os, "write", counting)
+    journal.returned_many([a, b, c])
+    journal.returned_many([])  # nothing: no write, no seq
+    monkeypatch.undo()
+    assert len(writes) == 1 and journal.seq == 4
+    journal.close()
+    ((_, path),) = journal_segments(tmp_path)
+    lines = read_segment(path)
+    assert [(line.seq, type(line)) for line in lines] == [
+        (1, DispatchedLine),
+        (2, ReturnedLine),
+        (3, ReturnedLine),
+        (4, ReturnedLine),
+    ]
+    # A kill inside the write leaves the whole lines before the torn one: those still count.
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rindex(b'{"type":"returned"') + 20])
+    assert read_dispatch_journal(tmp_path, after_seq=0).returned == {a, b}

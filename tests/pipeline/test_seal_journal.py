@@ -15,6 +15,7 @@ from rollvault.controller.loop.seal_journal import (
     SEAL_JOURNAL_DIRNAME,
     FinalizeRecord,
     JournalArray,
+    JournalEntry,
     JournalEnvelope,
     SealJournal,
     SealJournalRecordError,
@@ -223,3 +224,23 @@ def test_a_failure_no_append_saw_is_recorded_by_the_close_not_raised(tmp_path: P
     journal.close()
     assert isinstance(journal.failure, JournalWriteError)
     assert journal.metrics()["journal/failed"] == 1.0
+
+
+def test_the_writer_thread_encodes_each_entry_as_encode_entry_does(tmp_path: Path) -> None:
+    # The journal hands entries over unencoded (the writer thread encodes them into
+    # its group's buffer); what lands on disk must be the very bytes of encode_entry.
+    seal = _seal()
+    entries: list[JournalEntry] = [
+        seal,
+        FinalizeRecord(group_id="g1", target_step=3, gate_rollout_ids=["a"]),
+        StepRecord(trainer_version=4, group_ids=["g1"]),
+    ]
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=5.0))
+    seal_seq = journal.seal(seal)
+    journal.finalized("g1", target_step=3, gate_rollout_ids=["a"])
+    last = journal.step(4, ["g1"])
+    assert seal_seq == 0 and last == 2
+    journal.close()
+    records = read_journal(tmp_path / SEAL_JOURNAL_DIRNAME).records
+    assert [r.payload for r in records] == [encode_entry(entry) for entry in entries]
+    assert journal.metrics()["journal/seals_kept"] == 1.0

@@ -117,9 +117,26 @@ def segment_header(first_seq: int) -> bytes:
 
 
 def encode_record(seq: int, payload: bytes) -> bytes:
-    if len(payload) > MAX_RECORD_BYTES:
-        raise ValueError(f"journal record {seq}: {len(payload)} bytes > {MAX_RECORD_BYTES}")
-    return _RECORD_HEADER.pack(len(payload), _crc(seq, payload), seq) + payload
+    """One framed record (header + payload)."""
+    buffer = bytearray(RECORD_HEADER_BYTES)
+    buffer += payload
+    frame_record(buffer, 0, seq)
+    return bytes(buffer)
+
+
+def frame_record(buffer: bytearray, start: int, seq: int) -> None:
+    """Fill in the header at ``buffer[start:]`` for the payload after it, to the buffer's end.
+
+    The writer encodes a group's payloads straight into one buffer, each after
+    :data:`RECORD_HEADER_BYTES` reserved for its header, then frames it here:
+    no per-record bytes object and no copy to join them.
+    """
+    length = len(buffer) - start - RECORD_HEADER_BYTES
+    if length > MAX_RECORD_BYTES:
+        raise ValueError(f"journal record {seq}: {length} bytes > {MAX_RECORD_BYTES}")
+    with memoryview(buffer) as view:
+        crc = _crc(seq, view[start + RECORD_HEADER_BYTES :])
+    _RECORD_HEADER.pack_into(buffer, start, length, crc, seq)
 
 
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
@@ -240,5 +257,5 @@ def _short(path: Path, offset: int, is_last: bool, detail: str) -> JournalDamage
     return JournalDamage(path, offset, kind, detail)
 
 
-def _crc(seq: int, payload: bytes) -> int:
+def _crc(seq: int, payload: bytes | memoryview) -> int:
     return zlib.crc32(payload, zlib.crc32(seq.to_bytes(8, "little")))

@@ -7,6 +7,11 @@ writer thread. That thread writes every record queued so far in one
 more records for at most ``commit_interval_s`` after the first one of a
 group, or until ``commit_max_records`` are queued, so a burst of seals costs
 one flush and a lone seal waits no longer than the interval. A record is
+handed over as its payload's bytes (:meth:`JournalWriter.append`) or as an
+object the writer's ``encode`` turns into them on the writer thread
+(:meth:`JournalWriter.append_object`): each group's payloads are then encoded
+straight into the one buffer its ``write`` takes, and the caller's thread
+(the controller's event loop) pays only the queue put. A record is
 *durable* once its group's ``fsync`` returned: :attr:`JournalWriter.durable_seq`
 and :meth:`JournalWriter.wait_durable` / :meth:`JournalWriter.until_durable`
 say so.
@@ -18,7 +23,7 @@ on purpose (after a snapshot that covers the records so far), and
 :meth:`JournalWriter.drop_through` deletes the segments whose every record a
 snapshot covers, oldest first, so the journal on disk is always a chain.
 
-A failed write or flush stops the writer: the bytes after the last durable
+A failed write or flush, or an object ``encode`` refuses, stops the writer: the bytes after the last durable
 record are cut off, every waiter and every later ``append`` gets the
 :class:`JournalWriteError`, and nothing is ever written after a missing
 record.
@@ -31,6 +36,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -38,11 +44,12 @@ from typing import Final
 from rollvault.durable.faults import fault_point
 from rollvault.durable.fsync import _fsync_directory, _write_all
 from rollvault.durable.journal_format import (
+    RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     JournalDamage,
     JournalFormatError,
     JournalReplay,
-    encode_record,
+    frame_record,
     list_segments,
     read_journal,
     segment_header,
@@ -56,6 +63,17 @@ QUARANTINE_SUFFIX: Final = ".damaged"
 
 class JournalWriteError(OSError):
     """The journal could not write or flush a record; it takes no more."""
+
+
+class JournalEncodeError(JournalWriteError):
+    """The writer's encoder could not encode a record handed to :meth:`JournalWriter.append_object`."""
+
+
+PayloadEncoder = Callable[[object, bytearray], None]
+"""Appends one record's payload to the end of ``buffer`` (e.g. msgspec's
+``Encoder.encode_into(item, buffer, -1)``); raises on an item it cannot encode."""
+
+_HEADER_SPACE: Final = bytes(RECORD_HEADER_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +158,7 @@ class JournalWriter:
         first_seq: int,
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
+        encode: PayloadEncoder | None = None,
     ) -> None:
         if commit_interval_s < 0 or commit_max_records < 1:
             raise ValueError(
@@ -150,7 +169,9 @@ class JournalWriter:
         self._interval = commit_interval_s
         self._max_records = commit_max_records
         self._cond = threading.Condition()
-        self._queue: deque[tuple[int, bytes]] = deque()
+        self._encode = encode
+        self._queue: deque[tuple[int, object]] = deque()
+        """(seq, payload): bytes as they are, anything else for ``encode`` on this thread."""
         self._first_queued_at = 0.0
         self._next_seq = first_seq
         self._durable_seq = first_seq - 1
@@ -172,6 +193,7 @@ class JournalWriter:
         *,
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
+        encode: PayloadEncoder | None = None,
     ) -> tuple[JournalWriter, JournalRepair]:
         """Repair ``directory``'s journal, then start writing after its last verified record."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -181,6 +203,7 @@ class JournalWriter:
             first_seq=repair.replay.next_seq,
             commit_interval_s=commit_interval_s,
             commit_max_records=commit_max_records,
+            encode=encode,
         )
         return writer, repair
 
@@ -188,6 +211,22 @@ class JournalWriter:
 
     def append(self, payload: bytes) -> int:
         """Queue one record; returns its sequence number (durable later, see above)."""
+        return self._enqueue(payload)
+
+    def append_object(self, item: object) -> int:
+        """Queue one record whose payload the writer thread encodes (``encode``).
+
+        The caller's thread pays only the queue put: the encoding goes into the
+        group's one write buffer on the writer thread, with its neighbours'.
+        ``item`` must not change after this call. An item ``encode`` refuses
+        stops the writer (:class:`JournalEncodeError`, naming its seq), as a
+        failed write does: no record is ever written after a missing one.
+        """
+        if self._encode is None:
+            raise ValueError(f"journal {self.directory}: append_object needs a writer with encode")
+        return self._enqueue(item)
+
+    def _enqueue(self, payload: object) -> int:
         with self._cond:
             self._raise_if_stopped()
             seq = self._next_seq
@@ -305,7 +344,7 @@ class JournalWriter:
             if closing and not batch:
                 return
 
-    def _next_batch(self) -> tuple[list[tuple[int, bytes]], bool, bool]:
+    def _next_batch(self) -> tuple[list[tuple[int, object]], bool, bool]:
         with self._cond:
             self._cond.wait_for(lambda: self._queue or self._rotate_requested or self._closing)
             # Group commit: gather records until the interval since the
@@ -322,12 +361,12 @@ class JournalWriter:
                 self._first_queued_at = time.monotonic()
             return batch, self._rotate_requested and not self._queue, self._closing
 
-    def _write_group(self, batch: list[tuple[int, bytes]]) -> None:
+    def _write_group(self, batch: list[tuple[int, object]]) -> None:
         fd = self._require_fd()
-        data = b"".join(encode_record(seq, payload) for seq, payload in batch)
+        data = self._frame_group(batch)
         size = os.fstat(fd).st_size
         try:
-            _write_all(fd, data)
+            _write_buffer(fd, data)
             fault_point("journal.records_written")
             os.fsync(fd)
         except OSError:
@@ -339,6 +378,25 @@ class JournalWriter:
             self._bytes += len(data)
             self._durable_seq = batch[-1][0]
             self._wake_async_waiters()
+
+    def _frame_group(self, batch: list[tuple[int, object]]) -> bytearray:
+        """The group's records, framed, in one buffer: each payload encoded in place."""
+        buffer = bytearray()
+        for seq, payload in batch:
+            start = len(buffer)
+            buffer += _HEADER_SPACE
+            try:
+                if isinstance(payload, bytes):
+                    buffer += payload
+                else:
+                    assert self._encode is not None  # append_object refuses items without one
+                    self._encode(payload, buffer)
+                frame_record(buffer, start, seq)
+            except Exception as exc:  # noqa: BLE001 - any encoder error stops the writer, named
+                raise JournalEncodeError(
+                    f"record {seq} ({type(payload).__name__}) could not be encoded: {exc}"
+                ) from exc
+        return buffer
 
     def _rotate_segment(self) -> None:
         with self._cond:
@@ -393,6 +451,13 @@ class JournalWriter:
             else:
                 pending.append((seq, loop, future))
         self._async_waiters = pending
+
+
+def _write_buffer(fd: int, data: bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

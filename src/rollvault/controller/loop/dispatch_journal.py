@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final
@@ -218,6 +219,21 @@ class DispatchJournal:
         """Record that an attempt came back (or was cancelled): it did not kill the process."""
         self._write(ReturnedLine(seq=self._seq + 1, attempt_uuid=attempt_uuid))
 
+    def returned_many(self, attempt_uuids: Sequence[str]) -> None:
+        """Record several returned attempts (a seal batch's) in one write, in order.
+
+        Each line is its own evidence: a kill during the write leaves the whole
+        lines before it, and a reader drops the torn one (its attempt is then
+        charged, as if the kill had come before :meth:`returned`).
+        """
+        first = self._seq + 1
+        self._write_lines(
+            [
+                ReturnedLine(seq=first + offset, attempt_uuid=attempt)
+                for offset, attempt in enumerate(attempt_uuids)
+            ]
+        )
+
     def prune(self, reflected_seq: int) -> None:
         """A snapshot reflecting lines up to ``reflected_seq`` is committed: drop what it covers.
 
@@ -236,21 +252,27 @@ class DispatchJournal:
         self._close_segment()
 
     def _write(self, line: JournalLine) -> None:
+        self._write_lines([line])
+
+    def _write_lines(self, lines: Sequence[JournalLine]) -> None:
+        """Append ``lines`` (consecutive ``seq`` after :attr:`seq`) in one write call."""
+        if not lines:
+            return
         if self.failure is not None:
             raise self.failure
         try:
             if self._file is None:
                 # A new segment, named for its first line: never one a dead process wrote.
-                path = segment_path(self._directory, line.seq)
+                path = segment_path(self._directory, lines[0].seq)
                 try:
                     self._file = AppendOnlyFile(path, exclusive=True)
                 except OSError as exc:
                     raise LogWriteError(f"cannot create {path}: {exc.strerror or exc}") from exc
-            self._file.append(self._encoder.encode(line) + b"\n")
+            self._file.append(self._encoder.encode_lines(lines))
         except LogWriteError as error:
             self.failure = error
             raise
-        self._seq = line.seq
+        self._seq = lines[-1].seq
 
     def _close_segment(self) -> None:
         if self._file is not None:

@@ -21,8 +21,9 @@ Batches: a model gate's worker returns a whole generation batch at once, and
 its attempts resume in one turn of the event loop. The turns they hand over
 are committed together (:class:`TurnCommitter`), and the attempts that then
 return are sealed together (:class:`~rollvault.controller.loop.tick_batches.TickBatch`):
-one mutation section and one ``attempts.jsonl`` write per batch; the seal
-journal's records follow after the cut, as for a single seal.
+one mutation section, one ``attempts.jsonl`` write and one dispatch journal
+write (its ``returned`` lines) per batch; the seal journal's records follow
+after the cut, as for a single seal.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class RolloutPump:
         self._seals = TickBatch[_Returned, GateAttemptError | None](self._seal_batch, name="seals")
         self._attempt_lines: list[AttemptLogRecord] | None = None
         """Inside a seal batch: its attempt lines, written at once at its end."""
+        self._returned: list[str] | None = None
+        """Inside a seal batch: the attempts it returned, one dispatch journal write at its end."""
         self._lines_owner: asyncio.Task[Any] | None = None
         """The seal batch's task (another task's lines are its own to write)."""
         self.failures = Counter[FailureKind]()
@@ -412,13 +415,15 @@ class RolloutPump:
 
         Each seal is applied in the ledger after its rows are in the data plane
         (its turns were committed before its attempt returned); the attempt lines
-        go out in one write before the cut is released, and the seal journal's
-        records are handed over after it, as for one seal.
+        and the dispatch journal's ``returned`` lines go out in one write each before
+        the cut is released, and the seal journal's records are handed over after
+        it, as for one seal.
         """
         parts = self._parts
         journaled: list[tuple[Handed[_Returned, GateAttemptError | None], _Journaled]] = []
         async with parts.cut.mutation():
-            self._attempt_lines, self._lines_owner = [], asyncio.current_task()
+            self._attempt_lines, self._returned = [], []
+            self._lines_owner = asyncio.current_task()
             groups: dict[str, PromptGroupRecoveryRecord] = {}
             try:
                 for entry in batch:
@@ -432,9 +437,13 @@ class RolloutPump:
                     else:
                         journaled.append((entry, applied))
                 lines, self._attempt_lines = self._attempt_lines, None
+                returned, self._returned = self._returned, None
+                if parts.journal is not None:
+                    # Inside the cut, as each line was: a snapshot's journal seq covers them.
+                    parts.journal.returned_many(returned)
                 parts.logs.attempts.write_many(lines)
             finally:
-                self._attempt_lines, self._lines_owner = None, None
+                self._attempt_lines, self._returned, self._lines_owner = None, None, None
         for entry, (record, sealed) in journaled:
             request = entry.item[0]
             try:
@@ -602,8 +611,14 @@ class RolloutPump:
         )
 
     def _journal_returned(self, request: AttemptRequest) -> None:
-        if self._parts.journal is not None:
-            self._parts.journal.returned(_attempt_hex(request.gate_rollout_id))
+        journal = self._parts.journal
+        if journal is None:
+            return
+        attempt = _attempt_hex(request.gate_rollout_id)
+        if self._returned is not None and asyncio.current_task() is self._lines_owner:
+            self._returned.append(attempt)  # a seal batch writes its lines at once
+        else:
+            journal.returned(attempt)
 
     async def _retry(self, group_id: str) -> None:
         """Mint fresh attempts; under ``prompt_group`` this also drops the sealed rows."""

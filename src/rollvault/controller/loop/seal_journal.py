@@ -5,8 +5,9 @@ last one is generated again after a kill. The rollout pump, the finalizer and
 the train pump hand a record of each applied change to a
 :class:`~rollvault.durable.journal_writer.JournalWriter` (CRC-framed
 segments, group commit on a writer thread, :mod:`rollvault.durable`), *after*
-the change was applied and *outside* the mutation cut: appending costs an
-encode and a queue put, the ``fsync`` happens on the writer thread once per
+the change was applied and *outside* the mutation cut: appending costs a
+queue put; the writer thread encodes each group of records into one buffer
+(:func:`entry_encoder`), writes it and flushes it with one ``fsync``, once per
 ``rollout_checkpointing.journal.commit_interval_ms`` (or per
 ``max_batch_records``). A seal is *kept* once its record is durable.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,7 +52,12 @@ from rollvault.durable.journal_format import (
     SEGMENT_HEADER_BYTES,
     JournalReplay,
 )
-from rollvault.durable.journal_writer import JournalRepair, JournalWriteError, JournalWriter
+from rollvault.durable.journal_writer import (
+    JournalRepair,
+    JournalWriteError,
+    JournalWriter,
+    PayloadEncoder,
+)
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 
 SEAL_JOURNAL_DIRNAME: Final = "journal"
@@ -177,14 +184,35 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODER: Final = msgspec.msgpack.Decoder(JournalEnvelope)
 
 
-def encode_entry(entry: JournalEntry) -> bytes:
-    """The payload of one journal record."""
+def _envelope(entry: JournalEntry) -> JournalEnvelope:
     version = (
         PARTIAL_RECORD_SCHEMA_VERSION
         if isinstance(entry, PartialRecord)
         else SEAL_JOURNAL_SCHEMA_VERSION
     )
-    return _ENCODER.encode(JournalEnvelope(schema_version=version, entry=entry))
+    return JournalEnvelope(schema_version=version, entry=entry)
+
+
+def encode_entry(entry: JournalEntry) -> bytes:
+    """The payload of one journal record."""
+    return _ENCODER.encode(_envelope(entry))
+
+
+def entry_encoder() -> PayloadEncoder:
+    """The writer thread's encoder: one record's payload appended to the group's buffer.
+
+    Its own msgspec encoder (one per writer, used by that writer's thread only);
+    the bytes are those of :func:`encode_entry`.
+    """
+    encoder = msgspec.msgpack.Encoder()
+    entry_types = (SealRecord, FinalizeRecord, StepRecord, PartialRecord)
+
+    def encode_into(entry: object, buffer: bytearray) -> None:
+        if not isinstance(entry, entry_types):
+            raise TypeError(f"not a seal journal entry: {type(entry).__name__}")
+        encoder.encode_into(_envelope(entry), buffer, -1)
+
+    return encode_into
 
 
 def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
@@ -219,14 +247,21 @@ def decode_replay(replay: JournalReplay) -> list[DecodedRecord]:
     return decoded
 
 
+_LITTLE_ENDIAN_HOST: Final = sys.byteorder == "little"
+
+
 def encode_row(row: RowView) -> JournalRow:
     """A stored row as journal values (arrays as dtype + bytes)."""
     out: JournalRow = {}
     for name, value in row.items():
         if isinstance(value, np.ndarray):
-            # Little-endian on disk; on a little-endian host no conversion copy.
-            little = value.astype(value.dtype.newbyteorder("<"), copy=False)
-            out[name] = JournalArray(dtype=row_dtype(value), data=little.tobytes())
+            # Little-endian on disk: a native array on a little-endian host is copied
+            # out as it is (no byte-order dtype built per array: this is the seal path).
+            if _LITTLE_ENDIAN_HOST and value.dtype.isnative:
+                data = value.tobytes()
+            else:
+                data = value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
+            out[name] = JournalArray(dtype=row_dtype(value), data=data)
         elif isinstance(value, np.generic):
             # A gate's own row (not yet the data plane's stored form) may hold numpy scalars.
             out[name] = value.item()
@@ -293,6 +328,7 @@ class SealJournal:
             checkpoint_dir / SEAL_JOURNAL_DIRNAME,
             commit_interval_s=settings.commit_interval_ms / 1000.0,
             commit_max_records=settings.max_batch_records,
+            encode=entry_encoder(),
         )
         if repair.truncated is not None:
             _LOG.warning("seal journal: cut off a damaged tail: %s", repair.truncated.describe())
@@ -357,7 +393,11 @@ class SealJournal:
         if self.failure is not None:
             return None
         try:
-            return self._writer.append(encode_entry(entry))
+            # Encoded on the writer thread, into its group's one buffer: the event
+            # loop pays a queue put. Entries are frozen, and what they hold (rows as
+            # bytes, copied lists, a receipt the ledger copied for itself) is never
+            # changed once handed over.
+            return self._writer.append_object(entry)
         except JournalWriteError as error:
             self._stopped(error)
             return None

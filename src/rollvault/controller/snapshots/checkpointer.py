@@ -48,7 +48,7 @@ from rollvault.controller.loop.io_failures import (
     TrainerCheckpointWriteError,
 )
 from rollvault.controller.loop.partials import carry_live_partials
-from rollvault.controller.loop.parts import GroupEntry, RolloutParts, group_entry
+from rollvault.controller.loop.parts import GroupEntry, GroupOrigin, RolloutParts, group_entry
 from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.ledger_segments import LedgerSeed, LedgerSegmentWriter
@@ -85,6 +85,7 @@ from rollvault.durable.trainer_checkpoints import (
 )
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.sidecar import build_sidecar_envelope
+from rollvault.tasks.protocols import PromptDataset
 
 _LOG = logging.getLogger("rollvault.checkpointer")
 
@@ -152,12 +153,42 @@ def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> Cu
     )
 
 
+class PromptIdentities:
+    """Each group's prompt identity (a digest of its prompt), computed once per group.
+
+    A snapshot names the identity of every group it holds: up to a trainer
+    checkpoint's worth of trained groups, all but a few unchanged since the
+    last snapshot. A group's origin never changes, so neither does its identity.
+    Used by one snapshot build at a time (the checkpointer's lock).
+    """
+
+    def __init__(self) -> None:
+        self._by_group: dict[str, str] = {}
+
+    def of(self, dataset: PromptDataset, origins: dict[str, GroupOrigin]) -> dict[str, str]:
+        """The identities of ``origins``' groups; only groups new since the last call are hashed."""
+        known = self._by_group
+        identities = {}
+        for group_id, origin in origins.items():
+            identity = known.get(group_id)
+            identities[group_id] = (
+                identity if identity is not None else dataset.identity(origin.dataset_idx)
+            )
+        self._by_group = identities  # forgets the groups gone since the last call
+        return identities
+
+
 def build_snapshot(
-    cut: CutCapture, parts: RolloutParts, *, fingerprint: str | None
+    cut: CutCapture,
+    parts: RolloutParts,
+    *,
+    fingerprint: str | None,
+    identities: PromptIdentities | None = None,
 ) -> RolloutStateCapture:
     """Turn a :class:`CutCapture` into everything a snapshot writes; outside the cut.
 
     Reads only what never changes from ``parts`` (config, dataset, sampler kind).
+    ``identities``: the checkpointer's cache of prompt identities (None: hash every one).
     """
     entries = cut.rolled_back + cut.replay.entries
     canonical = {entry.group_id for entry in entries}
@@ -165,6 +196,8 @@ def build_snapshot(
     # The files keep one map per kind (their format predates the group entries).
     finalized = {g: group_entry(cut.groups, g).finalization() for g in canonical}
     origins = {g: group_entry(cut.groups, g).origin for g in grouped}
+    if identities is None:
+        identities = PromptIdentities()
     # The ledger's records go to ledger segments as they are (shared copy-on-write:
     # they never change), each encoded only if it changed since the last snapshot.
     records = tuple(r for r in cut.ledger.shared_groups() if r.group_id not in canonical)
@@ -199,9 +232,7 @@ def build_snapshot(
             sampler=cut.sampler,
             dataloader=cut.dataloader,
             origins=origins,
-            prompt_identities={
-                g: parts.dataset.identity(o.dataset_idx) for g, o in origins.items()
-            },
+            prompt_identities=identities.of(parts.dataset, origins),
             log_sequence=cut.log_sequence,
             dispatch_journal_seq=cut.journal_seq,
             seal_journal_seq=cut.seal_journal_seq,
@@ -246,6 +277,7 @@ class Checkpointer:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._last_version: int | None = None
+        self._identities = PromptIdentities()
         self._committed_journal_seq = 0
         self._segments: SegmentedWriter | None = None
         self._segment_seed: SegmentSeed | None = None
@@ -451,7 +483,13 @@ class Checkpointer:
         # and sealing on the event loop (the ledger's records are encoded later,
         # only those that changed). The capture is immutable (copy-on-write
         # ledger, copied maps), so a thread may build it.
-        return await asyncio.to_thread(build_snapshot, cut, parts, fingerprint=self._fingerprint)
+        return await asyncio.to_thread(
+            build_snapshot,
+            cut,
+            parts,
+            fingerprint=self._fingerprint,
+            identities=self._identities,
+        )
 
     def _write_payload(
         self,
