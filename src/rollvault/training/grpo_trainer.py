@@ -229,17 +229,37 @@ class GrpoTrainer:
 
     def _optimize(self, samples: Sequence[_Sample]) -> tuple[GrpoLossStats, float]:
         token_count = int(sum(int(s.token_mask.sum()) for s in samples))
+        trained = self._with_gradient(samples)
         self._optimizer.zero_grad(set_to_none=True)
         parts = []
-        for chunk in _micro_batches(samples, self._settings.micro_batch_size):
+        for chunk in _micro_batches(trained, self._settings.micro_batch_size):
             loss, stats = self._micro_batch_loss(chunk, token_count)
             loss.backward()  # accumulates into .grad across micro-batches
             parts.append(stats)
+        if not parts:
+            # Every sample's gradient is zero: AdamW still steps (its moments decay), as
+            # it did when those samples ran and gave exact zeros.
+            for parameter in self._model.parameters():
+                if parameter.requires_grad:
+                    parameter.grad = torch.zeros_like(parameter)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self._model.parameters(), self._settings.grad_clip
         )
         self._optimizer.step()
-        return summed_stats(parts), float(grad_norm)
+        return _batch_stats(parts, token_count), float(grad_norm)
+
+    def _with_gradient(self, samples: Sequence[_Sample]) -> Sequence[_Sample]:
+        """The samples that move the weights.
+
+        Without a KL term a sample whose advantages are all zero (every sibling of
+        its group got the same reward) adds exactly zero to the loss and to the
+        gradient, so it is not run through the model: in the addition recipe about
+        a fifth of a step's rows. The step's gradient, loss and clip fraction are the
+        same (up to float summation order); ``mean_ratio`` is over the trained tokens.
+        """
+        if self._settings.kl_coef > 0.0:
+            return samples  # the KL penalty has a gradient on every token
+        return [s for s in samples if s.advantages[s.token_mask > 0].any()]
 
     def _micro_batch_loss(
         self, samples: Sequence[_Sample], token_count: int
@@ -411,6 +431,23 @@ def _sample(row: RowView) -> _Sample | None:
     if len(sample.input_ids) < 2 or not sample.token_mask.any():
         return None
     return sample
+
+
+def _batch_stats(parts: list[GrpoLossStats], token_count: int) -> GrpoLossStats:
+    """The step's stats from its micro-batches' (each normalized by the step's
+    ``token_count``), when only some samples ran: ``tokens`` is the step's count and
+    ``mean_ratio`` the mean over the tokens that ran (1.0 when none did)."""
+    if not parts:
+        return GrpoLossStats(
+            policy_loss=0.0, kl=0.0, clip_fraction=0.0, mean_ratio=1.0, tokens=token_count
+        )
+    summed = summed_stats(parts)
+    ran = summed.tokens
+    return msgspec.structs.replace(
+        summed,
+        mean_ratio=summed.mean_ratio * max(token_count, 1) / max(ran, 1),
+        tokens=token_count,
+    )
 
 
 def _micro_batches(samples: Sequence[_Sample], size: int | None) -> list[Sequence[_Sample]]:
