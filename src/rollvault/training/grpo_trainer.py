@@ -30,7 +30,6 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import torch
-from safetensors.torch import save as save_safetensors
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
@@ -39,6 +38,7 @@ from rollvault.controller.loop.trainer import TrainBatch, TrainBatchError, Train
 from rollvault.dataplane.interface import train_key
 from rollvault.dataplane.rows import RowView
 from rollvault.gates.sampling import LeftPadded, left_pad
+from rollvault.gates.weight_bytes import state_dict_bytes
 from rollvault.training.grpo_loss import GrpoLossStats, grpo_loss, summed_stats
 from rollvault.training.logprobs import left_pad_values, token_logprobs
 from rollvault.training.policy_dirs import publish_policy
@@ -104,6 +104,11 @@ class GrpoSettings(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+_FUSED = {"fused": True, "foreach": None}
+"""AdamW's fused kernel (CPU and CUDA, every float dtype): one call for all parameters
+instead of about ten ops per parameter, ~2 ms of the recipe's ~80 ms step."""
+
+
 class _Sample(msgspec.Struct, frozen=True):
     input_ids: np.ndarray
     generation_logprobs: np.ndarray
@@ -121,7 +126,10 @@ class GrpoTrainer:
         self._pad_token_id = pad_token_id
         self._settings = settings
         self._optimizer = torch.optim.AdamW(
-            model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay
+            model.parameters(),
+            lr=settings.learning_rate,
+            weight_decay=settings.weight_decay,
+            **_FUSED,
         )
         # The frozen reference is the policy as the trainer received it (after warm-up).
         self._reference = _frozen_copy(model) if settings.kl_coef > 0.0 else None
@@ -144,8 +152,8 @@ class GrpoTrainer:
     def weights_for_gate(self) -> bytes:
         """The current policy weights, as safetensors bytes (what the gate's worker loads)."""
         with self._lock:
-            state = self._model.state_dict()
-            return save_safetensors({k: v.detach().clone().contiguous() for k, v in state.items()})
+            # No step runs under the lock: the tensors are copied once, straight into the bytes.
+            return state_dict_bytes(self._model.state_dict())
 
     def export_policy(
         self, path: Path, tokenizer: PreTrainedTokenizerBase, *, with_digests: bool = False
@@ -186,7 +194,9 @@ class GrpoTrainer:
             if self._reference is not None:
                 _load_weights(self._reference, directory / REFERENCE_FILENAME)
             per_param, rng = read_optimizer(directory / OPTIMIZER_FILENAME)
-            groups = [_tuples(group) for group in state.param_groups]
+            # The kernel choice is this trainer's, not the checkpoint's (one written before
+            # the fused kernel names none): the state and the arithmetic are the same.
+            groups = [{**_tuples(group), **_FUSED} for group in state.param_groups]
             try:
                 self._optimizer.load_state_dict({"state": per_param, "param_groups": groups})
             except (ValueError, KeyError) as exc:
