@@ -531,15 +531,16 @@ def parent_main(args: argparse.Namespace) -> int:
         results: list[RunResult] = []
         for round_index in range(args.rounds):
             order = SIDES if round_index % 2 == 0 else SIDES[::-1]
-            for side in order:
+            for side in [s for s in order if s in args.sides]:
                 overrides = args.set if side == "rollvault" else []
                 result = run_child(
                     side, tmp, start, args.steps, overrides, round_index, args.trl_threads
                 )
                 results.append(result)
                 print(f"round {round_index} {describe(result)}", flush=True)
-        for line in summarise(results):
-            print(line)
+        if len(args.sides) == len(SIDES):
+            for line in summarise(results):
+                print(line)
         if args.json:
             print(json.dumps({"runs": [asdict(r) for r in results]}))
     return 0
@@ -588,6 +589,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         default=0,
         help="torch threads of the TRL process (0: torch's default, one per core); 1 avoids "
         "OpenMP's spinning threads on a machine other work oversubscribes",
+    )
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        choices=SIDES,
+        default=list(SIDES),
+        help="run only these sides (no ratio without both): e.g. rollvault alone, to compare "
+        "its per-process CPU between two trees",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
