@@ -52,8 +52,10 @@ def test_two_passes_and_skipped_rows_give_the_one_pass_step(
     ]
     for batch in batches:  # one group of each batch has all-zero advantages: it is skipped
         for g in range(4):
-            row = batch.rows[f"{batch.groups[0].group_id}_g{g}"]
+            key = f"{batch.groups[0].group_id}_g{g}"
+            row = dict(batch.rows[key])
             row["advantages"] = np.zeros_like(np.asarray(row["advantages"]))
+            batch.rows[key] = row  # type: ignore[index]  # the test's own dict of rows
     one, two = _trainer(directory), _trainer(directory)
     for batch in batches:
         with monkeypatch.context() as patch:
