@@ -77,3 +77,22 @@ def test_two_passes_and_skipped_rows_give_the_one_pass_step(
             assert float((a.grad - b.grad).abs().max()) / scale <= 3e-5
     for a, b in zip(one.model.parameters(), two.model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=2e-5)
+
+
+def test_a_step_whose_rows_all_have_zero_advantage_steps_with_zero_gradients(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "model"
+    model, tokenizer = build_model(directory)
+    batch = sampled_batch(model, tokenizer, step=0, prompts=PROMPTS, generations=4)
+    for key, row in list(batch.rows.items()):
+        batch.rows[key] = {**row, "advantages": np.zeros_like(np.asarray(row["advantages"]))}  # type: ignore[index]
+    trainer = _trainer(directory)
+    metrics = asyncio.run(trainer.train_step(batch))
+    assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+    assert metrics["response_tokens"] == sum(
+        int(np.asarray(r["token_mask"]).sum()) for r in batch.rows.values()
+    )
+    for parameter in trainer.model.parameters():  # AdamW stepped on zeros, as before
+        assert parameter.grad is not None and not parameter.grad.any()
+    assert trainer.steps_trained == 1

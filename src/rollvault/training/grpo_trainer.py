@@ -242,7 +242,8 @@ class GrpoTrainer:
         trained = self._with_gradient(samples)
         self._optimizer.zero_grad(set_to_none=True)
         parts = []
-        for chunk in _micro_batches(trained, self._settings.micro_batch_size):
+        chunks = _micro_batches(trained, self._settings.micro_batch_size) if trained else []
+        for chunk in chunks:
             for bucket in _length_buckets(chunk):
                 loss, stats = self._micro_batch_loss(bucket, token_count)
                 loss.backward()  # accumulates into .grad across micro-batches
