@@ -19,7 +19,9 @@ which is kept as its last token.
 Equal prompts in a batch (the siblings of a group) are prefilled once: the
 distinct prompts go through the model and their KV cache rows are repeated
 for every row that asked for them, which takes the prompt tokens' compute
-off all but one sibling of each group.
+off all but one sibling of each group. A row that is done (stop token or
+limit) leaves the decoding batch with its cache rows, so the later tokens
+of the longest responses do not pay for the rows that ended.
 """
 
 from __future__ import annotations
