@@ -110,6 +110,9 @@ class RunResult:
     cores_used: float
     """CPU seconds of every process of the run / its wall seconds."""
     cpu_by_process: dict[str, float] = field(default_factory=dict)
+    steady_cpu_ms_per_step: dict[str, float] = field(default_factory=dict)
+    """Per kind of process: CPU between the first and the last optimizer step (each
+    process's sampled CPU interpolated at both), per step: start-up and shutdown excluded."""
     rewards: list[float] = field(default_factory=list)
     loop_cpu_per_step_ms: float = float("nan")
     """rollvault: the event loop thread's CPU per step over the steady window (a load on
@@ -388,6 +391,8 @@ def run_child(
     wall = time.time()
     proc = psutil.Popen(command, stdout=subprocess.DEVNULL)
     last: dict[int, tuple[str, float]] = {}
+    history: dict[int, list[tuple[float, float]]] = {}
+    """Per pid: (time.time(), its CPU seconds) at every sample."""
     while proc.poll() is None:
         try:
             for p in [proc, *proc.children(recursive=True)]:
@@ -401,6 +406,7 @@ def run_child(
                 elif kind not in KNOWN_KINDS and (fresh := process_kind(p)) in KNOWN_KINDS:
                     kind = fresh
                 last[p.pid] = (kind, cpu_of(p))
+                history.setdefault(p.pid, []).append((time.time(), last[p.pid][1]))
         except psutil.Error:
             pass  # a process exited while sampled: its last sample stands
         time.sleep(CPU_SAMPLE_S)
@@ -417,6 +423,7 @@ def run_child(
     steady = times[-1] - times[0]
     # Tokens of the steps after the first (the steady window starts at the first step's end).
     tokens = sum(data["tokens"][1:])
+    steady_ms = steady_cpu_per_step(history, last, times)
     loop_cpu = data.get("loop_cpu") or []
     loop_ms = (
         1000.0 * (loop_cpu[-1] - loop_cpu[0]) / (len(loop_cpu) - 1)
@@ -434,9 +441,34 @@ def run_child(
         cpu_s=cpu,
         cores_used=cpu / wall,
         cpu_by_process=by_kind,
+        steady_cpu_ms_per_step=steady_ms,
         rewards=data["rewards"],
         loop_cpu_per_step_ms=loop_ms,
     )
+
+
+def steady_cpu_per_step(
+    history: dict[int, list[tuple[float, float]]],
+    last: dict[int, tuple[str, float]],
+    step_times: Sequence[float],
+) -> dict[str, float]:
+    """Per kind of process, ms of CPU per step between the first and the last step's end.
+
+    Each process's CPU is interpolated linearly between its samples (every
+    ``CPU_SAMPLE_S``) at both instants; a process not yet sampled counts 0, one
+    gone keeps its last sample.
+    """
+    if len(step_times) < 2:
+        return {}
+    first, final = step_times[0], step_times[-1]
+    out: dict[str, float] = {}
+    for pid, samples in history.items():
+        at = np.array([t for t, _ in samples])
+        cpu = np.array([c for _, c in samples])
+        spent = float(np.interp(final, at, cpu, left=0.0) - np.interp(first, at, cpu, left=0.0))
+        kind = last[pid][0]
+        out[kind] = out.get(kind, 0.0) + spent
+    return {k: 1000.0 * v / (len(step_times) - 1) for k, v in out.items()}
 
 
 def describe(r: RunResult) -> str:
@@ -452,6 +484,13 @@ def describe(r: RunResult) -> str:
             else f", event loop {r.loop_cpu_per_step_ms:.0f} ms CPU/step"
         )
         + f", load {os.getloadavg()[0]:.1f}"
+        + (
+            "; steady CPU ms/step: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.steady_cpu_ms_per_step.items()))
+            + f" (total {sum(r.steady_cpu_ms_per_step.values()):.0f})"
+            if r.steady_cpu_ms_per_step
+            else ""
+        )
     )
 
 
@@ -492,15 +531,16 @@ def parent_main(args: argparse.Namespace) -> int:
         results: list[RunResult] = []
         for round_index in range(args.rounds):
             order = SIDES if round_index % 2 == 0 else SIDES[::-1]
-            for side in order:
+            for side in [s for s in order if s in args.sides]:
                 overrides = args.set if side == "rollvault" else []
                 result = run_child(
                     side, tmp, start, args.steps, overrides, round_index, args.trl_threads
                 )
                 results.append(result)
                 print(f"round {round_index} {describe(result)}", flush=True)
-        for line in summarise(results):
-            print(line)
+        if len(args.sides) == len(SIDES):
+            for line in summarise(results):
+                print(line)
         if args.json:
             print(json.dumps({"runs": [asdict(r) for r in results]}))
     return 0
@@ -549,6 +589,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         default=0,
         help="torch threads of the TRL process (0: torch's default, one per core); 1 avoids "
         "OpenMP's spinning threads on a machine other work oversubscribes",
+    )
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        choices=SIDES,
+        default=list(SIDES),
+        help="run only these sides (no ratio without both): e.g. rollvault alone, to compare "
+        "its per-process CPU between two trees",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import msgspec
 import torch
-from safetensors.torch import load as load_safetensors
 from transformers import PreTrainedModel
 
 from rollvault.gates.causal_lm import load_causal_lm
 from rollvault.gates.sampling import sample_batch
+from rollvault.gates.weight_bytes import load_state_bytes
 from rollvault.gates.worker_protocol import (
     Generate,
     Generated,
@@ -83,7 +83,7 @@ class GenerationEngine:
         return Ready(pid=os.getpid(), dtype=str(self.model.dtype))
 
     def load_weights(self, command: LoadWeights) -> WeightsLoaded:
-        self.model.load_state_dict(load_safetensors(command.weights), strict=True)
+        load_state_bytes(self.model, command.weights)  # one copy, strict as load_state_dict
         self.weight_version = command.version
         return WeightsLoaded(version=command.version)
 

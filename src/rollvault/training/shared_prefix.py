@@ -79,10 +79,11 @@ def shared_prefix_batch(
     if len(prefixes) == len(sequences):
         return None
     length = max(len(seq) - start for seq, start in zip(sequences, starts, strict=True))
-    ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    # Filled in numpy and turned into tensors once: a torch op per row costs more.
+    ids = np.full((len(sequences), length), pad_token_id, dtype=np.int64)
+    mask = np.zeros((len(sequences), length), dtype=np.int64)
     for row, (seq, start) in enumerate(zip(sequences, starts, strict=True)):
-        tail = torch.tensor(np.asarray(seq[start:]), dtype=torch.long)
+        tail = seq[start:]
         ids[row, : len(tail)] = tail
         mask[row, : len(tail)] = 1
     offsets = torch.as_tensor(list(starts), dtype=torch.long).unsqueeze(-1)
@@ -90,8 +91,8 @@ def shared_prefix_batch(
         prefixes=left_pad(prefixes, pad_token_id),
         rows=torch.as_tensor(rows, dtype=torch.long),
         starts=list(starts),
-        suffix_ids=ids,
-        suffix_mask=mask,
+        suffix_ids=torch.from_numpy(ids),
+        suffix_mask=torch.from_numpy(mask),
         suffix_positions=offsets + torch.arange(length, dtype=torch.long),
     )
 
@@ -145,9 +146,10 @@ def right_pad_suffixes(
 ) -> torch.Tensor:
     """Each per-token array's suffix part (``array[start:]``), right-padded with zeros to
     the batch's suffix length (aligned with :func:`suffix_logprobs`)."""
-    out = torch.zeros(batch.suffix_ids.shape, dtype=dtype)
+    # Filled in numpy (a row assignment there is cheaper than torch's), converted once: from
+    # float64, which holds every value exactly, to ``dtype`` as torch.tensor(values) rounds.
+    filled = np.zeros(tuple(batch.suffix_ids.shape), dtype=np.float64)
     for row, (values, start) in enumerate(zip(arrays, batch.starts, strict=True)):
         tail = np.asarray(values[start:])
-        if len(tail):
-            out[row, : len(tail)] = torch.tensor(tail, dtype=dtype)
-    return out
+        filled[row, : len(tail)] = tail
+    return torch.from_numpy(filled).to(dtype)
