@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from child_zygote import Zygote
+from zygote_slot import ROLLVAULT_CLI, ZygoteSlot
 
 from rollvault.checkpoint_tools.run_history import (
     check_exactly_once,
@@ -50,19 +49,8 @@ OVERRIDES = (
 )
 
 
-_zygote: Zygote | None = None
-"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_zygote() -> Iterator[None]:
-    global _zygote
-    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=120) as z:
-        _zygote = z
-        try:
-            yield
-        finally:
-            _zygote = None
+CLI = ZygoteSlot(ROLLVAULT_CLI, timeout_s=120)
+_cli_zygote = CLI.module_fixture()
 
 
 def _start(run_dir: Path, kill_at: str | None) -> subprocess.CompletedProcess[str]:
@@ -75,8 +63,7 @@ def _start(run_dir: Path, kill_at: str | None) -> subprocess.CompletedProcess[st
         f"logging.log_dir={run_dir / 'logs'}",
         f"checkpointing.checkpoint_dir={run_dir / 'ckpt'}",
     ]
-    assert _zygote is not None, "the _cli_zygote fixture is not active"
-    return _zygote.run(command, environ, cwd=run_dir)
+    return CLI.run(command, environ, cwd=run_dir)
 
 
 @pytest.mark.parametrize(

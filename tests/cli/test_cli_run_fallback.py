@@ -13,33 +13,20 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from child_zygote import Zygote
+from zygote_slot import ROLLVAULT_CLI, ZygoteSlot
 
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
 
-_zygote: Zygote | None = None
-"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_zygote() -> Iterator[None]:
-    global _zygote
-    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=300) as z:
-        _zygote = z
-        try:
-            yield
-        finally:
-            _zygote = None
+CLI = ZygoteSlot(ROLLVAULT_CLI, timeout_s=300)
+_cli_zygote = CLI.module_fixture()
 
 
 def _rollvault(tmp_path: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    assert _zygote is not None, "the _cli_zygote fixture is not active"
-    return _zygote.run([command, *args], os.environ, cwd=tmp_path)
+    return CLI.run([command, *args], os.environ, cwd=tmp_path)
 
 
 def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:

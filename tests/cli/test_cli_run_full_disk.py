@@ -21,11 +21,11 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from child_zygote import Zygote
+from zygote_slot import ROLLVAULT_CLI, ZygoteSlot
 
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
 from rollvault.cli.run_command import IO_STOP_EXIT_STATUS
@@ -34,25 +34,13 @@ NUM_PROMPTS = 256
 EPOCHS = 3
 
 
-_zygote: Zygote | None = None
-"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_zygote() -> Iterator[None]:
-    # Commands fork from one process that has imported the command line once.
-    global _zygote
-    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=300) as z:
-        _zygote = z
-        try:
-            yield
-        finally:
-            _zygote = None
+# Commands fork from one process that has imported the command line once.
+CLI = ZygoteSlot(ROLLVAULT_CLI, timeout_s=300)
+_cli_zygote = CLI.module_fixture()
 
 
 def _rollvault(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    assert _zygote is not None, "the _cli_zygote fixture is not active"
-    return _zygote.run(list(args), os.environ, cwd=cwd)
+    return CLI.run(list(args), os.environ, cwd=cwd)
 
 
 def _run(tmp_path: Path, checkpoint_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:

@@ -15,11 +15,10 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from child_zygote import Zygote
+from zygote_slot import ROLLVAULT_CLI, ZygoteSlot
 
 import rollvault
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
@@ -27,24 +26,12 @@ from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_
 GRPO_RECIPE = Path(rollvault.__file__).parent / "configs" / "grpo_addition.yaml"
 
 
-_zygote: Zygote | None = None
-"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_zygote() -> Iterator[None]:
-    global _zygote
-    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=300) as z:
-        _zygote = z
-        try:
-            yield
-        finally:
-            _zygote = None
+CLI = ZygoteSlot(ROLLVAULT_CLI, timeout_s=300)
+_cli_zygote = CLI.module_fixture()
 
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    assert _zygote is not None, "the _cli_zygote fixture is not active"
-    return _zygote.run(["run", *args], os.environ, cwd=cwd)
+    return CLI.run(["run", *args], os.environ, cwd=cwd)
 
 
 def _fresh_run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

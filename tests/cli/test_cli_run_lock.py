@@ -12,11 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from child_zygote import Zygote
+from zygote_slot import ROLLVAULT_CLI, ZygoteSlot
 
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
 from rollvault.durable.run_lock import RUN_LOCK_FILENAME
@@ -38,26 +37,14 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
-_zygote: Zygote | None = None
-"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_zygote() -> Iterator[None]:
-    # Commands fork from one process that has imported the command line once.
-    global _zygote
-    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=300) as z:
-        _zygote = z
-        try:
-            yield
-        finally:
-            _zygote = None
+# Commands fork from one process that has imported the command line once.
+CLI = ZygoteSlot(ROLLVAULT_CLI, timeout_s=300)
+_cli_zygote = CLI.module_fixture()
 
 
 def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    assert _zygote is not None, "the _cli_zygote fixture is not active"
     # The arguments after ``python -m rollvault.cli.main``.
-    return _zygote.run(_args(tmp_path, *extra)[3:], os.environ)
+    return CLI.run(_args(tmp_path, *extra)[3:], os.environ)
 
 
 def _wait_for(path: Path, child: subprocess.Popen[str], timeout: float = 120) -> None:

@@ -18,12 +18,11 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from child_zygote import Zygote
+from zygote_slot import ZygoteSlot
 
 from rollvault.durable.faults import FAULT_POINTS, KILL_AT_ENV, TRACE_ENV
 
@@ -37,27 +36,15 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-_zygote: Zygote | None = None
-"""The module's forking server of CHILD (see _child_zygote)."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _child_zygote() -> Iterator[None]:
-    # Module-wide, so that the helpers below stay plain functions of their arguments.
-    global _zygote
-    with Zygote(CHILD) as zygote:
-        _zygote = zygote
-        try:
-            yield
-        finally:
-            _zygote = None
+# Module-wide, so that the helpers below stay plain functions of their arguments.
+CHILDREN = ZygoteSlot(CHILD)
+_child_zygote = CHILDREN.module_fixture()
 
 
 def _run(
     mode: str, checkpoint_dir: Path, *args: str, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    assert _zygote is not None, "the _child_zygote fixture is not active"
-    return _zygote.run([mode, str(checkpoint_dir), *args], _env(**env))
+    return CHILDREN.run([mode, str(checkpoint_dir), *args], _env(**env))
 
 
 def _ok(mode: str, checkpoint_dir: Path, *args: str) -> str:

@@ -13,11 +13,10 @@ import json
 import os
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from child_zygote import Zygote
+from zygote_slot import ZygoteSlot
 
 from rollvault.durable.faults import KILL_AT_ENV, TRACE_ENV
 
@@ -25,27 +24,15 @@ CHILD = Path(__file__).with_name("journal_crash_child.py")
 pytestmark = pytest.mark.slow
 
 
-_zygote: Zygote | None = None
-"""The module's forking server of CHILD (see _child_zygote)."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _child_zygote() -> Iterator[None]:
-    # Module-wide, so that the helpers below stay plain functions of their arguments.
-    global _zygote
-    with Zygote(CHILD) as zygote:
-        _zygote = zygote
-        try:
-            yield
-        finally:
-            _zygote = None
+# Module-wide, so that the helpers below stay plain functions of their arguments.
+CHILDREN = ZygoteSlot(CHILD)
+_child_zygote = CHILDREN.module_fixture()
 
 
 def _run(mode: str, journal: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in (KILL_AT_ENV, TRACE_ENV)}
     environ.update(env)
-    assert _zygote is not None, "the _child_zygote fixture is not active"
-    return _zygote.run([mode, str(journal)], environ)
+    return CHILDREN.run([mode, str(journal)], environ)
 
 
 def _last(stdout: str, word: str) -> int | None:

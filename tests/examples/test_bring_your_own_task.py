@@ -13,11 +13,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from child_zygote import Zygote
+from zygote_slot import ROLLVAULT_CLI, ZygoteSlot
 
 from rollvault.checkpoint_tools.chaos.plan import ChaosPlan
 from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
@@ -140,25 +139,13 @@ def test_the_worked_example_runs_as_the_readme_shows(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "final_model" / "config.json").is_file()
 
 
-_zygote: Zygote | None = None
-"""The module's forking server of ``rollvault`` commands (see _cli_zygote)."""
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_zygote() -> Iterator[None]:
-    # Commands fork from one process that has imported the command line once.
-    global _zygote
-    with Zygote(Path(__file__).parents[1] / "support" / "rollvault_cli.py", timeout_s=300) as z:
-        _zygote = z
-        try:
-            yield
-        finally:
-            _zygote = None
+# Commands fork from one process that has imported the command line once.
+CLI = ZygoteSlot(ROLLVAULT_CLI, timeout_s=300)
+_cli_zygote = CLI.module_fixture()
 
 
 def _refused_start(cwd: Path, *overrides: str) -> str:
-    assert _zygote is not None, "the _cli_zygote fixture is not active"
-    result = _zygote.run(["run", *overrides, "logging.progress=false"], os.environ, cwd=cwd)
+    result = CLI.run(["run", *overrides, "logging.progress=false"], os.environ, cwd=cwd)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     return result.stderr
