@@ -19,8 +19,9 @@ is an immutable file of group records. Two forms are read:
 
 The writer (:mod:`rollvault.controller.snapshots.ledger_segments`) bounds a
 chain by its deltas' bytes and to
-:data:`~rollvault.controller.snapshots.ledger_segments.MAX_CHAIN` records; a reader refuses one longer than :data:`MAX_READ_CHAIN` (a cycle in
-a crafted file), a base whose segment the sidecar's index does not list (its
+:data:`~rollvault.controller.snapshots.ledger_segments.MAX_CHAIN` records; a
+reader refuses one longer than :data:`MAX_READ_CHAIN` (a cycle in a crafted
+file), a base whose segment the sidecar's index does not list (its
 SHA-256 would be unchecked), and a record reached twice. Format only, no I/O.
 """
 

@@ -26,9 +26,10 @@ the same groups) do not all reach it in one snapshot, as they did under a
 bound by count. A group whose chain already holds :data:`MAX_CHAIN` records
 (a backstop: tiny deltas), or reaches a segment being compacted, or whose
 digests are unknown (restored from a form 1 segment), is written whole too,
-so restore follows at most :data:`MAX_CHAIN` records per group. A restored writer knows the chains
-(the restore resolved them) but not the digests: it computes them from the
-restored records, which stay frozen (shared) until the ledger changes them.
+so restore follows at most :data:`MAX_CHAIN` records per group. A restored
+writer knows the chains (the restore resolved them, with their deltas'
+bytes) but not the digests: it computes them from the restored records,
+which stay frozen (shared) until the ledger changes them.
 
 Compaction: a referenced segment whose live records (every record a live
 group's chain reaches) fall below ``compact_below`` of its records has the
