@@ -48,7 +48,7 @@ from rollvault.ledger.state_schema import (
 LEDGER_SEGMENT_FORMAT: Final = 2
 """The form of the ledger segments this build writes (form 1 is still read)."""
 MAX_READ_CHAIN: Final = 64
-"""Longest chain of records a reader follows (the writer's bound is far below)."""
+"""Longest chain of records a reader follows (the writer's bound, 32 records, is below)."""
 LEDGER_SEGMENT_SUFFIX: Final = ".ledger-segment.json"
 
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
