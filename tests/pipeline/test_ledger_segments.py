@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from pipeline_helpers import dataset_of, small_config
 from snapshot_versions import inline_snapshot_to_v5, ledger_segments_to_form_1, rewrite_sidecar
@@ -41,7 +42,7 @@ from rollvault.controller.snapshots.verification import (
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.gates.simulated import SimulatedGate
-from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX
+from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX, RecordChain
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.training.recording import RecordingTrainer
 
@@ -415,6 +416,74 @@ def test_a_group_s_chain_of_deltas_is_bounded_then_written_whole(
         assert bases == [True, False, True]  # delta, whole at the bound, delta on it
         assert len(files) == 2  # the whole one's chain only
         parts.logs.close()
+
+    asyncio.run(main())
+
+
+def _chain_of(snapshot: Path, group_id: str) -> RecordChain:
+    loaded = read_snapshot_files(snapshot, read_snapshot_manifest(snapshot))
+    groups = loaded.recovery.ledger_state["groups"]
+    (chain,) = [
+        c for g, c in zip(groups, loaded.ledger_chains, strict=True) if g["group_id"] == group_id
+    ]
+    return chain
+
+
+def test_a_group_is_written_whole_once_its_deltas_outweigh_its_budget_of_whole_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget = 0.6  # a seal's delta here is ~0.4x its group's whole bytes: whole at the second
+    monkeypatch.setattr(ledger_segments, "chain_budget", lambda group_id: budget)
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = _new_run(config)
+        parts = run.parts
+        group = await _reserve(parts, sealed=0, gate=run.gate)
+        await run.snapshot()
+        lengths = []
+        for index in range(SIBLINGS):
+            await _seal(parts, run.gate, group, index)
+            snapshot = await run.snapshot()
+            chain = _chain_of(snapshot, group)
+            whole = sum(
+                len(piece)
+                for piece in ledger_segments._Encoded.of(parts.ledger.get_group(group)).pieces
+            )
+            assert chain.delta_bytes <= budget * whole  # the bound holds after every snapshot
+            lengths.append(len(chain.links))
+            assert _restored_ledger(snapshot) == _live_ledger(parts)
+        # deltas until the bytes bound, then whole (far below the count bound), then deltas on it
+        assert lengths[0] == 2 and 1 in lengths[1:] and lengths[-1] < ledger_segments.MAX_CHAIN
+        assert lengths.index(1) < len(lengths) - 1 and lengths[lengths.index(1) + 1] == 2
+        parts.logs.close()
+
+    asyncio.run(main())
+
+
+def test_a_read_chain_counts_its_deltas_bytes_as_the_writer_did_for_a_restart_to_go_on(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = _new_run(config)
+        group = await _reserve(run.parts, sealed=0, gate=run.gate)
+        await run.snapshot()
+        for index in range(2):
+            await _seal(run.parts, run.gate, group, index)
+            snapshot = await run.snapshot()
+        written = run.checkpointer._ledger_writer()._placed[group].delta_bytes
+        chain = _chain_of(snapshot, group)
+        assert len(chain.links) == 3 and chain.delta_bytes == written > 0
+        encode = msgspec.json.Encoder(order="sorted").encode
+        pieces = 0
+        for file, ordinal in chain.links[:-1]:  # the deltas, as stored
+            _, header, siblings = _records_in(snapshot, file)[ordinal]
+            pieces += len(encode(header)) if header is not None else 0
+            pieces += sum(len(encode(sibling)) for _, sibling in siblings)
+        assert chain.delta_bytes == pieces
+        run.parts.logs.close()
 
     asyncio.run(main())
 

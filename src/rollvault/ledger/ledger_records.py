@@ -18,9 +18,10 @@ is an immutable file of group records. Two forms are read:
   bases down to a whole record.
 
 The writer (:mod:`rollvault.controller.snapshots.ledger_segments`) bounds a
-chain to :data:`~rollvault.controller.snapshots.ledger_segments.MAX_CHAIN`
-records; a reader refuses one longer than :data:`MAX_READ_CHAIN` (a cycle in
-a crafted file), a base whose segment the sidecar's index does not list (its
+chain by its deltas' bytes and to
+:data:`~rollvault.controller.snapshots.ledger_segments.MAX_CHAIN` records; a
+reader refuses one longer than :data:`MAX_READ_CHAIN` (a cycle in a crafted
+file), a base whose segment the sidecar's index does not list (its
 SHA-256 would be unchecked), and a record reached twice. Format only, no I/O.
 """
 
@@ -47,7 +48,7 @@ from rollvault.ledger.state_schema import (
 LEDGER_SEGMENT_FORMAT: Final = 2
 """The form of the ledger segments this build writes (form 1 is still read)."""
 MAX_READ_CHAIN: Final = 64
-"""Longest chain of records a reader follows (the writer's bound is far below)."""
+"""Longest chain of records a reader follows (the writer's bound, 32 records, is below)."""
 LEDGER_SEGMENT_SUFFIX: Final = ".ledger-segment.json"
 
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
@@ -112,6 +113,10 @@ class RecordChain:
     links: tuple[RecordLink, ...]
     deltable: bool
     """Whether a delta may name the newest as its base (form 2; form 1 records are not)."""
+    delta_bytes: int = 0
+    """Bytes of the pieces (header, siblings) of the chain's deltas, all but its whole record.
+
+    The writer's bound by bytes counts the same (a restored writer goes on from it)."""
 
 
 def encode_piece(piece: GroupHeaderState | CompactSibling) -> bytes:
@@ -177,6 +182,7 @@ def resolve_group(
     header: msgspec.Raw | None = None
     siblings: dict[int, msgspec.Raw] = {}
     links: list[RecordLink] = []
+    delta_bytes = 0
     file, ordinal = link
     while True:
         _use(file, ordinal, segments, used, links, where=where)
@@ -205,6 +211,9 @@ def resolve_group(
                     "every sibling 0..n-1"
                 )
             break
+        delta_bytes += (len(record.header) if has_header else 0) + sum(
+            len(sibling) for _, sibling in record.siblings
+        )
         position, base_ordinal = record.base
         if position >= len(segment.bases):
             raise LedgerStateError(
@@ -222,7 +231,7 @@ def resolve_group(
     decoded = _decode(_SIBLINGS_DECODER, joined, *link, where)
     expand_siblings(fields["group_id"], decoded)
     group = GroupState(**fields, siblings=list(decoded))
-    return group, RecordChain(tuple(links), True)
+    return group, RecordChain(tuple(links), True, delta_bytes)
 
 
 def _use(

@@ -17,12 +17,19 @@ bytes differ from the remembered digests are written, as a *delta* record
 naming the group's previous record as its base. A seal changes one sibling,
 so it costs that sibling, not the group.
 
-Chains are bounded: a group whose chain already holds :data:`MAX_CHAIN`
-records, or reaches a segment being compacted, or whose digests are unknown
-(restored from a form 1 segment), is written whole, so restore follows at
-most :data:`MAX_CHAIN` records per group. A restored writer knows the chains
-(the restore resolved them) but not the digests: it computes them from the
-restored records, which stay frozen (shared) until the ledger changes them.
+Chains are bounded by bytes: a group is written whole once its chain's
+deltas since its whole record, this one included, would outweigh
+:func:`chain_budget` times the bytes of the group written whole now (see
+there: between 1x and 3x, fixed per group). A whole rewrite so costs at most
+the deltas it ends, and groups changed in lockstep (every seal of a round in
+the same groups) do not all reach it in one snapshot, as they did under a
+bound by count. A group whose chain already holds :data:`MAX_CHAIN` records
+(a backstop: tiny deltas), or reaches a segment being compacted, or whose
+digests are unknown (restored from a form 1 segment), is written whole too,
+so restore follows at most :data:`MAX_CHAIN` records per group. A restored
+writer knows the chains (the restore resolved them, with their deltas'
+bytes) but not the digests: it computes them from the restored records,
+which stay frozen (shared) until the ledger changes them.
 
 Compaction: a referenced segment whose live records (every record a live
 group's chain reaches) fall below ``compact_below`` of its records has the
@@ -76,8 +83,29 @@ COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live records once fewer than this fraction of its records are live."""
 
 
-MAX_CHAIN: Final = 8
-"""Most records a group's chain holds (its newest included) before it is written whole."""
+MAX_CHAIN: Final = 32
+"""Most records a group's chain holds (its newest included) before it is written whole.
+
+A backstop for restore: the bound by bytes (:func:`chain_budget`) acts first
+unless a group's deltas are tiny against it (dispatches only, no seals)."""
+
+CHAIN_BYTES_LOW: Final = 1.0
+CHAIN_BYTES_SPAN: Final = 2.0
+"""The bound by bytes, as multiples of the group's whole bytes: from LOW to LOW + SPAN."""
+
+
+def chain_budget(group_id: str) -> float:
+    """How many times its whole bytes a group's chain of deltas may hold: in [1, 3).
+
+    At 1x or more a whole rewrite costs no more than the deltas it ends (so
+    the rewrites add at most about as much again as the deltas, ~0.55x at
+    these bounds); spread by a hash of the id so that groups changed together
+    are written whole in different snapshots (the benchmark seals into the
+    same 256 groups each round: under a bound of 8 records, every one of them
+    was rewritten in the 8th). Deterministic, so a restored writer agrees.
+    """
+    spread = hashlib.blake2b(group_id.encode(), digest_size=2).digest()
+    return CHAIN_BYTES_LOW + CHAIN_BYTES_SPAN * int.from_bytes(spread) / 65536
 
 
 def _digest(data: bytes) -> bytes:
@@ -94,6 +122,8 @@ class _Placed:
     """The header's digest, then each sibling's, as written; None: not known (see ``source``)."""
     source: PromptGroupRecoveryRecord | None = None
     """A restored, frozen record the digests are computed from when needed (None: not deltable)."""
+    delta_bytes: int = 0
+    """Bytes of the chain's deltas above its whole record (the bound by bytes)."""
 
     @property
     def segment(self) -> str:
@@ -115,6 +145,12 @@ class _Encoded:
 
     pieces: tuple[bytes, ...]
     digests: tuple[bytes, ...]
+
+    def size(self, positions: Sequence[int] | None = None) -> int:
+        """Bytes of the pieces at ``positions`` (0: header); None: of the whole group."""
+        if positions is None:
+            return sum(map(len, self.pieces))
+        return sum(len(self.pieces[i]) for i in positions)
 
     @classmethod
     def of(cls, record: PromptGroupRecoveryRecord) -> _Encoded:
@@ -222,7 +258,9 @@ class LedgerSeed:
                     f"its index entry names record {ordinal} of segment {segment}"
                 )
             source = record if chain.deltable else None
-            placed[record.group_id] = _Placed(record.siblings, chain.links, None, source)
+            placed[record.group_id] = _Placed(
+                record.siblings, chain.links, None, source, chain.delta_bytes
+            )
         writer._placed = placed
         writer._segments = {ref.file: ref for ref in self.index.segments}
         return writer
@@ -257,14 +295,17 @@ class LedgerSegmentWriter:
                     placed[record.group_id] = known
                     continue
                 encoded = _Encoded.of(record)
-                changed = self._changed(known, encoded)
+                changed = self._changed(known, encoded, record.group_id)
                 if changed is not None:
+                    chain, delta_bytes = known.chain, known.delta_bytes
                     if changed:
                         chain = fresh.add_delta(encoded, known, changed)
+                        delta_bytes += encoded.size(changed)
                         deltas += 1
-                    else:  # copied by the ledger, not changed: nothing to write
-                        chain = known.chain
-                    placed[record.group_id] = _Placed(record.siblings, chain, encoded.digests)
+                    # else copied by the ledger, not changed: nothing to write
+                    placed[record.group_id] = _Placed(
+                        record.siblings, chain, encoded.digests, delta_bytes=delta_bytes
+                    )
                     continue
             else:
                 encoded = _Encoded.of(record)
@@ -300,12 +341,19 @@ class LedgerSegmentWriter:
         return self.last_written
 
     @staticmethod
-    def _changed(known: _Placed, encoded: _Encoded) -> list[int] | None:
+    def _changed(known: _Placed, encoded: _Encoded, group_id: str) -> list[int] | None:
         """The piece positions (0: header) that differ from ``known``; None: write it whole."""
         digests = known.known_digests()
         if digests is None or len(digests) != len(encoded.digests) or len(known.chain) >= MAX_CHAIN:
             return None
-        return [i for i, (a, b) in enumerate(zip(digests, encoded.digests, strict=True)) if a != b]
+        changed = [
+            i for i, (a, b) in enumerate(zip(digests, encoded.digests, strict=True)) if a != b
+        ]
+        if changed and (
+            known.delta_bytes + encoded.size(changed) > chain_budget(group_id) * encoded.size()
+        ):
+            return None
+        return changed
 
     def _publish(self, build: _SegmentBuild, segments: dict[str, LedgerSegmentRef]) -> int:
         """Write ``build``'s records as its segment, if any; return its bytes."""
