@@ -266,7 +266,9 @@ def _is_running(pid: int) -> bool:
     return True
 
 
-def test_sigterm_stops_the_grpo_recipe_and_its_generation_worker(tmp_path: Path) -> None:
+def test_sigterm_stops_the_grpo_recipe_and_its_children(tmp_path: Path) -> None:
+    # The recipe's trainer is a process of its own (trainer.placement: process): two
+    # spawned children, the generation worker and the trainer; neither may outlive it.
     run = Run(
         tmp_path,
         "trainer.warmup.steps=0",
@@ -276,13 +278,13 @@ def test_sigterm_stops_the_grpo_recipe_and_its_generation_worker(tmp_path: Path)
     )
     child = run.start()
     run.wait_for_attempts(child, 40)
-    workers = _generation_workers(child.pid)
-    assert len(workers) == 1, workers
+    children = _generation_workers(child.pid)
+    assert len(children) == 2, children
     child.send_signal(signal.SIGTERM)
     code, stderr = _communicate(child)
     assert code == 143, stderr
     assert "Traceback" not in stderr
-    assert not _is_running(workers[0]), "the generation worker outlived the run"
+    assert not any(_is_running(pid) for pid in children), "a child outlived the run"
     [stopped] = run.shutdowns()
     assert not stopped.grace_exceeded and stopped.resume_from is not None
     # No final snapshot when a periodic one had just committed and nothing sealed since
