@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from aiohttp import web
@@ -371,9 +372,13 @@ def test_the_vllm_recipe_is_the_addition_recipe_on_the_vllm_gate() -> None:
     assert [getattr(vllm.gate.vllm, f) for f in sampled] == [
         getattr(local.gate.local_model, f) for f in sampled
     ]
-    # Everything but the gate and the run's own paths is the same, so the two compare.
-    for section in ("grpo", "sampler", "rollout", "reward", "dataset", "trainer"):
+    # Everything but the gate and the run's own paths is the same, so the two compare;
+    # where the trainer runs is placement, not what it computes (the addition recipe
+    # trains in a process of its own, the vLLM one in the controller).
+    for section in ("grpo", "sampler", "rollout", "reward", "dataset"):
         assert getattr(vllm, section) == getattr(local, section), section
+    placed = msgspec.structs.replace(local.trainer, placement=vllm.trainer.placement)
+    assert vllm.trainer == placed
 
 
 @pytest.mark.slow
