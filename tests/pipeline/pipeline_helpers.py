@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 from rollvault.checkpoint_tools.inventory import read_snapshot_contents
 from rollvault.config.loading import load_run_config
@@ -24,6 +26,7 @@ from rollvault.controller.loop.run_logs import (
     read_jsonl,
 )
 from rollvault.controller.loop.trainer import TrainBatch
+from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, DataPlane
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
@@ -152,9 +155,52 @@ class SimulatedCrash(RuntimeError):
     pass
 
 
-def run_until_crash(config: RunConfig, crash_after_step: int) -> None:
-    """Run ``config`` and let it die after ``crash_after_step``."""
-    trainer = CrashingTrainer(crash_after_step)
+class SnapshotWaitingTrainer(CrashingTrainer):
+    """Crashes after ``crash_after_step`` only once this run has committed a rollout
+    snapshot: the step waits for one, so no timing decides whether a snapshot exists."""
+
+    def __init__(self, crash_after_step: int, committed: asyncio.Event) -> None:
+        super().__init__(crash_after_step)
+        self._committed = committed
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        if batch.step == self.crash_after_step:
+            async with asyncio.timeout(120):
+                await self._committed.wait()
+        return await super().train_step(batch)
+
+
+@contextlib.contextmanager
+def _signal_committed_snapshots(committed: asyncio.Event) -> Iterator[None]:
+    """Set ``committed`` whenever a periodic rollout snapshot of this process commits."""
+    original = Checkpointer.snapshot_if_changed
+
+    async def snapshot_if_changed(self: Checkpointer) -> Path | None:
+        path = await original(self)
+        if path is not None:
+            committed.set()
+        return path
+
+    with mock.patch.object(Checkpointer, "snapshot_if_changed", snapshot_if_changed):
+        yield
+
+
+def run_until_crash(
+    config: RunConfig, crash_after_step: int, *, after_snapshot: bool = True
+) -> None:
+    """Run ``config`` and let it die after ``crash_after_step``.
+
+    With ``after_snapshot`` (the default), that step first waits until the run
+    committed a rollout snapshot of its own, so the next restore surely finds one
+    written by this run however loaded the machine is; tests of a crash before any
+    snapshot pass False.
+    """
+    committed = asyncio.Event()
+    trainer = (
+        SnapshotWaitingTrainer(crash_after_step, committed)
+        if after_snapshot
+        else CrashingTrainer(crash_after_step)
+    )
 
     def gate(data_plane: DataPlane) -> SimulatedGate:
         return SimulatedGate(
@@ -163,7 +209,8 @@ def run_until_crash(config: RunConfig, crash_after_step: int) -> None:
 
     crashed = False
     try:
-        asyncio.run(run(config, gate_factory=gate, trainer=trainer, dataset=dataset_of(config)))
+        with _signal_committed_snapshots(committed):
+            asyncio.run(run(config, gate_factory=gate, trainer=trainer, dataset=dataset_of(config)))
     except* SimulatedCrash:
         crashed = True
     assert crashed, f"the run finished before step {crash_after_step}"

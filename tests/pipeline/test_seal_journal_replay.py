@@ -109,7 +109,7 @@ def test_without_the_journal_seals_after_the_snapshot_are_lost(tmp_path: Path) -
 def test_a_torn_journal_tail_is_cut_off_reported_and_the_run_trains_once(tmp_path: Path) -> None:
     # Before the first snapshot: every journaled seal waits for its prompt's new group.
     config = _config(tmp_path, "rollout_checkpointing.interval_s=3600")
-    run_until_crash(config, 4)
+    run_until_crash(config, 4, after_snapshot=False)
     directory = Path(config.checkpointing.checkpoint_dir) / SEAL_JOURNAL_DIRNAME
     # Tear the newest seal record: cut the newest segment inside its last seal.
     records = decode_replay(read_journal(directory))
@@ -140,7 +140,7 @@ def test_seals_still_pooled_when_a_snapshot_commits_are_kept_by_that_snapshot(
     # snapshot that commits before their prompts come back drops the journal
     # segments that held them, so the snapshot itself must keep them.
     config = _config(tmp_path, "rollout_checkpointing.interval_s=3600")
-    run_until_crash(config, 4)
+    run_until_crash(config, 4, after_snapshot=False)
     directory = Path(config.checkpointing.checkpoint_dir) / SEAL_JOURNAL_DIRNAME
 
     async def restore() -> RolloutParts:
@@ -198,7 +198,7 @@ def test_seals_of_a_restart_killed_before_its_first_snapshot_are_kept_by_the_nex
     config = _config(tmp_path)
     run_stalled_then_kill(config, stalled_index=3)
     quiet = _config(tmp_path, "rollout_checkpointing.interval_s=3600")
-    run_until_crash(quiet, 0)
+    run_until_crash(quiet, 0, after_snapshot=False)
     run_simulated(config)
     history = read_run_history(Path(config.logging.log_dir))
     second, third = history.restores
