@@ -225,6 +225,12 @@ def test_inspect_json_describes_anchors_and_the_bootstrap_identity(
     bootstrap, step_4 = trained.anchors
     assert bootstrap.snapshots == []  # pruned once step_4/ exists
     assert step_4.trainer_state_bytes is not None and step_4.trainer_state_bytes > 0
+    # The rows and ledger records its snapshots share, which no snapshot's own bytes count.
+    shared = trained_dir / "step_4" / "rollout_snapshots" / "segments"
+    assert step_4.shared_segment_bytes == sum(
+        f.stat().st_size for f in shared.rglob("*") if f.is_file()
+    )
+    assert step_4.shared_segment_bytes > 0 and bootstrap.shared_segment_bytes == 0
     own, *periodic = step_4.snapshots
     assert (own.kind.value, own.sequence, Path(own.path).name) == (
         "trainer_checkpoint",
@@ -252,6 +258,7 @@ def test_inspect_text_shows_a_row_per_snapshot(
     assert code == 0
     stored = json.loads((trained_dir / "bootstrap" / "manifest.json").read_text())
     assert stored["fingerprint"] in out
+    assert "of segments shared by its snapshots" in out
     lines = out.splitlines()
     for path in snapshot_dirs(trained_dir):
         expected = counts_from_files(path)

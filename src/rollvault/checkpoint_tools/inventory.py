@@ -54,6 +54,7 @@ from rollvault.durable.layout import (
     BOOTSTRAP_DIRNAME,
     BOOTSTRAP_MANIFEST_FILENAME,
     ROLLOUT_SNAPSHOT_MANIFEST_FILENAME,
+    SEGMENTS_DIRNAME,
 )
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
@@ -141,6 +142,10 @@ class AnchorEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     step: int
     trainer_state_bytes: int | None
     """Bytes of ``step_<N>/trainer/``; None for the bootstrap anchor or when it is absent."""
+    shared_segment_bytes: int
+    """Bytes of ``rollout_snapshots/segments/``: the token rows and ledger records its
+    snapshots share (written once, referenced by every snapshot that holds them), which
+    no snapshot's own ``bytes_on_disk`` counts."""
     snapshots: list[SnapshotEntry]
     leftovers: list[str]
 
@@ -254,6 +259,7 @@ def _bootstrap_anchor(checkpoint_dir: Path, now: float) -> AnchorEntry:
         path=str(anchor),
         step=0,
         trainer_state_bytes=None,
+        shared_segment_bytes=tree_bytes(snapshots_root(anchor) / SEGMENTS_DIRNAME),
         snapshots=_rollout_snapshots(anchor, now),
         leftovers=_leftovers(anchor) + _leftovers(snapshots_root(anchor)),
     )
@@ -270,6 +276,7 @@ def _trainer_anchor(checkpoint_dir: Path, step: int, now: float) -> AnchorEntry:
         path=str(anchor),
         step=step,
         trainer_state_bytes=tree_bytes(trainer_dir) if trainer_dir.is_dir() else None,
+        shared_segment_bytes=tree_bytes(snapshots_root(anchor) / SEGMENTS_DIRNAME),
         snapshots=[own, *_rollout_snapshots(anchor, now)],
         leftovers=_leftovers(snapshots_root(anchor)),
     )

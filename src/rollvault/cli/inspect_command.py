@@ -4,9 +4,10 @@ One table per anchor (``bootstrap`` and each trainer checkpoint ``step_<N>``)
 with a row per snapshot: age, trainer step, mutation version, rolled-back
 groups, ledger groups by status, canonical groups waiting to train, siblings
 sealed and in flight, turns committed by in-flight episodes ("7 in 3": seven
-turns of three episodes, kept by a restore), staged and train rows, bytes. Reads metadata only
-(see :mod:`rollvault.checkpoint_tools.inventory`); a damaged snapshot is
-shown as such with its problem. ``--json`` prints the same inventory as JSON.
+turns of three episodes, kept by a restore), staged and train rows, and the
+snapshot's own bytes; the bytes of the segments an anchor's snapshots share are
+in its title. Reads metadata only (see :mod:`rollvault.checkpoint_tools.inventory`);
+a damaged snapshot is shown as such with its problem. ``--json`` prints the same inventory as JSON.
 """
 
 from __future__ import annotations
@@ -113,12 +114,17 @@ def _bootstrap_lines(inventory: CheckpointInventory, root: Path) -> list[tuple[s
 
 def _anchor_title(anchor: AnchorEntry) -> str:
     name = Path(anchor.path).name
+    # A snapshot's own bytes leave out the segments it shares with the others.
+    shared_bytes = anchor.shared_segment_bytes
+    shared = (
+        f"; {decimal(shared_bytes)} of segments shared by its snapshots" if shared_bytes else ""
+    )
     if anchor.kind is AnchorKind.BOOTSTRAP:
-        return f"{name}/: trainer version 0"
+        return f"{name}/: trainer version 0{shared}"
     state = "MISSING" if anchor.trainer_state_bytes is None else decimal(anchor.trainer_state_bytes)
     return (
         f"{name}/: trainer checkpoint (trainer state {state}; rollout_state is the full "
-        "snapshot taken with it)"
+        f"snapshot taken with it){shared}"
     )
 
 
@@ -142,7 +148,7 @@ _COLUMNS: Final[tuple[tuple[str, JustifyMethod], ...]] = (
     ("turns\ncommitted", "right"),
     ("staged\nrows", "right"),
     ("train\nrows", "right"),
-    ("bytes", "right"),
+    ("own\nbytes", "right"),
     ("state", "left"),
 )
 
