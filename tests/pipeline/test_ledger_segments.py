@@ -301,6 +301,18 @@ def test_a_missing_or_damaged_ledger_segment_rejects_its_snapshot_and_restore_fa
     assert str(segment) in caplog.text
 
 
+def _sidecar_problem(snapshot: Path, state: dict[str, Any]) -> str:
+    """Rewrite ``snapshot``'s sidecar as ``state`` (advertised anew) and return the one problem
+    a restorable verification finds, which must be the sidecar's."""
+    rewrite_sidecar(snapshot, state)
+    verification = verify_snapshot(
+        snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.path == snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
+    return problem.problem
+
+
 def test_an_index_naming_a_record_its_segment_lacks_is_rejected_naming_the_entry(
     tmp_path: Path,
 ) -> None:
@@ -308,13 +320,8 @@ def test_an_index_naming_a_record_its_segment_lacks_is_rejected_naming_the_entry
     _older, newest = _two_snapshots(config)
     state = json.loads((newest / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
     state["ledger_index"]["groups"][0][1] = 99
-    rewrite_sidecar(newest, state)  # advertised anew: only the index is wrong
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
-    )
-    (problem,) = verification.problems
-    assert problem.path == newest / ROLLOUT_RECOVERY_STATE_FILENAME
-    assert "$.ledger_index.groups[0]: record 99 of" in problem.problem
+    problem = _sidecar_problem(newest, state)  # advertised anew: only the index is wrong
+    assert "$.ledger_index.groups[0]: record 99 of" in problem
 
 
 def test_a_version_5_snapshot_of_the_writer_before_ledger_segments_still_restores(
@@ -490,14 +497,9 @@ def test_a_delta_whose_base_segment_the_index_does_not_list_is_rejected(
     ((position, ordinal),) = index["groups"]
     index["segments"] = [index["segments"][position]]  # the base's segment left out
     index["groups"] = [[0, ordinal]]
-    rewrite_sidecar(newest, state)
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
-    )
-    (problem,) = verification.problems
-    assert problem.path == newest / ROLLOUT_RECOVERY_STATE_FILENAME
-    assert "$.ledger_index.groups[0]: the chain reaches ledger segment" in problem.problem
-    assert "which the index does not list" in problem.problem
+    problem = _sidecar_problem(newest, state)
+    assert "$.ledger_index.groups[0]: the chain reaches ledger segment" in problem
+    assert "which the index does not list" in problem
 
 
 def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_whole_first(
