@@ -74,7 +74,6 @@ from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rollvault.config.schema import ModelDType
-from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.dataplane.rows import Row
 from rollvault.gates.causal_lm import load_causal_lm, load_tokenizer
@@ -83,6 +82,7 @@ from rollvault.gates.sampling import SampledSequence, sample_batch
 from rollvault.gates.stop_tokens import stop_token_ids
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.logprobs import sequence_logprobs
+from rollvault.training.synthetic_batches import response_row, step_group
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_DIR = ROOT / "runs/smollm2/model"
@@ -212,32 +212,16 @@ def train_batch(
         advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
         if not advantages.any():  # all equal: no signal; made up, so the step does full work
             advantages = np.linspace(-1.0, 1.0, generations)
-        group_id = f"s{step}p{g}"
-        groups.append(
-            ReplayEntry(
-                group_id=group_id,
-                sample_id=str(g),
-                epoch=0,
-                start_weight_version=step,
-                end_weight_version=step,
-                target_step=step,
-            )
-        )
+        group = step_group(step, g)
+        groups.append(group)
         for k, i in enumerate(members):
-            n_prompt, response = len(prompts[i]), sampled[i]
-            n_response = len(response.token_ids)
-            rows[f"{group_id}_g{k}"] = {
-                "input_ids": np.asarray(list(prompts[i]) + response.token_ids, dtype=np.int64),
-                "generation_logprobs": np.asarray(
-                    [0.0] * n_prompt + response.logprobs, dtype=np.float32
-                ),
-                "token_mask": np.asarray([0] * n_prompt + [1] * n_response, dtype=np.int8),
-                "advantages": np.asarray(
-                    [0.0] * n_prompt + [float(advantages[k])] * n_response, dtype=np.float32
-                ),
-                "reward": float(rewards[k]),
-                "sample_mask": True,
-            }
+            rows[f"{group.group_id}_g{k}"] = response_row(
+                prompts[i],
+                sampled[i].token_ids,
+                sampled[i].logprobs,
+                advantage=float(advantages[k]),
+                reward=float(rewards[k]),
+            )
     return TrainBatch(step=step, groups=groups, rows=rows, generations_per_group=generations)
 
 

@@ -106,7 +106,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(model_dir: Path, args: argparse.Namespace) -> Parts:
-    from rollvault.controller.data.replay_index import ReplayEntry
     from rollvault.controller.loop.trainer import TrainBatch
     from rollvault.gates import worker_protocol as wp
     from rollvault.gates.causal_lm import load_tokenizer
@@ -178,7 +177,6 @@ def run(model_dir: Path, args: argparse.Namespace) -> Parts:
             environment,
             tokenizer,
             loop,
-            ReplayEntry,
             TrainBatch,
         )
         rewards.append(step_reward)
@@ -245,10 +243,11 @@ def canonical_batch(
     environment: Any,
     tokenizer: Any,
     loop: asyncio.AbstractEventLoop,
-    entry_type: Any,
     batch_type: Any,
 ) -> tuple[Any, float]:
     """The finalizer's rows for the batch (reward, GRPO advantages with std scaling)."""
+    from rollvault.training.synthetic_batches import response_row, step_group
+
     eos = int(tokenizer.eos_token_id)
     rows: dict[str, Any] = {}
     groups = []
@@ -265,29 +264,14 @@ def canonical_batch(
             rewards.append(score.reward)
         rewards_all += rewards
         mean, std = float(np.mean(rewards)), float(np.std(rewards))
-        group_id = f"s{step}p{p}"
-        groups.append(
-            entry_type(
-                group_id=group_id,
-                sample_id=str(p),
-                epoch=0,
-                start_weight_version=step,
-                end_weight_version=step,
-                target_step=step,
-            )
-        )
+        entry = step_group(step, p)
+        groups.append(entry)
         for g, r in enumerate(group):
-            n_prompt, n_response = len(prompt_ids[p]), len(r.token_ids)
             advantage = (rewards[g] - mean) / (std + 1e-6) if std > 0 else 0.0
-            rows[f"{group_id}_g{g}"] = {
-                "input_ids": np.asarray(prompt_ids[p] + r.token_ids, dtype=np.int64),
-                "generation_logprobs": np.asarray([0.0] * n_prompt + r.logprobs, dtype=np.float32),
-                "token_mask": np.asarray([0] * n_prompt + [1] * n_response, dtype=np.int8),
-                "advantages": np.asarray(
-                    [0.0] * n_prompt + [advantage] * n_response, dtype=np.float32
+            rows[f"{entry.group_id}_g{g}"] = {
+                **response_row(
+                    prompt_ids[p], r.token_ids, r.logprobs, advantage=advantage, reward=rewards[g]
                 ),
-                "reward": rewards[g],
-                "sample_mask": True,
                 "correct": rewards[g] >= 1.0,
             }
     batch = batch_type(step=step, groups=groups, rows=rows, generations_per_group=GENERATIONS)

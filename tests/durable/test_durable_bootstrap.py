@@ -15,6 +15,7 @@ from rollvault.durable.bootstrap import (
     _bootstrap_anchor_manifest,
     ensure_bootstrap_anchor,
     holds_run,
+    open_bootstrap_anchor,
     prune_bootstrap_snapshots,
     read_bootstrap_manifest,
     validate_bootstrap_anchor,
@@ -54,6 +55,12 @@ def test_ensure_creates_the_anchor_in_a_fresh_directory(tmp_path: Path) -> None:
     assert anchor == tmp_path / "runs" / "ckpt" / "bootstrap"
     assert _manifest(anchor) == _bootstrap_anchor_manifest(IDENTITY)
     assert sorted(p.name for p in anchor.iterdir()) == ["manifest.json"]
+
+
+def test_open_returns_the_fingerprint_it_wrote(tmp_path: Path) -> None:
+    opened = open_bootstrap_anchor(tmp_path, identity=IDENTITY)
+    assert opened.fingerprint == IDENTITY.fingerprint() == _manifest(opened.path)["fingerprint"]
+    assert open_bootstrap_anchor(tmp_path, identity=IDENTITY) == opened
 
 
 def test_ensure_validates_an_existing_anchor_without_rewriting_it(tmp_path: Path) -> None:

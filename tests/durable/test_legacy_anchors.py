@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from rollvault.durable.bootstrap import ensure_bootstrap_anchor, read_bootstrap_manifest
+from rollvault.durable.bootstrap import (
+    BootstrapAnchor,
+    ensure_bootstrap_anchor,
+    open_bootstrap_anchor,
+    read_bootstrap_manifest,
+    validate_bootstrap_anchor,
+)
 from rollvault.durable.compatibility import (
     BootstrapCompatibilityIdentity,
     bootstrap_compatibility_identity,
@@ -52,8 +58,12 @@ def test_an_anchor_without_settings_added_since_resumes_at_their_legacy_values(
     )
     anchor = _legacy_anchor(tmp_path, bootstrap_compatibility_identity(old))
     current = bootstrap_compatibility_identity(CONFIG)
-    assert read_bootstrap_manifest(anchor).fingerprint != current.fingerprint()
+    legacy = read_bootstrap_manifest(anchor).fingerprint
+    assert legacy != current.fingerprint()
     ensure_bootstrap_anchor(anchor.parent, identity=current)  # passes
+    # The run goes on under the anchor's fingerprint, which its snapshots carry.
+    assert validate_bootstrap_anchor(anchor, identity=current) == legacy
+    assert open_bootstrap_anchor(anchor.parent, identity=current) == BootstrapAnchor(anchor, legacy)
 
 
 def test_a_setting_added_since_at_another_value_names_the_value_that_resumes(

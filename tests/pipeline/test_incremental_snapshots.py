@@ -23,7 +23,11 @@ from rollvault.controller.loop.pipeline import build_parts
 from rollvault.controller.snapshots import checkpointer as checkpointer_module
 from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
-from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
+from rollvault.controller.snapshots.resume import (
+    ResumeSource,
+    prepare_checkpoint_dir,
+    run_fingerprint,
+)
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, segments_dir_for
 from rollvault.controller.snapshots.verification import (
@@ -74,6 +78,29 @@ class Run:
         )
         self.checkpointer = Checkpointer(parts, RecordingTrainer(), fingerprint=fingerprint)
 
+    @classmethod
+    def fresh(cls, config: RunConfig) -> Run:
+        """A first start of ``config``'s run: its checkpoint directory holds nothing yet."""
+        assert prepare_checkpoint_dir(config, dataset=dataset_of(config)) is None
+        return cls(build_parts(config, dataset=dataset_of(config)), run_fingerprint(config))
+
+    @classmethod
+    async def restored(cls, config: RunConfig, source: ResumeSource) -> Run:
+        """A restart from ``source``, as the pipeline makes it: the parts restored, and the
+        checkpointer seeded with the rows and ledger records the restore loaded."""
+        parts = build_parts(config, dataset=dataset_of(config))
+        restorer = RolloutRestorer(
+            parts,
+            trainer=RecordingTrainer(),
+            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+            resume=source,
+        )
+        await restorer.restore()
+        assert restorer.segment_seed is not None and restorer.ledger_seed is not None
+        run = cls(parts, run_fingerprint(config))
+        run.checkpointer.seed_segments(restorer.segment_seed, ledger=restorer.ledger_seed)
+        return run
+
     async def snapshot(self) -> Path:
         path = await self.checkpointer.snapshot_if_changed()
         assert path is not None
@@ -89,8 +116,7 @@ def test_each_snapshot_writes_only_new_rows_and_old_segments_are_collected(
     config = _config(tmp_path)
 
     async def main() -> list[Path]:
-        assert prepare_checkpoint_dir(config, dataset=dataset_of(config)) is None
-        run = Run(build_parts(config, dataset=dataset_of(config)), run_fingerprint(config))
+        run = Run.fresh(config)
         finalizer = Finalizer(run.parts, end_weight_version={})
         full = [await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate) for _ in range(2)]
         first = await run.snapshot()
@@ -130,8 +156,7 @@ def test_a_missing_segment_rejects_its_snapshots_and_restore_falls_back(
     config = _config(tmp_path)
 
     async def write() -> tuple[Path, Path]:
-        assert prepare_checkpoint_dir(config, dataset=dataset_of(config)) is None
-        run = Run(build_parts(config, dataset=dataset_of(config)), run_fingerprint(config))
+        run = Run.fresh(config)
         await _reserve(run.parts, sealed=2, gate=run.gate)
         older = await run.snapshot()
         await _reserve(run.parts, sealed=3, gate=run.gate)
@@ -157,17 +182,8 @@ def test_a_missing_segment_rejects_its_snapshots_and_restore_falls_back(
     restored_segments = set(_segments_of(older))
 
     async def restart() -> tuple[set[str], set[str]]:
-        parts = build_parts(config, dataset=dataset_of(config))
-        restorer = RolloutRestorer(
-            parts,
-            trainer=RecordingTrainer(),
-            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
-            resume=source,
-        )
-        await restorer.restore()
-        assert restorer.segment_seed is not None
-        run = Run(parts, run_fingerprint(config))
-        run.checkpointer.seed_segments(restorer.segment_seed)
+        run = await Run.restored(config, source)
+        parts = run.parts
         before = run.staged()
         await _reserve(parts, sealed=2, gate=run.gate)
         after = await run.snapshot()
@@ -215,8 +231,7 @@ def test_a_snapshot_that_failed_after_its_segment_was_written_is_retried_under_i
     monkeypatch.setattr(checkpointer_module, "write_snapshot_payload", fails_once)
 
     async def main() -> tuple[Path | None, Path]:
-        assert prepare_checkpoint_dir(config, dataset=dataset_of(config)) is None
-        run = Run(build_parts(config, dataset=dataset_of(config)), run_fingerprint(config))
+        run = Run.fresh(config)
         await _reserve(run.parts, sealed=2, gate=run.gate)
         failed = await run.checkpointer.snapshot_if_changed()
         await _reserve(run.parts, sealed=1, gate=run.gate)

@@ -20,15 +20,12 @@ from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
 
 from rollvault.config.schema import RunConfig
-from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.gate import AttemptRequest
 from rollvault.controller.loop.parts import RolloutParts
-from rollvault.controller.loop.pipeline import build_parts
 from rollvault.controller.snapshots import ledger_segments
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
-from rollvault.controller.snapshots.restorer import RolloutRestorer
-from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (
     read_snapshot_files,
@@ -44,16 +41,10 @@ from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX, RecordChain
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
-from rollvault.training.recording import RecordingTrainer
 
 
 def _config(tmp_path: Path) -> RunConfig:
     return small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
-
-
-def _new_run(config: RunConfig) -> Run:
-    assert prepare_checkpoint_dir(config, dataset=dataset_of(config)) is None
-    return Run(build_parts(config, dataset=dataset_of(config)), run_fingerprint(config))
 
 
 def _index(snapshot: Path) -> dict[str, Any]:
@@ -138,7 +129,7 @@ def test_a_snapshot_writes_the_records_of_changed_groups_only_and_restores_the_l
     config = _config(tmp_path)
 
     async def main() -> None:
-        run = _new_run(config)
+        run = Run.fresh(config)
         parts = run.parts
         finalizer = Finalizer(parts, end_weight_version={})
         a, b, c = [await _reserve(parts, sealed=n, gate=run.gate) for n in (0, 1, SIBLINGS)]
@@ -182,7 +173,7 @@ def test_retention_deletes_a_ledger_segment_once_no_kept_snapshot_references_it(
     config = _config(tmp_path)
 
     async def main() -> None:
-        run = _new_run(config)
+        run = Run.fresh(config)
         parts = run.parts
         finalizer = Finalizer(parts, end_weight_version={})
         groups = [await _reserve(parts, sealed=SIBLINGS, gate=run.gate) for _ in range(4)]
@@ -205,7 +196,7 @@ def test_a_sparse_ledger_segment_is_compacted_into_the_new_one(tmp_path: Path) -
     config = _config(tmp_path)
 
     async def main() -> None:
-        run = _new_run(config)
+        run = Run.fresh(config)
         parts = run.parts
         finalizer = Finalizer(parts, end_weight_version={})
         done = [await _reserve(parts, sealed=SIBLINGS, gate=run.gate) for _ in range(4)]
@@ -236,7 +227,7 @@ def test_a_restart_s_first_snapshot_rewrites_only_the_groups_the_restart_changed
     config = _config(tmp_path)
 
     async def write() -> tuple[str, str]:
-        run = _new_run(config)
+        run = Run.fresh(config)
         sealed = await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate)  # nothing in flight
         flying = await _reserve(run.parts, sealed=1, gate=run.gate)  # interrupted by the kill
         await run.snapshot()
@@ -249,17 +240,8 @@ def test_a_restart_s_first_snapshot_rewrites_only_the_groups_the_restart_changed
     restored_files = _ledger_files(source.snapshot.path)
 
     async def restart() -> None:
-        parts = build_parts(config, dataset=dataset_of(config))
-        restorer = RolloutRestorer(
-            parts,
-            trainer=RecordingTrainer(),
-            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
-            resume=source,
-        )
-        await restorer.restore()
-        assert restorer.ledger_seed is not None
-        run = Run(parts, run_fingerprint(config))
-        run.checkpointer.seed_segments(restorer.segment_seed, ledger=restorer.ledger_seed)
+        run = await Run.restored(config, source)
+        parts = run.parts
         after = await run.snapshot()
         written = [g for f in _ledger_files(after) - restored_files for g in _groups_in(after, f)]
         assert written == [flying]  # its interrupted attempt became a fresh one
@@ -275,7 +257,7 @@ def test_a_restart_s_first_snapshot_rewrites_only_the_groups_the_restart_changed
 
 def _two_snapshots(config: RunConfig) -> tuple[Path, Path]:
     async def write() -> tuple[Path, Path]:
-        run = _new_run(config)
+        run = Run.fresh(config)
         await _reserve(run.parts, sealed=2, gate=run.gate)
         older = await run.snapshot()
         await _reserve(run.parts, sealed=1, gate=run.gate)
@@ -319,6 +301,18 @@ def test_a_missing_or_damaged_ledger_segment_rejects_its_snapshot_and_restore_fa
     assert str(segment) in caplog.text
 
 
+def _sidecar_problem(snapshot: Path, state: dict[str, Any]) -> str:
+    """Rewrite ``snapshot``'s sidecar as ``state`` (advertised anew) and return the one problem
+    a restorable verification finds, which must be the sidecar's."""
+    rewrite_sidecar(snapshot, state)
+    verification = verify_snapshot(
+        snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.path == snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
+    return problem.problem
+
+
 def test_an_index_naming_a_record_its_segment_lacks_is_rejected_naming_the_entry(
     tmp_path: Path,
 ) -> None:
@@ -326,13 +320,8 @@ def test_an_index_naming_a_record_its_segment_lacks_is_rejected_naming_the_entry
     _older, newest = _two_snapshots(config)
     state = json.loads((newest / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
     state["ledger_index"]["groups"][0][1] = 99
-    rewrite_sidecar(newest, state)  # advertised anew: only the index is wrong
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
-    )
-    (problem,) = verification.problems
-    assert problem.path == newest / ROLLOUT_RECOVERY_STATE_FILENAME
-    assert "$.ledger_index.groups[0]: record 99 of" in problem.problem
+    problem = _sidecar_problem(newest, state)  # advertised anew: only the index is wrong
+    assert "$.ledger_index.groups[0]: record 99 of" in problem
 
 
 def test_a_version_5_snapshot_of_the_writer_before_ledger_segments_still_restores(
@@ -360,7 +349,7 @@ def test_a_writer_given_the_same_records_writes_nothing_new(tmp_path: Path) -> N
     config = _config(tmp_path)
 
     async def main() -> None:
-        run = _new_run(config)
+        run = Run.fresh(config)
         await _reserve(run.parts, sealed=1, gate=run.gate)
         await _reserve(run.parts, sealed=0, gate=run.gate)
         async with run.parts.cut.checkpoint():
@@ -400,7 +389,7 @@ def test_a_group_s_chain_of_deltas_is_bounded_then_written_whole(
     config = _config(tmp_path)
 
     async def main() -> None:
-        run = _new_run(config)
+        run = Run.fresh(config)
         parts = run.parts
         group = await _reserve(parts, sealed=0, gate=run.gate)
         files = _ledger_files(await run.snapshot())
@@ -437,7 +426,7 @@ def test_a_group_is_written_whole_once_its_deltas_outweigh_its_budget_of_whole_b
     config = _config(tmp_path)
 
     async def main() -> None:
-        run = _new_run(config)
+        run = Run.fresh(config)
         parts = run.parts
         group = await _reserve(parts, sealed=0, gate=run.gate)
         await run.snapshot()
@@ -467,7 +456,7 @@ def test_a_read_chain_counts_its_deltas_bytes_as_the_writer_did_for_a_restart_to
     config = _config(tmp_path)
 
     async def main() -> None:
-        run = _new_run(config)
+        run = Run.fresh(config)
         group = await _reserve(run.parts, sealed=0, gate=run.gate)
         await run.snapshot()
         for index in range(2):
@@ -494,7 +483,7 @@ def test_a_delta_whose_base_segment_the_index_does_not_list_is_rejected(
     config = _config(tmp_path)
 
     async def write() -> Path:
-        run = _new_run(config)
+        run = Run.fresh(config)
         group = await _reserve(run.parts, sealed=1, gate=run.gate)
         await run.snapshot()
         await _seal(run.parts, run.gate, group, 1)
@@ -508,14 +497,9 @@ def test_a_delta_whose_base_segment_the_index_does_not_list_is_rejected(
     ((position, ordinal),) = index["groups"]
     index["segments"] = [index["segments"][position]]  # the base's segment left out
     index["groups"] = [[0, ordinal]]
-    rewrite_sidecar(newest, state)
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
-    )
-    (problem,) = verification.problems
-    assert problem.path == newest / ROLLOUT_RECOVERY_STATE_FILENAME
-    assert "$.ledger_index.groups[0]: the chain reaches ledger segment" in problem.problem
-    assert "which the index does not list" in problem.problem
+    problem = _sidecar_problem(newest, state)
+    assert "$.ledger_index.groups[0]: the chain reaches ledger segment" in problem
+    assert "which the index does not list" in problem
 
 
 def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_whole_first(
@@ -524,7 +508,7 @@ def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_who
     config = _config(tmp_path)
 
     async def write() -> tuple[str, dict[str, Any]]:
-        run = _new_run(config)
+        run = Run.fresh(config)
         group = await _reserve(run.parts, sealed=1, gate=run.gate)
         await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate)
         newest = await run.snapshot()
@@ -540,17 +524,8 @@ def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_who
     assert source is not None and source.snapshot is not None
 
     async def restart() -> None:
-        parts = build_parts(config, dataset=dataset_of(config))
-        restorer = RolloutRestorer(
-            parts,
-            trainer=RecordingTrainer(),
-            buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
-            resume=source,
-        )
-        await restorer.restore()
-        assert restorer.ledger_seed is not None
-        run = Run(parts, run_fingerprint(config))
-        run.checkpointer.seed_segments(restorer.segment_seed, ledger=restorer.ledger_seed)
+        run = await Run.restored(config, source)
+        parts = run.parts
         after = await run.snapshot()
         (file,) = _ledger_files(after) - {form_1}
         assert _groups_in(after, file) == [group]  # the restart changed only it: rewritten

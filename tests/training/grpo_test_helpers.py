@@ -11,11 +11,11 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RunConfig
-from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.trainer import TrainBatch
 from rollvault.dataplane.rows import Row
 from rollvault.gates.sampling import sample_batch
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
+from rollvault.training.synthetic_batches import response_row, step_group
 
 torch.set_num_threads(1)
 
@@ -64,30 +64,17 @@ def sampled_batch(
             pad_token_id=int(tokenizer.pad_token_id),
         )
         advantages = rng.normal(size=generations)
-        group_id = f"s{step}p{p}"
-        groups.append(
-            ReplayEntry(
-                group_id=group_id,
-                sample_id=str(p),
-                epoch=0,
-                start_weight_version=step,
-                end_weight_version=step,
-                target_step=step,
-            )
-        )
+        group = step_group(step, p)
+        groups.append(group)
         for g, response in enumerate(sampled):
-            n_prompt, n_response = len(ids), len(response.token_ids)
-            rows[f"{group_id}_g{g}"] = {
-                "input_ids": np.asarray(ids + response.token_ids, dtype=np.int64),
-                "generation_logprobs": np.asarray(
-                    [0.0] * n_prompt + response.logprobs, dtype=np.float32
+            rows[f"{group.group_id}_g{g}"] = {
+                **response_row(
+                    ids,
+                    response.token_ids,
+                    response.logprobs,
+                    advantage=float(advantages[g]),
+                    reward=float(g % 2),
                 ),
-                "token_mask": np.asarray([0] * n_prompt + [1] * n_response, dtype=np.int8),
-                "advantages": np.asarray(
-                    [0.0] * n_prompt + [advantages[g]] * n_response, dtype=np.float32
-                ),
-                "reward": float(g % 2),
-                "sample_mask": True,
                 # Not the reward's pattern: accuracy must come from the verdict.
                 "correct": g == 0,
             }

@@ -171,3 +171,23 @@ def test_a_checkpoint_on_a_full_filesystem_fails_with_an_oserror(
     with pytest.raises(OSError, match="No space left on device") as caught:
         trainer.save_checkpoint(directory)
     assert caught.value.errno == errno.ENOSPC
+
+
+@pytest.mark.parametrize("written", [{}, {"fused": None, "foreach": True}])
+def test_a_loaded_checkpoint_keeps_the_trainers_fused_kernel(
+    tmp_path: Path, written: dict[str, object]
+) -> None:
+    """The kernel is the trainer's choice, whatever the checkpoint's groups name (an older
+    one names none, another build may name another)."""
+    trainer = _trainer(tmp_path / "model")
+    assert [(g["fused"], g["foreach"]) for g in trainer._optimizer.param_groups] == [(True, None)]
+    trainer.save_checkpoint(tmp_path)
+    state_path = tmp_path / STATE_FILENAME
+    state = json.loads(state_path.read_text())
+    for group in state["param_groups"]:
+        group.pop("fused"), group.pop("foreach")
+        group.update(written)
+    state_path.write_text(json.dumps(state))
+    restored = _trainer(tmp_path / "model")
+    restored.load_checkpoint(tmp_path)
+    assert [(g["fused"], g["foreach"]) for g in restored._optimizer.param_groups] == [(True, None)]

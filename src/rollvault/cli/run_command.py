@@ -85,7 +85,9 @@ def run_command(config: RunConfig) -> int:
                     ray_runtime(config),
                 ):
                     prepared = _prepare(config, console)
-                    trained = asyncio.run(_train(prepared, console))
+                    # The trainer process (if any) ends with the run, under the lock.
+                    with prepared:
+                        trained = asyncio.run(_train(prepared, console))
             except (
                 RunLockedError,
                 ConfigError,

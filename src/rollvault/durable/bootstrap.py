@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final
 
@@ -119,18 +120,44 @@ def ensure_bootstrap_anchor(
     anchor's record is left alone (comparing a dataset against it is the
     caller's, which can say where a row comes from).
     """
+    return open_bootstrap_anchor(
+        checkpoint_dir, identity=identity, dataset_identity=dataset_identity
+    ).path
+
+
+@dataclass(frozen=True)
+class BootstrapAnchor:
+    """An anchor that :func:`open_bootstrap_anchor` created or validated."""
+
+    path: Path
+    fingerprint: str
+    """The fingerprint the run continues under: the manifest's (an older rollvault's
+    anchor may carry another than this config's, see :func:`validate_bootstrap_anchor`)."""
+
+
+def open_bootstrap_anchor(
+    checkpoint_dir: Path,
+    *,
+    identity: BootstrapCompatibilityIdentity,
+    dataset_identity: DatasetIdentity | None = None,
+) -> BootstrapAnchor:
+    """:func:`ensure_bootstrap_anchor`, also returning the run's fingerprint.
+
+    The manifest is read once, and the fingerprint is the one it holds (for a
+    new anchor, the one just written), so a caller need not read it again.
+    """
     anchor = checkpoint_dir / BOOTSTRAP_DIRNAME
     manifest_path = anchor / BOOTSTRAP_MANIFEST_FILENAME
     if manifest_path.exists():
-        validate_bootstrap_anchor(anchor, identity=identity)
-        return anchor
+        return BootstrapAnchor(anchor, validate_bootstrap_anchor(anchor, identity=identity))
     _ensure_directory(anchor)
     if dataset_identity is not None:
         write_dataset_identity(anchor, dataset_identity)
     else:
         remove_dataset_identity(anchor)  # one a start killed before its manifest left
-    atomic_write_bytes(manifest_path, canonical_json(_bootstrap_anchor_manifest(identity)))
-    return anchor
+    manifest = _bootstrap_anchor_manifest(identity)
+    atomic_write_bytes(manifest_path, canonical_json(manifest))
+    return BootstrapAnchor(anchor, manifest["fingerprint"])
 
 
 def read_bootstrap_manifest(anchor: Path) -> BootstrapAnchorManifest:
@@ -199,8 +226,8 @@ def _identity_differences(
     return lines
 
 
-def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityIdentity) -> None:
-    """Validate a bootstrap anchor without modifying checkpoint state.
+def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityIdentity) -> str:
+    """Validate a bootstrap anchor without modifying checkpoint state; return its fingerprint.
 
     Raises ``SnapshotManifestError`` when the anchor's manifest is missing or
     corrupt, and ``IncompatibleRunError`` listing every changed dotpath (values
@@ -209,11 +236,11 @@ def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityI
     this run holds those settings at the values that do what that run did
     (:func:`~rollvault.durable.compatibility.config_as_now_read`); the run
     then continues under the anchor's fingerprint (the manifest's), which
-    its snapshots carry.
+    its snapshots carry, which is what this returns.
     """
     manifest = _read_anchor_manifest(anchor)
     if manifest.fingerprint == identity.fingerprint():
-        return
+        return manifest.fingerprint
     differences = _identity_differences(manifest.stored_identity(), identity)
     if identity.schema_version != manifest.schema_version:
         differences.insert(
@@ -223,6 +250,7 @@ def validate_bootstrap_anchor(anchor: Path, *, identity: BootstrapCompatibilityI
         )
     if differences:
         raise IncompatibleRunError(anchor, differences)
+    return manifest.fingerprint
 
 
 def prune_bootstrap_snapshots(checkpoint_dir: Path, *, durable_trainer_checkpoint: Path) -> bool:

@@ -18,18 +18,18 @@ every process of the job, but only the parent knows how to stop in order
 from __future__ import annotations
 
 import os
-import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import msgspec
 import torch
 from transformers import PreTrainedModel
 
 from rollvault.gates.causal_lm import load_causal_lm
+from rollvault.gates.child_pipe import ignore_stop_signals, send_reply, serve_commands
 from rollvault.gates.sampling import sample_batch
 from rollvault.gates.weight_bytes import load_state_bytes
 from rollvault.gates.worker_protocol import (
+    CODEC,
     Generate,
     Generated,
     GenerationResult,
@@ -37,12 +37,11 @@ from rollvault.gates.worker_protocol import (
     Ready,
     Shutdown,
     WeightsLoaded,
+    WorkerCommand,
     WorkerFailed,
     WorkerReply,
     WorkerSettings,
-    decode_command,
     decode_settings,
-    encode,
 )
 
 __all__ = ["GenerationEngine", "worker_main"]
@@ -50,17 +49,19 @@ __all__ = ["GenerationEngine", "worker_main"]
 
 def worker_main(connection: Connection, settings_bytes: bytes) -> None:
     """Process entry point: load the model, report ready, serve commands until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     settings = decode_settings(settings_bytes)
     torch.set_num_threads(settings.torch_threads)
     try:
         engine = GenerationEngine(settings)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        connection.send_bytes(encode(WorkerFailed(message=f"cannot load model: {exc!r}")))
+        send_reply(connection, CODEC, WorkerFailed(message=f"cannot load model: {exc!r}"))
         return
-    connection.send_bytes(encode(engine.ready()))
-    _serve(connection, engine)
+    if not send_reply(connection, CODEC, engine.ready()):
+        return
+    serve_commands(
+        connection, CODEC, stop=Shutdown, execute=engine.execute, bad_command=_bad_command
+    )
 
 
 class GenerationEngine:
@@ -90,30 +91,20 @@ class GenerationEngine:
     def generate(self, command: Generate) -> Generated:
         return _generate(self.model, command, self.settings, self.weight_version)
 
-    def execute(self, command: LoadWeights | Generate) -> WorkerReply:
+    def execute(self, command: WorkerCommand) -> WorkerReply:
         """Run one command; a failure inside it is the reply, never an exception."""
         try:
             if isinstance(command, LoadWeights):
                 return self.load_weights(command)
-            return self.generate(command)
+            if isinstance(command, Generate):
+                return self.generate(command)
+            raise TypeError(f"{type(command).__name__} is not executed")
         except Exception as exc:  # noqa: BLE001 - reported to the caller with the command
             return WorkerFailed(message=f"{type(command).__name__} failed: {exc!r}")
 
 
-def _serve(connection: Connection, engine: GenerationEngine) -> None:
-    while True:
-        try:
-            raw = connection.recv_bytes()
-        except (EOFError, OSError):
-            return  # the parent is gone
-        try:
-            command = decode_command(raw)
-        except msgspec.DecodeError as exc:
-            connection.send_bytes(encode(WorkerFailed(message=f"bad command: {exc}")))
-            continue
-        if isinstance(command, Shutdown):
-            return
-        connection.send_bytes(encode(engine.execute(command)))
+def _bad_command(message: str) -> WorkerFailed:
+    return WorkerFailed(message=message)
 
 
 def _generate(

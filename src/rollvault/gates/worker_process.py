@@ -9,12 +9,9 @@ soon as the worker is gone.
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-from multiprocessing.connection import Connection
-
 import msgspec
 
+from rollvault.gates.child_pipe import spawn_child, stop_child
 from rollvault.gates.generation_worker import worker_main
 from rollvault.gates.worker_protocol import (
     Generate,
@@ -33,8 +30,6 @@ from rollvault.gates.worker_protocol import (
 
 __all__ = ["WorkerCommandError", "WorkerLostError", "WorkerProcess", "WorkerStartError"]
 
-_STOP_TIMEOUT_S = 10.0
-
 
 class WorkerLostError(RuntimeError):
     """The worker process died or its pipe broke."""
@@ -52,18 +47,9 @@ class WorkerProcess:
     """Starts a worker (spawn context) and talks to it over a pipe of bytes."""
 
     def __init__(self, settings: WorkerSettings) -> None:
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = context.Pipe(duplex=True)
-        self._process = context.Process(
-            target=worker_main,
-            args=(child_end, encode(settings)),
-            name="rollvault-generation-worker",
-            daemon=True,
+        self._process, self._connection = spawn_child(
+            worker_main, encode(settings), name="rollvault-generation-worker"
         )
-        self._process.start()
-        # Only the child may hold its end: then the child's death is EOF here.
-        child_end.close()
-        self._connection: Connection = parent_end
         self.weight_version: int | None = None
         """The weights the worker holds (None: the model directory's own)."""
 
@@ -100,14 +86,7 @@ class WorkerProcess:
 
     def stop(self) -> None:
         """Ask the worker to exit; kill it if it does not. Idempotent."""
-        # A worker already gone (or a pipe already closed) needs no asking.
-        with contextlib.suppress(OSError, ValueError):
-            self._connection.send_bytes(encode(Shutdown()))
-        self._process.join(_STOP_TIMEOUT_S)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._connection.close()
+        stop_child(self._process, self._connection, encode(Shutdown()))
 
     def _call(self, command: WorkerCommand) -> WorkerReply:
         try:

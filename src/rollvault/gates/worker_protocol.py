@@ -1,20 +1,21 @@
 """Messages between the local model gate and its generation worker process.
 
-Every message is a msgspec Struct encoded with msgpack and sent with
-``Connection.send_bytes`` / ``recv_bytes``: the pipe only ever carries plain
-bytes, so nothing on either side unpickles an object. Weights travel as
-safetensors bytes inside :class:`LoadWeights`. Decoding is strict (tagged
-unions, unknown fields rejected), so a malformed message is an error naming
-the offending field, never a silently wrong batch.
+Transport as for every child process (:mod:`rollvault.gates.child_pipe`):
+msgpack bytes over a pipe, nothing unpickled, strict decoding, so a
+malformed message is an error naming the offending field, never a silently
+wrong batch. Weights travel as safetensors bytes inside :class:`LoadWeights`.
 """
 
 from __future__ import annotations
 
-import msgspec
+from typing import Final
 
 from rollvault.config.schema import ModelDType
+from rollvault.gates.child_pipe import PipeCodec
+from rollvault.gates.child_pipe import PipeMessage as _Message
 
 __all__ = [
+    "CODEC",
     "Generate",
     "Generated",
     "GenerationRequest",
@@ -32,10 +33,6 @@ __all__ = [
     "decode_settings",
     "encode",
 ]
-
-
-class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass
 
 
 class WorkerSettings(_Message, frozen=True):
@@ -120,23 +117,10 @@ class WorkerFailed(_Message, frozen=True, tag="failed"):
 
 WorkerReply = Ready | Generated | WeightsLoaded | WorkerFailed
 
-_encoder = msgspec.msgpack.Encoder()
-_command_decoder = msgspec.msgpack.Decoder(WorkerCommand)
-_reply_decoder = msgspec.msgpack.Decoder(WorkerReply)
-_settings_decoder = msgspec.msgpack.Decoder(WorkerSettings)
-
-
-def encode(message: _Message) -> bytes:
-    return _encoder.encode(message)
-
-
-def decode_command(data: bytes) -> WorkerCommand:
-    return _command_decoder.decode(data)
-
-
-def decode_reply(data: bytes) -> WorkerReply:
-    return _reply_decoder.decode(data)
-
-
-def decode_settings(data: bytes) -> WorkerSettings:
-    return _settings_decoder.decode(data)
+CODEC: Final[PipeCodec[WorkerCommand, WorkerReply, WorkerSettings]] = PipeCodec(
+    WorkerCommand, WorkerReply, WorkerSettings
+)
+encode: Final = CODEC.encode
+decode_command: Final = CODEC.decode_command
+decode_reply: Final = CODEC.decode_reply
+decode_settings: Final = CODEC.decode_settings

@@ -30,39 +30,19 @@ import msgspec
 from rollvault.ledger.records import RolloutAttemptRecord, RolloutSiblingRecord
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.state_schema import AttemptState, SiblingState
-from rollvault.ledger.statuses import AttemptFailureKind, RolloutAttemptStatus
+from rollvault.ledger.statuses import AttemptFailureKind
 
 _NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class CompactAttempt(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """An attempt as written: :class:`AttemptState`'s fields, the empty ones left out."""
-
-    attempt_uuid: str
-    status: RolloutAttemptStatus
-    receipt: dict[str, Any] | None = None
-    """Without its derivable fields (see the module docstring)."""
-    reward: float | None = None
-    mask_sample: bool | None = None
-    reward_checks: RewardChecks | None = None
-    reward_log_context: RewardLogContext | None = None
-    staging_keys: list[str] = msgspec.field(default_factory=list)
-    failure_reason: str | None = None
-    failure_kind: AttemptFailureKind | None = None
-    turn_keys: list[str] = msgspec.field(default_factory=list)
-    env_state_revision: int = 0
-
-
-class CompactSibling(msgspec.Struct, kw_only=True):
-    """A sibling as written."""
-
-    generation_index: int
-    attempts: list[CompactAttempt]
-
-
 class CompactAttemptState(AttemptState, kw_only=True):
-    """An :class:`AttemptState` decoded from its compact form (the empty fields defaulted)."""
+    """An :class:`AttemptState` decoded from its compact form (the empty fields defaulted).
+
+    Every field but ``attempt_uuid`` and ``status`` must get its empty default
+    here: a field added to :class:`AttemptState` and forgotten here would be
+    required in the compact form (``test_ledger_compact_siblings`` checks).
+    """
 
     receipt: dict[str, Any] | None = None
     reward: float | None = None
@@ -74,6 +54,23 @@ class CompactAttemptState(AttemptState, kw_only=True):
     failure_kind: AttemptFailureKind | None = None
     turn_keys: list[_NonEmptyStr] = msgspec.field(default_factory=list)
     env_state_revision: _NonNegativeInt = 0
+
+
+class CompactAttempt(CompactAttemptState, omit_defaults=True):
+    """An attempt as written: :class:`AttemptState`'s fields, the empty ones left out.
+
+    A separate class only for ``omit_defaults``: the decoded
+    :class:`CompactAttemptState` must name every field in its builtins form
+    (it *is* a version 5 attempt). ``receipt`` is without its derivable
+    fields (see the module docstring).
+    """
+
+
+class CompactSibling(msgspec.Struct, kw_only=True):
+    """A sibling as written."""
+
+    generation_index: int
+    attempts: list[CompactAttempt]
 
 
 class CompactSiblingState(SiblingState, kw_only=True):

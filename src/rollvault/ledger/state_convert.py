@@ -45,18 +45,10 @@ def group_to_state(record: PromptGroupRecoveryRecord) -> GroupState:
     Containers are shared with the record: encode (``msgspec.to_builtins``)
     before the record can change.
     """
+    # The header's fields and the siblings: ``GroupState``'s own field order
+    # (not the keywords') fixes the encoded order.
     return GroupState(
-        group_id=record.group_id,
-        admission_id=record.admission_id,
-        prompt_id=record.prompt_id,
-        prompt_ref=PromptRefState(
-            sample_id=record.prompt_ref.sample_id, task_name=record.prompt_ref.task_name
-        ),
-        task_source=record.task_source,
-        recovery_granularity=record.recovery_granularity,
-        expected_generations=record.expected_generations,
-        target_step=record.target_step,
-        start_weight_version=record.start_weight_version,
+        **msgspec.structs.asdict(group_header_to_state(record)),
         siblings=[
             SiblingState(
                 generation_index=sibling.generation_index,
@@ -64,8 +56,6 @@ def group_to_state(record: PromptGroupRecoveryRecord) -> GroupState:
             )
             for sibling in record.siblings
         ],
-        phase=record.phase,
-        status=record.status,
     )
 
 

@@ -87,7 +87,14 @@ class PromptRefState(_Schema):
     task_name: str | None
 
 
-class GroupState(_Schema):
+class _GroupStart(_Schema):
+    """The fields a group and its header share that come before ``siblings``.
+
+    Two subclasses instead of one extending the other: a subclass's fields go
+    after its base's, and a group's field order (``..., siblings, phase,
+    status``) is the key order of its builtins form, which must not change.
+    """
+
     group_id: _NonEmptyStr
     admission_id: _NonEmptyStr
     prompt_id: _NonEmptyStr
@@ -97,23 +104,17 @@ class GroupState(_Schema):
     expected_generations: Annotated[int, msgspec.Meta(ge=1)]
     target_step: _NonNegativeInt | None
     start_weight_version: _NonNegativeInt
+
+
+class GroupState(_GroupStart):
     siblings: list[SiblingState]
     phase: PromptGroupPhase
     status: PromptGroupStatus
 
 
-class GroupHeaderState(_Schema):
+class GroupHeaderState(_GroupStart):
     """A group's fields but its siblings: the header of a ledger segment record (sidecar v6)."""
 
-    group_id: _NonEmptyStr
-    admission_id: _NonEmptyStr
-    prompt_id: _NonEmptyStr
-    prompt_ref: PromptRefState
-    task_source: str | None
-    recovery_granularity: RecoveryGranularity
-    expected_generations: Annotated[int, msgspec.Meta(ge=1)]
-    target_step: _NonNegativeInt | None
-    start_weight_version: _NonNegativeInt
     phase: PromptGroupPhase
     status: PromptGroupStatus
 

@@ -75,7 +75,9 @@ def prepare(config: RunConfig) -> PreparedRun:
     """Task, dataset, model (warmed up if starting from scratch), gate and trainer for ``config``.
 
     Raises :class:`~rollvault.config.schema.ConfigError` when ``dataset.kind``
-    names no task or the task does not fit the gate or the warm-up.
+    names no task or the task does not fit the gate or the warm-up. The
+    result owns what it started (a trainer process): close it when the run
+    ends (``with prepare(config) as prepared: ...``).
     """
     task = get_task(config.dataset.kind)
     if config.gate.kind in (GateKind.LOCAL_MODEL, GateKind.RAY, GateKind.VLLM):

@@ -10,10 +10,11 @@ second instead of the five CPU-seconds those imports cost.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Self
 
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RestoreMode, RunConfig
@@ -94,7 +95,12 @@ class Policy:
 
 @dataclass
 class PreparedRun:
-    """What one start of the run runs with: the pipeline's inputs, and what built them."""
+    """What one start of the run runs with: the pipeline's inputs, and what built them.
+
+    It owns what :func:`~rollvault.recipes.async_grpo.prepare` started (a
+    trainer process): use it as a context manager, or call :meth:`close`, so
+    that ends with the run, not at the interpreter's exit.
+    """
 
     config: RunConfig
     task: Task
@@ -110,6 +116,29 @@ class PreparedRun:
     """The policy a GRPO run trains; None for the simulated run."""
     final_model: Path | None = None
     """Where :func:`train` exported the final policy; None before that, or without a policy."""
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    """What :meth:`close` stops, in reverse order (e.g. ``ProcessTrainer.close``)."""
+
+    def close(self) -> None:
+        """Stop what preparing the run started, last first. Idempotent.
+
+        Every closer runs even when one raises; the first error is raised after.
+        """
+        errors: list[BaseException] = []
+        while self.closers:
+            closer = self.closers.pop()
+            try:
+                closer()
+            except Exception as exc:  # noqa: BLE001 - raised below, once the others ran
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def tokens_generated(self) -> int:
         """Response tokens generated so far by this start's gates."""

@@ -35,11 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import ctypes
-import multiprocessing
 import os
-import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
@@ -57,9 +54,17 @@ from rollvault.controller.loop.trainer import (
     TrainerCheckpointError,
     TrainerLostError,
 )
+from rollvault.gates.child_pipe import (
+    ignore_stop_signals,
+    send_reply,
+    serve_commands,
+    spawn_child,
+    stop_child,
+)
 from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer, step_samples
 from rollvault.training.model_store import load_model_dir
 from rollvault.training.trainer_protocol import (
+    CODEC,
     CheckpointDone,
     FailureKind,
     GetWeights,
@@ -75,7 +80,6 @@ from rollvault.training.trainer_protocol import (
     TrainerSettings,
     TrainStep,
     Weights,
-    decode_command,
     decode_reply,
     decode_settings,
     encode,
@@ -83,7 +87,6 @@ from rollvault.training.trainer_protocol import (
 
 __all__ = ["PROCESS_NAME", "ProcessTrainer", "trainer_main"]
 
-_STOP_TIMEOUT_S = 10.0
 _PR_SET_NAME = 15
 PROCESS_NAME = "rollvault-train"
 """The trainer process's name (``/proc/<pid>/comm``), by which tools tell it apart."""
@@ -94,8 +97,7 @@ PROCESS_NAME = "rollvault-train"
 
 def trainer_main(connection: Connection, settings_bytes: bytes) -> None:
     """Process entry point: build the trainer, report ready, serve commands until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     _name_process(PROCESS_NAME)
     settings = decode_settings(settings_bytes)
     torch.set_num_threads(settings.torch_threads)
@@ -103,27 +105,18 @@ def trainer_main(connection: Connection, settings_bytes: bytes) -> None:
         model, _ = load_model_dir(Path(settings.model_path), dtype=settings.dtype)
         trainer = GrpoTrainer(model, pad_token_id=settings.pad_token_id, settings=settings.settings)
     except Exception as exc:  # noqa: BLE001 - reported to the controller, which raises it
-        _send(connection, TrainerFailed(kind=FailureKind.OTHER, message=f"cannot start: {exc!r}"))
+        failed = TrainerFailed(kind=FailureKind.OTHER, message=f"cannot start: {exc!r}")
+        send_reply(connection, CODEC, failed)
         return
-    if not _send(connection, TrainerReady(pid=os.getpid())):
+    if not send_reply(connection, CODEC, TrainerReady(pid=os.getpid())):
         return
-    while True:
-        try:
-            raw = connection.recv_bytes()
-        except (EOFError, OSError):
-            return  # the controller is gone
-        try:
-            command = decode_command(raw)
-        except msgspec.DecodeError as exc:
-            reply: TrainerReply = TrainerFailed(
-                kind=FailureKind.OTHER, message=f"bad command: {exc}"
-            )
-        else:
-            if isinstance(command, Stop):
-                return
-            reply = _execute(trainer, command)
-        if not _send(connection, reply):
-            return  # the controller died while the command ran
+    serve_commands(
+        connection,
+        CODEC,
+        stop=Stop,
+        execute=lambda command: _execute(trainer, command),
+        bad_command=lambda message: TrainerFailed(kind=FailureKind.OTHER, message=message),
+    )
 
 
 def _name_process(name: str) -> None:
@@ -157,15 +150,6 @@ def _execute(trainer: GrpoTrainer, command: TrainerCommand) -> TrainerReply:
         return TrainerFailed(kind=FailureKind.OTHER, message=f"{type(command).__name__}: {exc!r}")
 
 
-def _send(connection: Connection, reply: TrainerReply) -> bool:
-    """Send ``reply``; False when the controller is gone."""
-    try:
-        connection.send_bytes(encode(reply))
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 # -- the controller's side ----------------------------------------------------------------------
 
 
@@ -189,21 +173,12 @@ class ProcessTrainer:
         self._local = trainer
         self._lock = threading.Lock()
         """One command at a time on the pipe (a step, a weight export, a checkpoint)."""
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = context.Pipe(duplex=True)
         start = TrainerSettings(
             model_path=str(model_path), dtype=dtype, pad_token_id=pad_token_id, settings=settings
         )
-        self._process = context.Process(
-            target=trainer_main,
-            args=(child_end, encode(start)),
-            name="rollvault-trainer",
-            daemon=True,
+        self._process, self._connection = spawn_child(
+            trainer_main, encode(start), name="rollvault-trainer"
         )
-        self._process.start()
-        # Only the child may hold its end: then the child's death is EOF here.
-        child_end.close()
-        self._connection: Connection = parent_end
         self._ready = False
         self._closed = False
         self._initial_weights: bytes | None = trainer.weights_for_gate()
@@ -254,14 +229,7 @@ class ProcessTrainer:
             return
         self._closed = True
         with self._lock:
-            # A process already gone (or a pipe already closed) needs no asking.
-            with contextlib.suppress(OSError, ValueError):
-                self._connection.send_bytes(encode(Stop()))
-            self._process.join(_STOP_TIMEOUT_S)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
-            self._connection.close()
+            stop_child(self._process, self._connection, encode(Stop()))
         atexit.unregister(self.close)
 
     # -- the pipe -----------------------------------------------------------------------

@@ -1,24 +1,24 @@
 """Messages between the controller and its trainer process (``trainer.placement: process``).
 
-As for the generation worker (:mod:`rollvault.gates.worker_protocol`), every
-message is a msgspec Struct encoded with msgpack and sent as plain bytes over a
-``multiprocessing`` pipe: nothing on either side unpickles an object. Weights
+Transport as for every child process (:mod:`rollvault.gates.child_pipe`):
+msgpack bytes over a ``multiprocessing`` pipe, nothing unpickled. Weights
 travel as safetensors bytes, a step's samples as raw array bytes
 (:class:`~rollvault.training.grpo_trainer.StepSamples`), checkpoint
-directories as paths the controller created. Decoding is strict (tagged
-unions, unknown fields rejected).
+directories as paths the controller created.
 """
 
 from __future__ import annotations
 
 import enum
-
-import msgspec
+from typing import Final
 
 from rollvault.config.schema import ModelDType
+from rollvault.gates.child_pipe import PipeCodec
+from rollvault.gates.child_pipe import PipeMessage as _Message
 from rollvault.training.grpo_trainer import GrpoSettings, StepSamples
 
 __all__ = [
+    "CODEC",
     "CheckpointDone",
     "FailureKind",
     "GetWeights",
@@ -39,10 +39,6 @@ __all__ = [
     "decode_settings",
     "encode",
 ]
-
-
-class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass
 
 
 class TrainerSettings(_Message, frozen=True):
@@ -121,23 +117,10 @@ class TrainerFailed(_Message, frozen=True, tag="failed"):
 
 TrainerReply = TrainerReady | StepDone | Weights | CheckpointDone | TrainerFailed
 
-_encoder = msgspec.msgpack.Encoder()
-_command_decoder = msgspec.msgpack.Decoder(TrainerCommand)
-_reply_decoder = msgspec.msgpack.Decoder(TrainerReply)
-_settings_decoder = msgspec.msgpack.Decoder(TrainerSettings)
-
-
-def encode(message: _Message) -> bytes:
-    return _encoder.encode(message)
-
-
-def decode_command(data: bytes) -> TrainerCommand:
-    return _command_decoder.decode(data)
-
-
-def decode_reply(data: bytes) -> TrainerReply:
-    return _reply_decoder.decode(data)
-
-
-def decode_settings(data: bytes) -> TrainerSettings:
-    return _settings_decoder.decode(data)
+CODEC: Final[PipeCodec[TrainerCommand, TrainerReply, TrainerSettings]] = PipeCodec(
+    TrainerCommand, TrainerReply, TrainerSettings
+)
+encode: Final = CODEC.encode
+decode_command: Final = CODEC.decode_command
+decode_reply: Final = CODEC.decode_reply
+decode_settings: Final = CODEC.decode_settings

@@ -66,8 +66,7 @@ from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import (
     ResumeSource,
-    prepare_checkpoint_dir,
-    run_fingerprint,
+    prepare_run,
 )
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
@@ -183,9 +182,9 @@ async def run(
     on a write it could not make (snapshots failing, a trainer checkpoint, a
     log line), with everything durable before it intact.
     """
-    resume = prepare_checkpoint_dir(config, dataset=dataset)
+    prepared = prepare_run(config, dataset=dataset)
     if before_start is not None:
-        before_start(resume)
+        before_start(prepared.resume)
     with data_plane_services(config.dataplane):
         parts = build_parts(config, dataset=dataset)
         with _long_lived_objects_frozen():
@@ -194,17 +193,10 @@ async def run(
                 gate_factory=gate_factory,
                 trainer=trainer,
                 on_step=on_step,
-                resume=resume,
-                fingerprint=_continued_fingerprint(config, resume),
+                resume=prepared.resume,
+                fingerprint=prepared.fingerprint,
                 shutdown=shutdown,
             )
-
-
-def _continued_fingerprint(config: RunConfig, resume: ResumeSource | None) -> str:
-    """The fingerprint new snapshots carry: the resumed anchor's, else this config's."""
-    if resume is not None and resume.fingerprint is not None:
-        return resume.fingerprint
-    return run_fingerprint(config)
 
 
 @contextlib.contextmanager

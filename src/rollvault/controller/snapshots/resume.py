@@ -40,11 +40,7 @@ from rollvault.controller.snapshots.checkpointer import (
 from rollvault.controller.snapshots.dataset_check import check_dataset_unchanged, dataset_identity
 from rollvault.controller.snapshots.snapshot_files import LoadedSnapshot
 from rollvault.controller.snapshots.verification import read_snapshot
-from rollvault.durable.bootstrap import (
-    ensure_bootstrap_anchor,
-    holds_run,
-    read_bootstrap_manifest,
-)
+from rollvault.durable.bootstrap import holds_run, open_bootstrap_anchor
 from rollvault.durable.compatibility import (
     BootstrapCompatibilityIdentity,
     bootstrap_compatibility_identity,
@@ -138,6 +134,26 @@ def prepare_checkpoint_dir(
     ``force_fresh``, and ``NoUsableSnapshotError`` when snapshots exist but
     none can be used.
     """
+    return prepare_run(config, dataset=dataset).resume
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A checked checkpoint directory: what to resume from and the fingerprint to go on under."""
+
+    resume: ResumeSource | None
+    """None: a fresh start."""
+    fingerprint: str
+    """The fingerprint new snapshots carry: the anchor's (on a resume it may differ from
+    this config's own when an older rollvault wrote the anchor)."""
+
+
+def prepare_run(config: RunConfig, *, dataset: PromptDataset | None = None) -> PreparedRun:
+    """:func:`prepare_checkpoint_dir`, also returning the fingerprint the run goes on under.
+
+    The run's identity (which digests every model file) is computed once and
+    the anchor's manifest read once, whether the start is fresh or resumes.
+    """
     settings = config.rollout_checkpointing
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
     identity = run_identity(config)
@@ -152,18 +168,20 @@ def prepare_checkpoint_dir(
         _remove_run(checkpoint_dir, Path(config.logging.log_dir))
         existing = False
     # Creates the anchor for a new run; for an existing one, refuses a changed config.
-    anchor = ensure_bootstrap_anchor(checkpoint_dir, identity=identity, dataset_identity=rows)
+    # Its fingerprint is the manifest's, not this config's: they differ when an older
+    # rollvault wrote the anchor before some settings existed, and its snapshots carry
+    # the anchor's.
+    anchor = open_bootstrap_anchor(checkpoint_dir, identity=identity, dataset_identity=rows)
     if not existing:
-        return None
+        return PreparedRun(None, anchor.fingerprint)
     if dataset is not None:
         # After the config check: a changed seed or num_prompts changes rows too, and
         # the changed setting is the better message.
-        check_dataset_unchanged(anchor, dataset, rows)
-    # The anchor's fingerprint, not this config's: they differ when an older rollvault
-    # wrote the anchor before some settings existed, and its snapshots carry the anchor's.
-    fingerprint = read_bootstrap_manifest(anchor).fingerprint
-    source = _resume_source(config, checkpoint_dir, fingerprint)
-    return dataclasses.replace(source, fingerprint=fingerprint)
+        check_dataset_unchanged(anchor.path, dataset, rows)
+    source = _resume_source(config, checkpoint_dir, anchor.fingerprint)
+    return PreparedRun(
+        dataclasses.replace(source, fingerprint=anchor.fingerprint), anchor.fingerprint
+    )
 
 
 def _remove_run(checkpoint_dir: Path, log_dir: Path) -> None:
