@@ -17,6 +17,9 @@ from child_zygote import Zygote
 ROLLVAULT_CLI = Path(__file__).parent / "rollvault_cli.py"
 """The ``rollvault`` command line as a child script (``python -m rollvault.cli.main``)."""
 
+ROLLVAULT_MODEL_CLI = Path(__file__).parent / "rollvault_model_cli.py"
+"""The same command line with torch and the model recipes preloaded: for GRPO-recipe runs."""
+
 
 class ZygoteSlot:
     """The zygote of one child script for one test module (see the module docstring)."""
