@@ -12,6 +12,11 @@ and far from those of the model before the warm-up.
 
 A forced fresh start in the same directory deletes the old run, warms up
 again and saves its own version 0 after the deletion.
+
+The trainer runs in the controller's process (``trainer.placement=local``,
+operational): each start spawns one Python fewer. That a trainer process
+starts from version-0 weights other than ``model.path``'s, and hands the gate
+exactly those, is ``test_training_trainer_process.py``'s subject.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
         "rollout.max_buffered_rollouts=24",
         "checkpointing.save_period=100000",  # no trainer checkpoint before the kill
         "rollout_checkpointing.interval_s=0.3",
+        "trainer.placement=local",  # see the module docstring
         *extra,
     ]
 
