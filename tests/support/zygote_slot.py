@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from child_zygote import Zygote
+from child_zygote import ForkedChild, Zygote
 
 ROLLVAULT_CLI = Path(__file__).parent / "rollvault_cli.py"
 """The ``rollvault`` command line as a child script (``python -m rollvault.cli.main``)."""
@@ -49,3 +49,16 @@ class ZygoteSlot:
         """:meth:`Zygote.run` on the module's zygote."""
         assert self._zygote is not None, f"the zygote of {self.child} is not running"
         return self._zygote.run(argv, env, cwd=cwd)
+
+    def start(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        *,
+        stdout: Path,
+        stderr: Path,
+        cwd: Path | None = None,
+    ) -> ForkedChild:
+        """:meth:`Zygote.start` on the module's zygote."""
+        assert self._zygote is not None, f"the zygote of {self.child} is not running"
+        return self._zygote.start(argv, env, stdout=stdout, stderr=stderr, cwd=cwd)
