@@ -117,7 +117,7 @@ class Run:
     def start(self, *more: str) -> Started:
         self.starts += 1
         stderr = self.cwd / f"start_{self.starts}.err"
-        child = CLI.start(
+        child = CLI.zygote.start(
             [*self.arguments, *more],
             os.environ,
             stdout=Path(os.devnull),

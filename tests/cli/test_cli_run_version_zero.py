@@ -88,7 +88,7 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def _start(tmp_path: Path, stderr: Path) -> ForkedChild:
-    return CLI.start(
+    return CLI.zygote.start(
         _args(tmp_path), os.environ, stdout=Path(os.devnull), stderr=stderr, cwd=tmp_path
     )
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from child_zygote import ForkedChild, Zygote
+from child_zygote import Zygote
 
 ROLLVAULT_CLI = Path(__file__).parent / "rollvault_cli.py"
 """The ``rollvault`` command line as a child script (``python -m rollvault.cli.main``)."""
@@ -43,22 +43,14 @@ class ZygoteSlot:
 
         return _zygote_running
 
+    @property
+    def zygote(self) -> Zygote:
+        """The module's running zygote (for :meth:`Zygote.start`, say)."""
+        assert self._zygote is not None, f"the zygote of {self.child} is not running"
+        return self._zygote
+
     def run(
         self, argv: list[str], env: Mapping[str, str], *, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[str]:
         """:meth:`Zygote.run` on the module's zygote."""
-        assert self._zygote is not None, f"the zygote of {self.child} is not running"
-        return self._zygote.run(argv, env, cwd=cwd)
-
-    def start(
-        self,
-        argv: list[str],
-        env: Mapping[str, str],
-        *,
-        stdout: Path,
-        stderr: Path,
-        cwd: Path | None = None,
-    ) -> ForkedChild:
-        """:meth:`Zygote.start` on the module's zygote."""
-        assert self._zygote is not None, f"the zygote of {self.child} is not running"
-        return self._zygote.start(argv, env, stdout=stdout, stderr=stderr, cwd=cwd)
+        return self.zygote.run(argv, env, cwd=cwd)
