@@ -3,7 +3,11 @@
 A short real run through the command line (the GRPO recipe, its worker
 process and trainer), then ``from_pretrained`` on what it left: the weights
 are the last trainer checkpoint's, not the start's. Extending the run
-replaces the directory with the new last step's policy.
+replaces the directory with the new last step's policy. The trainer runs in
+the controller's process (``trainer.placement=local``): that the trainer
+process exports what it trained is
+``test_training_trainer_process.py``'s subject, and each start here saves
+spawning a second Python.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def _run(tmp_path: Path, max_num_steps: int) -> int:
             "rollout.max_inflight_prompts=8",
             "rollout.max_buffered_rollouts=8",
             "trainer.learning_rate=1e-2",  # a big step, so the weights surely move
+            "trainer.placement=local",  # operational: see the module docstring
         ]
     )
 

@@ -3,10 +3,10 @@
 Stopping criteria and throughput settings are not the run's meaning: a
 finished run can be extended, and its concurrency changed. The model is its
 files, not its path: a moved model directory resumes, new weights at the
-same path are refused. The simulated starts are forked from one process that
-has imported the command line once (``child_zygote``, ``rollvault_cli.py``);
-the GRPO recipe's starts, which import torch and spawn their own processes,
-are each a new Python.
+same path are refused. Every start is forked from one process that has
+imported the command line, torch and the model recipes once (``child_zygote``,
+``rollvault_model_cli.py``); the GRPO recipe's starts spawn their generation
+worker as a new Python, as ever.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from zygote_slot import ROLLVAULT_CLI, ZygoteSlot
+from zygote_slot import ROLLVAULT_MODEL_CLI, ZygoteSlot
 
 import rollvault
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
@@ -26,23 +25,12 @@ from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_
 GRPO_RECIPE = Path(rollvault.__file__).parent / "configs" / "grpo_addition.yaml"
 
 
-CLI = ZygoteSlot(ROLLVAULT_CLI, timeout_s=300)
+CLI = ZygoteSlot(ROLLVAULT_MODEL_CLI, timeout_s=300)
 _cli_zygote = CLI.module_fixture()
 
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return CLI.run(["run", *args], os.environ, cwd=cwd)
-
-
-def _fresh_run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rollvault.cli.main", "run", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def _simulated(tmp_path: Path, *extra: str) -> list[str]:
@@ -124,6 +112,10 @@ def _grpo(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
         "rollout.max_inflight_prompts=8",
         "rollout.max_buffered_rollouts=8",
         "checkpointing.save_period=2",
+        # Where the trainer runs is operational (not part of the run's identity) and not
+        # what these tests are about: in the controller's process a start spawns one
+        # Python fewer, and a refused start has no trainer process to wait for.
+        "trainer.placement=local",
         *extra,
     ]
 
@@ -131,11 +123,11 @@ def _grpo(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
 @pytest.mark.slow
 def test_the_model_is_its_files_not_its_path(tmp_path: Path) -> None:
     first_dir = tmp_path / "model_a"
-    first = _fresh_run(tmp_path, *_grpo(tmp_path, first_dir, "grpo.max_num_steps=2"))
+    first = _run(tmp_path, *_grpo(tmp_path, first_dir, "grpo.max_num_steps=2"))
     assert first.returncode == 0, first.stderr
     moved_dir = tmp_path / "model_b"
     shutil.move(first_dir, moved_dir)
-    moved = _fresh_run(
+    moved = _run(
         tmp_path,
         *_grpo(tmp_path, moved_dir, "grpo.max_num_steps=3", "model.build_default=false"),
     )
@@ -145,7 +137,7 @@ def test_the_model_is_its_files_not_its_path(tmp_path: Path) -> None:
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01  # one bit of the last weight: same shapes, other weights
     weights.write_bytes(bytes(data))
-    refused = _fresh_run(
+    refused = _run(
         tmp_path,
         *_grpo(tmp_path, moved_dir, "grpo.max_num_steps=4", "model.build_default=false"),
     )

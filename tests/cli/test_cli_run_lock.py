@@ -2,7 +2,9 @@
 
 Real ``rollvault run`` processes: a second run on a directory in use is
 refused at once (exit 2, naming the holder) and changes nothing, while the
-first finishes with every prompt trained exactly once.
+first finishes with every prompt trained exactly once. The first is stopped
+(SIGSTOP, by its pid) while the second tries: it still holds the directory, and
+it cannot finish before the second has been refused, however slow the machine.
 """
 
 from __future__ import annotations
@@ -59,14 +61,17 @@ def _wait_for(path: Path, child: subprocess.Popen[str], timeout: float = 120) ->
 def test_a_second_run_on_the_same_directory_is_refused_and_changes_nothing(
     tmp_path: Path,
 ) -> None:
+    # A few seconds of simulated generation after the start: it runs on long after
+    # the incarnation file appears, and the stop below holds it there.
     first = subprocess.Popen(
-        _args(tmp_path, "gate.simulated.latency_per_token_s=0.03"),
+        _args(tmp_path, "gate.simulated.latency_per_token_s=0.005"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         _wait_for(tmp_path / "logs" / "incarnation", first)
+        os.kill(first.pid, signal.SIGSTOP)
         second = _run(tmp_path)
         assert second.returncode == 2, second.stderr
         message = " ".join(second.stderr.split())
@@ -75,6 +80,7 @@ def test_a_second_run_on_the_same_directory_is_refused_and_changes_nothing(
         # Still running, and the incarnation counter is the first run's only.
         assert first.poll() is None
         assert (tmp_path / "logs" / "incarnation").read_text() == "1"
+        os.kill(first.pid, signal.SIGCONT)
         _, first_err = first.communicate(timeout=300)
     finally:
         if first.poll() is None:

@@ -4,7 +4,10 @@ A scheduler (SLURM, Kubernetes, spot reclaim) sends SIGTERM and SIGKILL a
 grace period later. Each test starts the command, waits until it has sealed
 some attempts, signals it (only the child it started, by its pid), and checks
 the exit code, the absence of a traceback, the final snapshot and that a
-restart keeps everything sealed before the signal.
+restart keeps everything sealed before the signal. Every start is forked from
+one process that has imported the command line, torch and the model recipes
+once (``child_zygote``, ``rollvault_model_cli.py``): a new Python's imports
+are most of a GRPO-recipe start.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from child_zygote import ForkedChild
+from zygote_slot import ROLLVAULT_MODEL_CLI, ZygoteSlot
 
 import rollvault
 from rollvault.checkpoint_tools.run_history import (
@@ -56,6 +60,42 @@ SIMULATED = (
 )
 START_TIMEOUT_S = 120.0
 
+CLI = ZygoteSlot(ROLLVAULT_MODEL_CLI, timeout_s=300)
+_cli_zygote = CLI.module_fixture()
+
+
+class Started:
+    """A ``rollvault run`` that runs while the test signals it (by its pid), as on a ``Popen``."""
+
+    def __init__(self, child: ForkedChild, stderr: Path) -> None:
+        self._child = child
+        self.pid = child.pid
+        self.stderr_path = stderr
+
+    @property
+    def returncode(self) -> int | None:
+        return self._child.returncode
+
+    def poll(self) -> int | None:
+        return self._child.poll()
+
+    def wait(self) -> int:
+        return self._child.wait()
+
+    def stderr(self) -> str:
+        """What the child has written to stderr so far (nothing before it opened the file)."""
+        try:
+            return self.stderr_path.read_text()
+        except FileNotFoundError:
+            return ""
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:  # never a pid that may have been reused
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
 
 class Run:
     """One ``rollvault run`` child process on the run directory ``tmp_path``."""
@@ -63,10 +103,7 @@ class Run:
     def __init__(self, tmp_path: Path, *overrides: str, config: Path | None = None) -> None:
         self.log_dir = tmp_path / "logs"
         self.checkpoint_dir = tmp_path / "ckpt"
-        self.command = [
-            sys.executable,
-            "-m",
-            "rollvault.cli.main",
+        self.arguments = [
             "run",
             *(["--config", str(config)] if config else []),
             f"logging.log_dir={self.log_dir}",
@@ -75,27 +112,25 @@ class Run:
             *overrides,
         ]
         self.cwd = tmp_path
+        self.starts = 0
 
-    def start(self, *more: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
-            [*self.command, *more],
+    def start(self, *more: str) -> Started:
+        self.starts += 1
+        stderr = self.cwd / f"start_{self.starts}.err"
+        child = CLI.zygote.start(
+            [*self.arguments, *more],
+            os.environ,
+            stdout=Path(os.devnull),
+            stderr=stderr,
             cwd=self.cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
         )
+        return Started(child, stderr)
 
     def finish(self, *more: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(  # noqa: S603
-            [*self.command, *more],
-            cwd=self.cwd,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        """A start that runs to its end."""
+        return CLI.run([*self.arguments, *more], os.environ, cwd=self.cwd)
 
-    def wait_for_attempts(self, child: subprocess.Popen[str], count: int) -> None:
+    def wait_for_attempts(self, child: Started, count: int) -> None:
         """Until the child has logged ``count`` attempts (it must still be running)."""
         log = self.log_dir / ATTEMPTS_LOG_FILENAME
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -127,14 +162,26 @@ class Run:
         }
 
 
-def _communicate(child: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
-    try:
-        _, stderr = child.communicate(timeout=timeout)
-    finally:
-        if child.poll() is None:  # only on a timeout: do not leave our child running
+def _communicate(child: Started, timeout: float = 120) -> tuple[int, str]:
+    """The child's exit status and stderr, once it exits; a failure if not within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (code := child.poll()) is None:
+        if time.monotonic() >= deadline:  # do not leave our child running
             child.kill()
             child.wait()
-    return child.returncode, stderr
+            pytest.fail(f"the run did not exit within {timeout:.0f}s of the signal")
+        time.sleep(0.02)  # a poll of the child's exit, not a synchronization
+    return code, child.stderr()
+
+
+def _first_line(child: Started) -> str:
+    """The child's first line on stderr, once it is written."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while "\n" not in (text := child.stderr()):
+        assert child.poll() is None, f"the run ended before it wrote a line: {text}"
+        assert time.monotonic() < deadline, "the run wrote no line"
+        time.sleep(0.02)  # a poll of the file, not a synchronization
+    return text.split("\n", 1)[0]
 
 
 def _expected() -> set[tuple[int, str]]:
@@ -308,8 +355,7 @@ def test_sigterm_during_the_warm_up_exits_143_before_anything_is_written(tmp_pat
         config=GRPO_RECIPE,
     )
     child = run.start()
-    assert child.stderr is not None
-    announced = child.stderr.readline()
+    announced = _first_line(child)
     assert "preparing the policy" in announced, announced
     deadline = time.monotonic() + START_TIMEOUT_S
     while not (tmp_path / "model" / "config.json").exists() and time.monotonic() < deadline:

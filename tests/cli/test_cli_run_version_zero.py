@@ -12,22 +12,28 @@ and far from those of the model before the warm-up.
 
 A forced fresh start in the same directory deletes the old run, warms up
 again and saves its own version 0 after the deletion.
+
+The trainer runs in the controller's process (``trainer.placement=local``,
+operational): each start spawns one Python fewer. That a trainer process
+starts from version-0 weights other than ``model.path``'s, and hands the gate
+exactly those, is ``test_training_trainer_process.py``'s subject. Every
+start is forked from one process that has imported the command line, torch
+and the model recipes once (``child_zygote``, ``rollvault_model_cli.py``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 import pytest
+from child_zygote import ForkedChild
 from transformers import PreTrainedModel
+from zygote_slot import ROLLVAULT_MODEL_CLI, ZygoteSlot
 
 import rollvault
 from rollvault.checkpoint_tools.verify import verify_checkpoint_dir
@@ -52,12 +58,12 @@ PER_STEP, GENERATIONS, TEMPERATURE = 8, 4, 0.7
 WAIT_S = 240.0
 """A hang guard for each wait, not a timing assertion."""
 
+CLI = ZygoteSlot(ROLLVAULT_MODEL_CLI, timeout_s=WAIT_S)
+_cli_zygote = CLI.module_fixture()
+
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "rollvault.cli.main",
         "run",
         "--config",
         str(GRPO_RECIPE),
@@ -76,17 +82,18 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
         "rollout.max_buffered_rollouts=24",
         "checkpointing.save_period=100000",  # no trainer checkpoint before the kill
         "rollout_checkpointing.interval_s=0.3",
+        "trainer.placement=local",  # see the module docstring
         *extra,
     ]
 
 
-def _start(tmp_path: Path, stderr: IO[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        _args(tmp_path), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr, text=True
+def _start(tmp_path: Path, stderr: Path) -> ForkedChild:
+    return CLI.zygote.start(
+        _args(tmp_path), os.environ, stdout=Path(os.devnull), stderr=stderr, cwd=tmp_path
     )
 
 
-def _kill_when(process: subprocess.Popen[str], ready: Callable[[], bool]) -> None:
+def _kill_when(process: ForkedChild, ready: Callable[[], bool]) -> None:
     deadline = time.monotonic() + WAIT_S
     try:
         while not ready():
@@ -95,7 +102,7 @@ def _kill_when(process: subprocess.Popen[str], ready: Callable[[], bool]) -> Non
             time.sleep(0.1)
     finally:
         os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=60)
+        process.wait()
     assert process.returncode == -signal.SIGKILL
 
 
@@ -167,19 +174,17 @@ def test_a_restart_before_the_first_trainer_checkpoint_loads_the_saved_version_z
     tmp_path: Path,
 ) -> None:
     policy_dir = tmp_path / "ckpt" / BOOTSTRAP_DIRNAME / "policy"
-    with open(tmp_path / "first.err", "w") as first_err:
-        first = _start(tmp_path, first_err)
-        # Its first snapshot: the worker is barely up, so step 0 is far from complete.
-        _kill_when(first, lambda: policy_dir.is_dir() and bool(_bootstrap_snapshots(tmp_path)))
+    first = _start(tmp_path, tmp_path / "first.err")
+    # Its first snapshot: the worker is barely up, so step 0 is far from complete.
+    _kill_when(first, lambda: policy_dir.is_dir() and bool(_bootstrap_snapshots(tmp_path)))
     first_text = (tmp_path / "first.err").read_text()
     assert "policy: warmed up by this start (30 supervised steps" in first_text, first_text
     assert trainer_checkpoint_steps(tmp_path / "ckpt") == []
     assert verify_trainer_checkpoint(policy_dir) == []
     assert verify_checkpoint_dir(tmp_path / "ckpt").ok  # the policy beside the anchor is fine
 
-    with open(tmp_path / "second.err", "w") as second_err:
-        second = _start(tmp_path, second_err)
-        _kill_when(second, lambda: bool(_version_zero_rows(tmp_path, incarnation=2)))
+    second = _start(tmp_path, tmp_path / "second.err")
+    _kill_when(second, lambda: bool(_version_zero_rows(tmp_path, incarnation=2)))
     second_text = (tmp_path / "second.err").read_text()
     assert f"policy: version 0 loaded from {policy_dir}" in second_text, second_text
     assert "warmed up" not in second_text and "supervised steps," not in second_text
@@ -198,18 +203,15 @@ def test_a_restart_before_the_first_trainer_checkpoint_loads_the_saved_version_z
         assert _largest_logprob_gap(saved, first_rows, pad) < 1e-3
 
     # A forced fresh start deletes the run, then warms up and saves its own version 0.
-    fresh = subprocess.run(
+    fresh = CLI.run(
         _args(
             tmp_path,
             "rollout_checkpointing.restore_mode=none",
             "rollout_checkpointing.force_fresh=true",
             "grpo.max_num_steps=1",
         ),
+        os.environ,
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=WAIT_S,
-        check=False,
     )
     assert fresh.returncode == 0, fresh.stderr
     assert "policy: warmed up by this start" in fresh.stderr

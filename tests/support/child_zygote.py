@@ -14,7 +14,8 @@ child only, and the next child (the "fresh process" that checks what the kill
 left) shares no memory with it.
 
 :meth:`Zygote.run` returns what :func:`subprocess.run` would: the exit status
-(negative for a signal), stdout and stderr.
+(negative for a signal), stdout and stderr. :meth:`Zygote.start` returns at
+once, with a handle to poll and wait on (the test signals the child by its pid).
 """
 
 from __future__ import annotations
@@ -55,31 +56,50 @@ class Zygote:
         self, argv: list[str], env: Mapping[str, str], *, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Fork a child running the script with ``argv`` and exactly ``env`` (in ``cwd``)."""
-        assert self._process.stdin is not None and self._process.stdout is not None
         self._runs += 1
         out = self._outputs / f"{self._runs}.out"
         err = self._outputs / f"{self._runs}.err"
-        request = {
-            "argv": argv,
-            "env": dict(env),
-            "stdout": str(out),
-            "stderr": str(err),
-            "timeout_s": self.timeout_s,
-            "cwd": None if cwd is None else str(cwd),
-        }
-        self._process.stdin.write(json.dumps(request) + "\n")
-        self._process.stdin.flush()
-        line = self._process.stdout.readline()
-        if not line:
-            code = self._process.wait(timeout=self.timeout_s)
-            raise RuntimeError(f"the zygote of {self.child} exited ({code}) before answering")
-        returncode = int(json.loads(line)["returncode"])
+        answer = self._ask(_child_request(argv, env, cwd, out, err, self.timeout_s))
+        returncode = int(answer["returncode"])
         stdout, stderr = out.read_text(), err.read_text()
         out.unlink()
         err.unlink()
         return subprocess.CompletedProcess(
             [str(self.child), *argv], returncode, stdout=stdout, stderr=stderr
         )
+
+    def start(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        *,
+        stdout: Path,
+        stderr: Path,
+        cwd: Path | None = None,
+    ) -> ForkedChild:
+        """Fork a child as :meth:`run` does and return at once, its output going to
+        ``stdout`` and ``stderr``: for a test that signals the child while it runs."""
+        answer = self._ask(
+            {**_child_request(argv, env, cwd, stdout, stderr, self.timeout_s), "detach": True}
+        )
+        return ForkedChild(self, int(answer["pid"]))
+
+    def reap(self, pid: int, *, block: bool) -> int | None:
+        """The exit status of the started child ``pid`` (as :meth:`run` reports it), waiting
+        for it if ``block``, else None while it runs."""
+        answer = self._ask({"reap": pid, "block": block})
+        return None if answer["returncode"] is None else int(answer["returncode"])
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        line = self._process.stdout.readline()
+        if not line:
+            code = self._process.wait(timeout=self.timeout_s)
+            raise RuntimeError(f"the zygote of {self.child} exited ({code}) before answering")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     def close(self) -> None:
         """End the zygote (EOF on its stdin) and remove the children's output files."""
@@ -107,6 +127,48 @@ class Zygote:
         trace: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class ForkedChild:
+    """A child of :meth:`Zygote.start`: its pid, and ``poll``/``wait`` as on a ``Popen``.
+
+    It is the zygote's child, not this process's: only the zygote can reap it.
+    ``wait`` has no timeout of its own; the zygote's ``timeout_s`` alarm ends a hung child.
+    """
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self._zygote = zygote
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._zygote.reap(self.pid, block=False)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = self._zygote.reap(self.pid, block=True)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def _child_request(
+    argv: list[str],
+    env: Mapping[str, str],
+    cwd: Path | None,
+    stdout: Path,
+    stderr: Path,
+    timeout_s: float,
+) -> dict[str, Any]:
+    return {
+        "argv": argv,
+        "env": dict(env),
+        "stdout": str(stdout),
+        "stderr": str(stderr),
+        "timeout_s": timeout_s,
+        "cwd": None if cwd is None else str(cwd),
+    }
 
 
 # -- the zygote process -------------------------------------------------------------------
@@ -164,14 +226,26 @@ def _status(wait_status: int) -> int:
     return os.WEXITSTATUS(wait_status)
 
 
+def _reap(pid: int, *, block: bool) -> int | None:
+    done, wait_status = os.waitpid(pid, 0 if block else os.WNOHANG)
+    return None if done == 0 else _status(wait_status)
+
+
+def _answer(module: ModuleType, request: dict[str, Any]) -> dict[str, Any]:
+    """A started child's pid, a reaped child's status, or a run child's status."""
+    if "reap" in request:
+        return {"returncode": _reap(int(request["reap"]), block=bool(request["block"]))}
+    pid = os.fork()
+    if pid == 0:
+        os._exit(_child(module, request))
+    if request.get("detach"):
+        return {"pid": pid}
+    return {"returncode": _reap(pid, block=True)}
+
+
 def _serve(module: ModuleType, requests: IO[str], answers: IO[str]) -> None:
     for line in requests:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            os._exit(_child(module, request))
-        _, wait_status = os.waitpid(pid, 0)
-        answers.write(json.dumps({"returncode": _status(wait_status)}) + "\n")
+        answers.write(json.dumps(_answer(module, json.loads(line))) + "\n")
         answers.flush()
 
 

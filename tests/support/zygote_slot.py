@@ -17,6 +17,9 @@ from child_zygote import Zygote
 ROLLVAULT_CLI = Path(__file__).parent / "rollvault_cli.py"
 """The ``rollvault`` command line as a child script (``python -m rollvault.cli.main``)."""
 
+ROLLVAULT_MODEL_CLI = Path(__file__).parent / "rollvault_model_cli.py"
+"""The same command line with torch and the model recipes preloaded: for GRPO-recipe runs."""
+
 
 class ZygoteSlot:
     """The zygote of one child script for one test module (see the module docstring)."""
@@ -40,9 +43,14 @@ class ZygoteSlot:
 
         return _zygote_running
 
+    @property
+    def zygote(self) -> Zygote:
+        """The module's running zygote (for :meth:`Zygote.start`, say)."""
+        assert self._zygote is not None, f"the zygote of {self.child} is not running"
+        return self._zygote
+
     def run(
         self, argv: list[str], env: Mapping[str, str], *, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[str]:
         """:meth:`Zygote.run` on the module's zygote."""
-        assert self._zygote is not None, f"the zygote of {self.child} is not running"
-        return self._zygote.run(argv, env, cwd=cwd)
+        return self.zygote.run(argv, env, cwd=cwd)
