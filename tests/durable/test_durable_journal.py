@@ -149,6 +149,39 @@ def test_a_lone_record_waits_at_most_about_the_interval(tmp_path: Path) -> None:
     writer.close()
 
 
+def test_lazy_records_ride_on_the_next_group_in_order(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.01, lazy_interval_s=600.0)
+    lazy = [writer.append(payload(seq), lazy=True) for seq in range(3)]
+    # No group is open: the lazy records wait (far longer than this) for one.
+    assert not writer.wait_durable(lazy[-1], timeout=0.2)
+    assert writer.stats().fsyncs == 0
+    seq = writer.append(payload(3))
+    assert writer.wait_durable(seq, timeout=30)
+    stats = writer.stats()
+    writer.close()
+    # One fsync for the four: the lazy ones went out first, in the non-lazy one's group.
+    assert stats.fsyncs == 1 and stats.durable_seq == 3
+    assert [r.seq for r in read_journal(tmp_path).records] == [0, 1, 2, 3]
+
+
+def test_a_lazy_record_alone_is_flushed_after_its_interval(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0, lazy_interval_s=0.05)
+    seq = writer.append(payload(0), lazy=True)
+    assert writer.wait_durable(seq, timeout=30)
+    writer.close()
+    assert [r.seq for r in read_journal(tmp_path).records] == [0]
+
+
+def test_rotate_and_close_flush_lazy_records(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0, lazy_interval_s=600.0)
+    first = writer.append(payload(0), lazy=True)
+    assert writer.rotate() == first + 1
+    assert writer.durable_seq == first
+    writer.append(payload(1), lazy=True)
+    writer.close()
+    assert [r.seq for r in read_journal(tmp_path).records] == [0, 1]
+
+
 def test_until_durable_resolves_on_the_event_loop(tmp_path: Path) -> None:
     writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.01)
 

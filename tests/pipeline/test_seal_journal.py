@@ -172,6 +172,27 @@ def test_metrics_count_seals_kept_once_durable(tmp_path: Path) -> None:
         journal.close()
 
 
+def test_finalize_and_step_records_ride_on_the_next_seal_s_group(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    writer = journal._writer
+    try:
+        finalized = journal.finalized("g0", target_step=3, gate_rollout_ids=["a"])
+        step = journal.step(4, ["g0"])
+        assert finalized is not None and step == finalized + 1
+        # Neither opens a group commit of its own (the lazy interval is far longer).
+        assert not writer.wait_durable(step, timeout=0.2)
+        seal = journal.seal(_seal())
+        assert seal == step + 1
+        asyncio.run(journal.until_durable(seal))
+        metrics = journal.metrics()
+        assert metrics["journal/fsyncs"] == 1 and metrics["journal/durable_seq"] == seal
+    finally:
+        journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    kinds = [type(r.entry) for r in records]
+    assert kinds == [FinalizeRecord, StepRecord, SealRecord]
+
+
 def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(tmp_path: Path) -> None:
     journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
     try:

@@ -16,6 +16,15 @@ straight into the one buffer its ``write`` takes, and the caller's thread
 and :meth:`JournalWriter.wait_durable` / :meth:`JournalWriter.until_durable`
 say so.
 
+A record may be appended *lazily* (``lazy=True``): it does not open a group
+of its own but rides on the next group a non-lazy record opens, or on a
+rotation or the close, and is flushed on its own only once it has waited
+``lazy_interval_s``. Records are still written in sequence order and a
+group's ``fsync`` makes every record up to its last one durable, so a lazy
+record never lets a later record become durable before it; it only stays
+undurable longer. For records no caller waits on (what a crash may lose of
+them costs nothing but a count), it saves the ``fsync`` they would start.
+
 Each writer starts a new segment (it never appends to a segment a dead
 process may have torn), after :func:`repair_journal` has cut off what a
 crash left half-written. :meth:`JournalWriter.rotate` starts a new segment
@@ -58,6 +67,8 @@ from rollvault.durable.journal_format import (
 
 DEFAULT_COMMIT_INTERVAL_S: Final = 0.02
 DEFAULT_COMMIT_MAX_RECORDS: Final = 512
+DEFAULT_LAZY_INTERVAL_S: Final = 1.0
+"""How long a lazy record waits for a group to ride on before it is flushed on its own."""
 QUARANTINE_SUFFIX: Final = ".damaged"
 
 
@@ -158,21 +169,29 @@ class JournalWriter:
         first_seq: int,
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
+        lazy_interval_s: float = DEFAULT_LAZY_INTERVAL_S,
         encode: PayloadEncoder | None = None,
     ) -> None:
-        if commit_interval_s < 0 or commit_max_records < 1:
+        if commit_interval_s < 0 or commit_max_records < 1 or lazy_interval_s < 0:
             raise ValueError(
-                f"journal {directory}: commit_interval_s must be >= 0 and "
-                f"commit_max_records >= 1 (got {commit_interval_s}, {commit_max_records})"
+                f"journal {directory}: commit_interval_s and lazy_interval_s must be >= 0 and "
+                f"commit_max_records >= 1 (got {commit_interval_s}, {lazy_interval_s}, "
+                f"{commit_max_records})"
             )
         self.directory = directory
         self._interval = commit_interval_s
+        self._lazy_interval = lazy_interval_s
         self._max_records = commit_max_records
         self._cond = threading.Condition()
         self._encode = encode
-        self._queue: deque[tuple[int, object]] = deque()
-        """(seq, payload): bytes as they are, anything else for ``encode`` on this thread."""
+        self._queue: deque[tuple[int, object, bool]] = deque()
+        """(seq, payload, lazy): payload bytes as they are, anything else for ``encode``
+        on this thread."""
         self._first_queued_at = 0.0
+        """When the oldest queued record was queued (a lazy one's wait starts there)."""
+        self._group_opened_at: float | None = None
+        """When the oldest queued non-lazy record was queued: the open group's window
+        starts there (None: only lazy records are queued, no group is open)."""
         self._next_seq = first_seq
         self._durable_seq = first_seq - 1
         self._rotate_requested = False
@@ -193,6 +212,7 @@ class JournalWriter:
         *,
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
+        lazy_interval_s: float = DEFAULT_LAZY_INTERVAL_S,
         encode: PayloadEncoder | None = None,
     ) -> tuple[JournalWriter, JournalRepair]:
         """Repair ``directory``'s journal, then start writing after its last verified record."""
@@ -203,17 +223,21 @@ class JournalWriter:
             first_seq=repair.replay.next_seq,
             commit_interval_s=commit_interval_s,
             commit_max_records=commit_max_records,
+            lazy_interval_s=lazy_interval_s,
             encode=encode,
         )
         return writer, repair
 
     # -- the caller's side -------------------------------------------------
 
-    def append(self, payload: bytes) -> int:
-        """Queue one record; returns its sequence number (durable later, see above)."""
-        return self._enqueue(payload)
+    def append(self, payload: bytes, *, lazy: bool = False) -> int:
+        """Queue one record; returns its sequence number (durable later, see above).
 
-    def append_object(self, item: object) -> int:
+        ``lazy``: the record opens no group; it rides on the next one (see above).
+        """
+        return self._enqueue(payload, lazy)
+
+    def append_object(self, item: object, *, lazy: bool = False) -> int:
         """Queue one record whose payload the writer thread encodes (``encode``).
 
         The caller's thread pays only the queue put: the encoding goes into the
@@ -224,20 +248,24 @@ class JournalWriter:
         """
         if self._encode is None:
             raise ValueError(f"journal {self.directory}: append_object needs a writer with encode")
-        return self._enqueue(item)
+        return self._enqueue(item, lazy)
 
-    def _enqueue(self, payload: object) -> int:
+    def _enqueue(self, payload: object, lazy: bool) -> int:
         with self._cond:
             self._raise_if_stopped()
             seq = self._next_seq
             self._next_seq += 1
+            wake = not self._queue or len(self._queue) + 1 >= self._max_records
             if not self._queue:
                 self._first_queued_at = time.monotonic()
-            self._queue.append((seq, payload))
-            # The writer thread waits for a group's first record, then for the
-            # interval to end or the group to fill: waking it for every record
-            # in between would only hand it the GIL to go back to sleep.
-            if len(self._queue) == 1 or len(self._queue) >= self._max_records:
+            if not lazy and self._group_opened_at is None:
+                self._group_opened_at = time.monotonic()
+                wake = True
+            self._queue.append((seq, payload, lazy))
+            # The writer thread waits for a group's first record (or a lazy record's
+            # deadline), then for the interval to end or the group to fill: waking it
+            # for every record in between would only hand it the GIL to go back to sleep.
+            if wake:
                 self._cond.notify_all()
             return seq
 
@@ -344,24 +372,36 @@ class JournalWriter:
             if closing and not batch:
                 return
 
-    def _next_batch(self) -> tuple[list[tuple[int, object]], bool, bool]:
+    def _next_batch(self) -> tuple[list[tuple[int, object, bool]], bool, bool]:
         with self._cond:
             self._cond.wait_for(lambda: self._queue or self._rotate_requested or self._closing)
-            # Group commit: gather records until the interval since the
-            # group's first record ends or the group is full.
+            # Group commit: gather records until the interval since the group's
+            # first non-lazy record ends, the oldest lazy record has waited its
+            # interval, or the group is full.
             while (
                 len(self._queue) < self._max_records
                 and not (self._rotate_requested or self._closing)
-                and (left := self._first_queued_at + self._interval - time.monotonic()) > 0
+                and (left := self._group_deadline() - time.monotonic()) > 0
             ):
                 self._cond.wait(left)
             take = min(len(self._queue), self._max_records)
             batch = [self._queue.popleft() for _ in range(take)]
+            self._group_opened_at = None
             if self._queue:
-                self._first_queued_at = time.monotonic()
+                # Only past a full group: what is left waits again from now.
+                now = self._first_queued_at = time.monotonic()
+                if not all(lazy for _, _, lazy in self._queue):
+                    self._group_opened_at = now
             return batch, self._rotate_requested and not self._queue, self._closing
 
-    def _write_group(self, batch: list[tuple[int, object]]) -> None:
+    def _group_deadline(self) -> float:
+        """When the queued records are written (call with the condition held)."""
+        deadline = self._first_queued_at + self._lazy_interval
+        if self._group_opened_at is not None:
+            deadline = min(deadline, self._group_opened_at + self._interval)
+        return deadline
+
+    def _write_group(self, batch: list[tuple[int, object, bool]]) -> None:
         fd = self._require_fd()
         data = self._frame_group(batch)
         size = os.fstat(fd).st_size
@@ -379,10 +419,10 @@ class JournalWriter:
             self._durable_seq = batch[-1][0]
             self._wake_async_waiters()
 
-    def _frame_group(self, batch: list[tuple[int, object]]) -> bytearray:
+    def _frame_group(self, batch: list[tuple[int, object, bool]]) -> bytearray:
         """The group's records, framed, in one buffer: each payload encoded in place."""
         buffer = bytearray()
-        for seq, payload in batch:
+        for seq, payload, _ in batch:
             start = len(buffer)
             buffer += _HEADER_SPACE
             try:

@@ -11,6 +11,19 @@ queue put; the writer thread encodes each group of records into one buffer
 ``rollout_checkpointing.journal.commit_interval_ms`` (or per
 ``max_batch_records``). A seal is *kept* once its record is durable.
 
+What is durable when: a seal (and a partial) record opens a group commit, so it
+is durable within about the commit interval. Finalize and step records are
+appended *lazily* (:meth:`~rollvault.durable.journal_writer.JournalWriter.append_object`
+with ``lazy=True``): they open no group of their own but ride on the next one
+(the next generation batch's seals), a rotation or the close, or are flushed
+alone after ``JournalWriter``'s lazy interval (1 s). Nothing depends on them
+being durable sooner: replay only counts them (a restore rolls the trainer
+back to the snapshot's trainer checkpoint and finalizes the replayed groups
+again, :mod:`~rollvault.controller.snapshots.journal_replay`), no caller waits
+for them, and the journal stays a prefix in sequence order, so a lazy record
+never lets a later seal become durable before it. This saves the ``fsync``
+each of them started (about two per train step on the GRPO recipe).
+
 Consistency with snapshots: a snapshot records :attr:`SealJournal.next_seq`
 taken inside the cut (``controller_state.json``'s ``seal_journal_seq``).
 Because a record is appended after its change is applied, every record below
@@ -361,12 +374,13 @@ class SealJournal:
             group_id=group_id, target_step=target_step, gate_rollout_ids=list(gate_rollout_ids)
         )
         self.counters.finalizations_journaled += 1
-        return self._append(entry)
+        return self._append(entry, lazy=True)  # rides on the next group: see the module doc
 
     def step(self, trainer_version: int, group_ids: list[str]) -> int | None:
         """Journal a train step boundary."""
         self.counters.steps_journaled += 1
-        return self._append(StepRecord(trainer_version=trainer_version, group_ids=list(group_ids)))
+        step = StepRecord(trainer_version=trainer_version, group_ids=list(group_ids))
+        return self._append(step, lazy=True)  # rides on the next group: see the module doc
 
     def partial(self, record: PartialRecord) -> int | None:
         """Journal a turn's partial output (appended only: no waiting for the disk)."""
@@ -382,8 +396,8 @@ class SealJournal:
             if self._append(record) is not None:
                 self.counters.partials_carried += 1
 
-    def _append(self, entry: JournalEntry) -> int | None:
-        """Queue one record; None once the writer has failed.
+    def _append(self, entry: JournalEntry, *, lazy: bool = False) -> int | None:
+        """Queue one record; None once the writer has failed. ``lazy``: see the module doc.
 
         A journal that cannot write (disk full, I/O error) does not stop the
         run: snapshots still keep everything up to the newest one, as before
@@ -397,7 +411,7 @@ class SealJournal:
             # loop pays a queue put. Entries are frozen, and what they hold (rows as
             # bytes, copied lists, a receipt the ledger copied for itself) is never
             # changed once handed over.
-            return self._writer.append_object(entry)
+            return self._writer.append_object(entry, lazy=lazy)
         except JournalWriteError as error:
             self._stopped(error)
             return None
