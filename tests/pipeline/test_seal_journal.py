@@ -20,6 +20,7 @@ from rollvault.controller.loop.seal_journal import (
     SealJournal,
     SealJournalRecordError,
     SealRecord,
+    StagedSeal,
     StepRecord,
     decode_entry,
     decode_replay,
@@ -265,3 +266,33 @@ def test_the_writer_thread_encodes_each_entry_as_encode_entry_does(tmp_path: Pat
     records = read_journal(tmp_path / SEAL_JOURNAL_DIRNAME).records
     assert [r.payload for r in records] == [encode_entry(entry) for entry in entries]
     assert journal.metrics()["journal/seals_kept"] == 1.0
+
+
+def test_a_staged_seal_s_rows_are_encoded_on_the_writer_thread_as_encode_rows_does(
+    tmp_path: Path,
+) -> None:
+    # The pump hands a seal over with its rows as staged (a gate's row: numpy arrays,
+    # a numpy scalar); the writer thread encodes them, and the record on disk must be
+    # the one encode_rows would have built on the event loop.
+    key = "g1_g2_a" + "ab" * 16 + "/0"
+    row = {
+        "input_ids": np.arange(7, dtype=np.int64),
+        "token_mask": np.array([0, 0, 1, 1, 1, 1, 1], dtype=np.int8),
+        "reward": np.float32(0.5),
+        "turn": 0,
+    }
+    staged = StagedSeal(
+        record=msgspec.structs.replace(_seal(), rows={}), rows={key: row}, keys=[key]
+    )
+    expected = msgspec.structs.replace(_seal(), rows=encode_rows({key: row}, [key]))
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    assert journal.seal(staged) == 0
+    journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert [r.entry for r in records] == [expected]
+    assert read_journal(tmp_path / SEAL_JOURNAL_DIRNAME).records[0].payload == encode_entry(
+        expected
+    )
+    decoded = records[0].entry
+    assert isinstance(decoded, SealRecord)
+    assert np.array_equal(decode_row(decoded.rows[key], where="test")["input_ids"], np.arange(7))

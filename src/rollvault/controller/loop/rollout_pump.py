@@ -58,7 +58,7 @@ from rollvault.controller.loop.partials import resume_with_prefix
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
-from rollvault.controller.loop.seal_journal import SealRecord, encode_rows
+from rollvault.controller.loop.seal_journal import SealRecord, StagedSeal
 from rollvault.controller.loop.tick_batches import Handed, TickBatch
 from rollvault.controller.loop.turn_commits import TurnCommitter
 from rollvault.controller.snapshots.journal_replay import adopt_journaled_seals
@@ -503,25 +503,24 @@ class RolloutPump:
         if rows is None or not all(key in rows for key in keys):
             rows = await parts.data_plane.get(STAGING_PARTITION, keys)
         origin = parts.group(record.group_id).origin
-        parts.seal_journal.seal(
-            SealRecord(
-                group_id=record.group_id,
-                generation_index=index,
-                gate_rollout_id=record.gate_rollout_id(index),
-                epoch=origin.epoch,
-                dataset_idx=origin.dataset_idx,
-                target_step=record.target_step,
-                receipt=sealed.receipt,
-                reward=float(sealed.reward),
-                mask_sample=sealed.mask_sample,
-                reward_checks=sealed.reward_checks,
-                reward_log_context=sealed.reward_log_context,
-                rows=encode_rows(rows, keys),
-                num_tokens=sealed.num_tokens,
-                checks=sealed.checks,
-                adopted_from=adopted_from,
-            )
+        seal = SealRecord(
+            group_id=record.group_id,
+            generation_index=index,
+            gate_rollout_id=record.gate_rollout_id(index),
+            epoch=origin.epoch,
+            dataset_idx=origin.dataset_idx,
+            target_step=record.target_step,
+            receipt=sealed.receipt,
+            reward=float(sealed.reward),
+            mask_sample=sealed.mask_sample,
+            reward_checks=sealed.reward_checks,
+            reward_log_context=sealed.reward_log_context,
+            rows={},  # encoded on the writer thread: StagedSeal
+            num_tokens=sealed.num_tokens,
+            checks=sealed.checks,
+            adopted_from=adopted_from,
         )
+        parts.seal_journal.seal(StagedSeal(record=seal, rows=rows, keys=list(keys)))
 
     async def _refuse_off_version(
         self, request: AttemptRequest, outcome: AttemptOutcome, reason: str

@@ -172,6 +172,30 @@ class PartialRecord(
 JournalEntry = SealRecord | FinalizeRecord | StepRecord | PartialRecord
 
 
+@dataclass(frozen=True, slots=True)
+class StagedSeal:
+    """A seal handed to the writer with its rows as they were staged, not yet encoded.
+
+    Copying the rows' arrays out as journal values (:func:`encode_rows`) is the
+    costliest part of a record; done on the writer thread, it stays off the event
+    loop (on a train step's critical path). The rows must not change once handed
+    over: they are the turn rows the gate handed to the pump's turn sink, which it
+    never touches again (the data plane stores its own copies), or rows read back
+    from the data plane. The bytes on disk are those of the :class:`SealRecord`
+    :meth:`journaled` returns.
+    """
+
+    record: SealRecord
+    """The seal, its ``rows`` left empty."""
+    rows: Mapping[str, RowView]
+    keys: list[str]
+    """The receipt's staging keys, in its order: the rows journaled."""
+
+    def journaled(self) -> SealRecord:
+        """The record as journaled: with its rows encoded."""
+        return msgspec.structs.replace(self.record, rows=encode_rows(self.rows, self.keys))
+
+
 class JournalEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """What one journal record's payload holds."""
 
@@ -221,6 +245,8 @@ def entry_encoder() -> PayloadEncoder:
     entry_types = (SealRecord, FinalizeRecord, StepRecord, PartialRecord)
 
     def encode_into(entry: object, buffer: bytearray) -> None:
+        if isinstance(entry, StagedSeal):
+            entry = entry.journaled()
         if not isinstance(entry, entry_types):
             raise TypeError(f"not a seal journal entry: {type(entry).__name__}")
         encoder.encode_into(_envelope(entry), buffer, -1)
@@ -354,11 +380,12 @@ class SealJournal:
         """The seq the next record gets; a snapshot taken now reflects every record below it."""
         return self._writer.stats().appended_seq + 1
 
-    def seal(self, entry: SealRecord) -> int | None:
+    def seal(self, entry: SealRecord | StagedSeal) -> int | None:
         """Journal one applied seal (the caller built it from what it handed the ledger).
 
-        The caller passes the rows it staged (:func:`encode_rows`), so the
-        hot path reads neither the ledger's group nor the data plane back.
+        The caller passes the rows it staged (a :class:`StagedSeal`: the writer
+        thread encodes them), so the hot path reads neither the ledger's group nor
+        the data plane back.
         """
         seq = self._append(entry)
         if seq is not None:
@@ -396,7 +423,7 @@ class SealJournal:
             if self._append(record) is not None:
                 self.counters.partials_carried += 1
 
-    def _append(self, entry: JournalEntry, *, lazy: bool = False) -> int | None:
+    def _append(self, entry: JournalEntry | StagedSeal, *, lazy: bool = False) -> int | None:
         """Queue one record; None once the writer has failed. ``lazy``: see the module doc.
 
         A journal that cannot write (disk full, I/O error) does not stop the
@@ -408,8 +435,8 @@ class SealJournal:
             return None
         try:
             # Encoded on the writer thread, into its group's one buffer: the event
-            # loop pays a queue put. Entries are frozen, and what they hold (rows as
-            # bytes, copied lists, a receipt the ledger copied for itself) is never
+            # loop pays a queue put. Entries are frozen, and what they hold (staged
+            # rows, copied lists, a receipt the ledger copied for itself) is never
             # changed once handed over.
             return self._writer.append_object(entry, lazy=lazy)
         except JournalWriteError as error:
