@@ -328,3 +328,22 @@ def test_an_object_the_encoder_refuses_stops_the_writer_naming_its_record(
     with pytest.raises(ValueError, match="append_object needs a writer with encode"):
         plain.append_object("x")
     plain.close()
+
+
+def test_append_objects_queues_a_batch_in_order_as_one_group(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.05, encode=_encode_text)
+    assert writer.append_objects([]) == range(0, 0)
+    first = writer.append_object("before")
+    seqs = writer.append_objects(["a", "b", "c"])
+    assert first == 0 and seqs == range(1, 4)
+    writer.wait_durable(seqs[-1], timeout=30)
+    stats = writer.stats()
+    writer.close()
+    assert stats.fsyncs == 1  # all four within one commit interval
+    records = read_journal(tmp_path).records
+    assert [(r.seq, r.payload) for r in records] == [
+        (0, b"before"),
+        (1, b"a"),
+        (2, b"b"),
+        (3, b"c"),
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -275,7 +276,7 @@ def test_a_staged_seal_s_rows_are_encoded_on_the_writer_thread_as_encode_rows_do
     # a numpy scalar); the writer thread encodes them, and the record on disk must be
     # the one encode_rows would have built on the event loop.
     key = "g1_g2_a" + "ab" * 16 + "/0"
-    row = {
+    row: dict[str, Any] = {  # a gate's own row: a numpy scalar is not a RowValue
         "input_ids": np.arange(7, dtype=np.int64),
         "token_mask": np.array([0, 0, 1, 1, 1, 1, 1], dtype=np.int8),
         "reward": np.float32(0.5),
@@ -296,3 +297,19 @@ def test_a_staged_seal_s_rows_are_encoded_on_the_writer_thread_as_encode_rows_do
     decoded = records[0].entry
     assert isinstance(decoded, SealRecord)
     assert np.array_equal(decode_row(decoded.rows[key], where="test")["input_ids"], np.arange(7))
+
+
+def test_seal_many_journals_a_batch_in_order_and_counts_each_seal(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    seals = [msgspec.structs.replace(_seal(), generation_index=index) for index in range(3)]
+    try:
+        assert journal.step(1, []) == 0
+        seqs = journal.seal_many(list(seals))
+        assert seqs == range(1, 4)
+        asyncio.run(journal.until_durable(seqs[-1]))
+        metrics = journal.metrics()
+        assert metrics["journal/seals_journaled"] == 3 and metrics["journal/seals_kept"] == 3
+    finally:
+        journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert [r.entry for r in records[1:]] == seals

@@ -387,11 +387,17 @@ class SealJournal:
         thread encodes them), so the hot path reads neither the ledger's group nor
         the data plane back.
         """
-        seq = self._append(entry)
-        if seq is not None:
-            self.counters.seals_journaled += 1
-            self._seal_seqs.append(seq)
-        return seq
+        seqs = self.seal_many([entry])
+        return None if seqs is None else seqs[0]
+
+    def seal_many(self, entries: list[SealRecord | StagedSeal]) -> range | None:
+        """Journal a batch of applied seals, in order, as :meth:`seal` does each (one
+        queue put for the batch); their seqs, or None once the writer has failed."""
+        seqs = self._append_all(entries)
+        if seqs is not None:
+            self.counters.seals_journaled += len(seqs)
+            self._seal_seqs.extend(seqs)
+        return seqs
 
     def finalized(
         self, group_id: str, *, target_step: int | None, gate_rollout_ids: list[str]
@@ -423,8 +429,15 @@ class SealJournal:
             if self._append(record) is not None:
                 self.counters.partials_carried += 1
 
-    def _append(self, entry: JournalEntry | StagedSeal, *, lazy: bool = False) -> int | None:
-        """Queue one record; None once the writer has failed. ``lazy``: see the module doc.
+    def _append(self, entry: JournalEntry, *, lazy: bool = False) -> int | None:
+        """Queue one record; None once the writer has failed. ``lazy``: see the module doc."""
+        seqs = self._append_all([entry], lazy=lazy)
+        return None if seqs is None else seqs[0]
+
+    def _append_all(
+        self, entries: list[SealRecord | StagedSeal] | list[JournalEntry], *, lazy: bool = False
+    ) -> range | None:
+        """Queue records in order; their seqs, None once the writer has failed.
 
         A journal that cannot write (disk full, I/O error) does not stop the
         run: snapshots still keep everything up to the newest one, as before
@@ -438,7 +451,7 @@ class SealJournal:
             # loop pays a queue put. Entries are frozen, and what they hold (staged
             # rows, copied lists, a receipt the ledger copied for itself) is never
             # changed once handed over.
-            return self._writer.append_object(entry, lazy=lazy)
+            return self._writer.append_objects(entries, lazy=lazy)
         except JournalWriteError as error:
             self._stopped(error)
             return None
