@@ -307,3 +307,33 @@ def test_a_segment_holding_a_key_twice_is_refused_naming_it(tmp_path: Path) -> N
             byte_size=segment.byte_size,
             row_count=segment.row_count,
         )
+
+
+def test_rows_that_differ_only_in_a_dtype_or_a_scalar_kind_get_schemas_of_their_own(
+    tmp_path: Path,
+) -> None:
+    # A row's schema is looked up by its field names and value types, then its arrays'
+    # dtypes: same names and types with another dtype, or a bool where an int was, is
+    # another schema, never the first one's (its values would be cast).
+    raw: dict[str, Row] = {
+        "k0": {"ids": np.arange(3, dtype=np.int64), "n": 1},
+        "k1": {"ids": np.arange(3, dtype=np.int32), "n": 2},
+        "k2": {"ids": np.arange(2, dtype=np.int64), "n": True},
+        "k3": {"ids": np.arange(4, dtype=np.int64), "n": 3},
+        "k4": {"n": 1.5, "ids": np.arange(1, dtype=np.int64)},
+    }
+    rows = {key: validate_row(STAGING_PARTITION, key, row) for key, row in raw.items()}
+    segment = write_segment(tmp_path, "1-s.segment.safetensors", STAGING_PARTITION, rows)
+    loaded = read_segment(
+        tmp_path / segment.file,
+        partition=STAGING_PARTITION,
+        sha256=segment.sha256,
+        byte_size=segment.byte_size,
+        row_count=segment.row_count,
+    )
+    assert [group.rows for group in loaded.header.groups] == [2, 1, 1, 1]
+    assert loaded.keys == ("k0", "k3", "k1", "k2", "k4")
+    for key, row in raw.items():
+        assert list(loaded.rows[key]) == list(row)
+        assert_rows_identical(dict(loaded.rows[key]), row)
+        assert type(loaded.rows[key]["n"]) is type(row["n"])
