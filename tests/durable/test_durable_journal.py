@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 
@@ -347,3 +348,28 @@ def test_append_objects_queues_a_batch_in_order_as_one_group(tmp_path: Path) -> 
         (2, b"b"),
         (3, b"c"),
     ]
+
+
+def test_a_failed_flush_cuts_the_segment_back_to_its_last_durable_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0)
+    for seq in range(2):  # two groups: the segment's size is its header and both
+        assert writer.wait_durable(writer.append(payload(seq)), timeout=30)
+    synced = os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    lost = writer.append(payload(2, size=4000))
+    with pytest.raises(JournalWriteError, match="after 1"):
+        writer.wait_durable(lost, timeout=30)
+    monkeypatch.setattr(os, "fsync", synced)
+    with pytest.raises(JournalWriteError):
+        writer.close()
+    replay = read_journal(tmp_path)
+    # The written but unflushed group was cut off: no torn tail, the two records whole.
+    assert replay.damage is None and [r.seq for r in replay.records] == [0, 1]
+    (segment,) = tmp_path.glob("*.journal")
+    assert segment.stat().st_size == SEGMENT_HEADER_BYTES + 2 * (RECORD_HEADER_BYTES + 40)

@@ -201,6 +201,8 @@ class JournalWriter:
         self._fsyncs = 0
         self._bytes = 0
         self._segments = _without_empty_tail(directory, list_segments(directory), first_seq)
+        self._segment_size = 0
+        """Bytes of the open segment: its header and every group written to it."""
         self._fd: int | None = self._new_segment(first_seq)
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
@@ -419,7 +421,9 @@ class JournalWriter:
     def _write_group(self, batch: list[tuple[int, object, bool]]) -> None:
         fd = self._require_fd()
         data = self._frame_group(batch)
-        size = os.fstat(fd).st_size
+        # Known, not asked with fstat: a syscall that releases the GIL costs a hand-back
+        # from the event loop, and only this thread writes the segment it created.
+        size = self._segment_size
         try:
             _write_buffer(fd, data)
             fault_point("journal.records_written")
@@ -427,6 +431,7 @@ class JournalWriter:
         except OSError:
             os.ftruncate(fd, size)
             raise
+        self._segment_size = size + len(data)
         fault_point("journal.records_synced")
         with self._cond:
             self._fsyncs += 1
@@ -468,7 +473,9 @@ class JournalWriter:
         path = self.directory / segment_name(first_seq)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         try:
-            _write_all(fd, segment_header(first_seq))
+            header = segment_header(first_seq)
+            _write_all(fd, header)
+            self._segment_size = len(header)
             os.fsync(fd)
             fault_point("journal.segment_created")
             _fsync_directory(self.directory)
