@@ -321,6 +321,9 @@ def run_arm(
     finally:
         if profiler is not None:
             profiler.disable()
+        # The trainer process ends with its run: left running, each run's stayed alive
+        # until the script ended and was summed in every later run's children peak.
+        setup.close()
         JournalWriter._run = original_run  # type: ignore[method-assign]
         for name, function in originals.items():
             setattr(checkpointer_module, name, function)

@@ -33,7 +33,13 @@ from rollvault.dataplane.segmented import (
     referenced_segments,
     row_bytes,
 )
-from rollvault.dataplane.segments import read_segment, segment_files, write_segment
+from rollvault.dataplane.segments import (
+    SegmentRows,
+    WrittenSegment,
+    read_segment,
+    segment_files,
+    write_segment,
+)
 
 make_plane = dataplane_stores.make_plane  # the fixture: every test runs on every store
 USER: dict[str, Any] = {"sidecars": {}, "note": "ünï"}
@@ -69,19 +75,24 @@ def assert_holds(directory: Path, segments: Path, expected: dict[str, dict[str, 
             assert_rows_identical(dict(loaded.partitions[partition][key]), row)
 
 
+def read_written(directory: Path, segment: WrittenSegment) -> SegmentRows:
+    """Every row of ``segment`` (a staging segment in ``directory``), verified."""
+    return read_segment(
+        directory / segment.file,
+        partition=STAGING_PARTITION,
+        sha256=segment.sha256,
+        byte_size=segment.byte_size,
+        row_count=segment.row_count,
+    )
+
+
 def test_a_segment_round_trips_every_schema_exactly(tmp_path: Path) -> None:
     rows = {key: validate_row(STAGING_PARTITION, key, row) for key, row in mixed_rows().items()}
     segment = write_segment(tmp_path, "1-s.segment.safetensors", STAGING_PARTITION, rows)
     assert sorted(segment.keys) == sorted(rows)
     # The safetensors header of 4 schemas (~80 bytes per tensor); no JSON per row.
     assert segment.byte_size - sum(row_bytes(key, row) for key, row in rows.items()) < 3_000
-    loaded = read_segment(
-        tmp_path / segment.file,
-        partition=STAGING_PARTITION,
-        sha256=segment.sha256,
-        byte_size=segment.byte_size,
-        row_count=segment.row_count,
-    )
+    loaded = read_written(tmp_path, segment)
     assert loaded.keys == segment.keys
     for key, row in mixed_rows().items():
         assert list(loaded.rows[key]) == list(row)  # field order kept
@@ -307,3 +318,27 @@ def test_a_segment_holding_a_key_twice_is_refused_naming_it(tmp_path: Path) -> N
             byte_size=segment.byte_size,
             row_count=segment.row_count,
         )
+
+
+def test_rows_that_differ_only_in_a_dtype_or_a_scalar_kind_get_schemas_of_their_own(
+    tmp_path: Path,
+) -> None:
+    # A row's schema is looked up by its field names and value types, then its arrays'
+    # dtypes: same names and types with another dtype, or a bool where an int was, is
+    # another schema, never the first one's (its values would be cast).
+    raw: dict[str, Row] = {
+        "k0": {"ids": np.arange(3, dtype=np.int64), "n": 1},
+        "k1": {"ids": np.arange(3, dtype=np.int32), "n": 2},
+        "k2": {"ids": np.arange(2, dtype=np.int64), "n": True},
+        "k3": {"ids": np.arange(4, dtype=np.int64), "n": 3},
+        "k4": {"n": 1.5, "ids": np.arange(1, dtype=np.int64)},
+    }
+    rows = {key: validate_row(STAGING_PARTITION, key, row) for key, row in raw.items()}
+    segment = write_segment(tmp_path, "1-s.segment.safetensors", STAGING_PARTITION, rows)
+    loaded = read_written(tmp_path, segment)
+    assert [group.rows for group in loaded.header.groups] == [2, 1, 1, 1]
+    assert loaded.keys == ("k0", "k3", "k1", "k2", "k4")
+    for key, row in raw.items():
+        assert list(loaded.rows[key]) == list(row)
+        assert_rows_identical(dict(loaded.rows[key]), row)
+        assert type(loaded.rows[key]["n"]) is type(row["n"])

@@ -5,7 +5,8 @@ variables of :mod:`rollvault.durable.faults` set to kill it at one step.
 
 Modes:
   write  open the journal and append records whose payloads derive from their
-         sequence numbers; after each durable record print ``durable <seq>``;
+         sequence numbers, every third one lazily (it rides on the next record's
+         group); after each durable record print ``durable <seq>``;
          every 5 records rotate and drop the segments before the rotation
          (as a committed snapshot would allow), printing ``covered <seq>``
   check  repair and read the journal, then append one record; print a JSON report
@@ -27,15 +28,26 @@ def payload(seq: int) -> bytes:
     return f"seal {seq} ".encode() * (1 + seq % 7)
 
 
+def lazy(seq: int) -> bool:
+    return seq % 3 == 1
+
+
 def write(directory: Path) -> None:
-    # One record per group, each waited for: the fault points are then hit
-    # the same number of times in every run (group sizes would vary with timing).
-    writer, _ = JournalWriter.open(directory, commit_interval_s=0.0, commit_max_records=1)
+    # One group per non-lazy record, each waited for, and a lazy record waits far
+    # longer than any run for a group to ride on (the next record's, a rotation's or
+    # the close's): the fault points are then hit the same number of times in every
+    # run (group sizes would vary with timing).
+    writer, _ = JournalWriter.open(directory, commit_interval_s=0.0, lazy_interval_s=600.0)
     first = writer.stats().appended_seq + 1
     for seq in range(first, first + RECORDS):
-        assert writer.append(payload(seq)) == seq
-        writer.wait_durable(seq, timeout=30)
-        print(f"durable {writer.durable_seq}", flush=True)
+        assert writer.append(payload(seq), lazy=lazy(seq)) == seq
+        if lazy(seq):
+            # Not durable on its own: it rides on the next group, never after a later record.
+            assert writer.durable_seq < seq
+            print(f"lazy {seq}", flush=True)
+        else:
+            writer.wait_durable(seq, timeout=30)
+            print(f"durable {writer.durable_seq}", flush=True)
         if seq % 5 == 4:
             new_first = writer.rotate()
             # Said before the drop: a kill inside it may already have deleted some.

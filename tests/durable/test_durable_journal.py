@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 
@@ -147,6 +148,39 @@ def test_a_lone_record_waits_at_most_about_the_interval(tmp_path: Path) -> None:
     assert writer.wait_durable(seq, timeout=30)
     assert writer.durable_seq == seq
     writer.close()
+
+
+def test_lazy_records_ride_on_the_next_group_in_order(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.01, lazy_interval_s=600.0)
+    lazy = [writer.append(payload(seq), lazy=True) for seq in range(3)]
+    # No group is open: the lazy records wait (far longer than this) for one.
+    assert not writer.wait_durable(lazy[-1], timeout=0.2)
+    assert writer.stats().fsyncs == 0
+    seq = writer.append(payload(3))
+    assert writer.wait_durable(seq, timeout=30)
+    stats = writer.stats()
+    writer.close()
+    # One fsync for the four: the lazy ones went out first, in the non-lazy one's group.
+    assert stats.fsyncs == 1 and stats.durable_seq == 3
+    assert [r.seq for r in read_journal(tmp_path).records] == [0, 1, 2, 3]
+
+
+def test_a_lazy_record_alone_is_flushed_after_its_interval(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0, lazy_interval_s=0.05)
+    seq = writer.append(payload(0), lazy=True)
+    assert writer.wait_durable(seq, timeout=30)
+    writer.close()
+    assert [r.seq for r in read_journal(tmp_path).records] == [0]
+
+
+def test_rotate_and_close_flush_lazy_records(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0, lazy_interval_s=600.0)
+    first = writer.append(payload(0), lazy=True)
+    assert writer.rotate() == first + 1
+    assert writer.durable_seq == first
+    writer.append(payload(1), lazy=True)
+    writer.close()
+    assert [r.seq for r in read_journal(tmp_path).records] == [0, 1]
 
 
 def test_until_durable_resolves_on_the_event_loop(tmp_path: Path) -> None:
@@ -295,3 +329,47 @@ def test_an_object_the_encoder_refuses_stops_the_writer_naming_its_record(
     with pytest.raises(ValueError, match="append_object needs a writer with encode"):
         plain.append_object("x")
     plain.close()
+
+
+def test_append_objects_queues_a_batch_in_order_as_one_group(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.05, encode=_encode_text)
+    assert writer.append_objects([]) == range(0, 0)
+    first = writer.append_object("before")
+    seqs = writer.append_objects(["a", "b", "c"])
+    assert first == 0 and seqs == range(1, 4)
+    writer.wait_durable(seqs[-1], timeout=30)
+    stats = writer.stats()
+    writer.close()
+    assert stats.fsyncs == 1  # all four within one commit interval
+    records = read_journal(tmp_path).records
+    assert [(r.seq, r.payload) for r in records] == [
+        (0, b"before"),
+        (1, b"a"),
+        (2, b"b"),
+        (3, b"c"),
+    ]
+
+
+def test_a_failed_flush_cuts_the_segment_back_to_its_last_durable_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0)
+    for seq in range(2):  # two groups: the segment's size is its header and both
+        assert writer.wait_durable(writer.append(payload(seq)), timeout=30)
+    synced = os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    lost = writer.append(payload(2, size=4000))
+    with pytest.raises(JournalWriteError, match="after 1"):
+        writer.wait_durable(lost, timeout=30)
+    monkeypatch.setattr(os, "fsync", synced)
+    with pytest.raises(JournalWriteError):
+        writer.close()
+    replay = read_journal(tmp_path)
+    # The written but unflushed group was cut off: no torn tail, the two records whole.
+    assert replay.damage is None and [r.seq for r in replay.records] == [0, 1]
+    (segment,) = tmp_path.glob("*.journal")
+    assert segment.stat().st_size == SEGMENT_HEADER_BYTES + 2 * (RECORD_HEADER_BYTES + 40)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -20,6 +21,7 @@ from rollvault.controller.loop.seal_journal import (
     SealJournal,
     SealJournalRecordError,
     SealRecord,
+    StagedSeal,
     StepRecord,
     decode_entry,
     decode_replay,
@@ -172,6 +174,27 @@ def test_metrics_count_seals_kept_once_durable(tmp_path: Path) -> None:
         journal.close()
 
 
+def test_finalize_and_step_records_ride_on_the_next_seal_s_group(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    writer = journal._writer
+    try:
+        finalized = journal.finalized("g0", target_step=3, gate_rollout_ids=["a"])
+        step = journal.step(4, ["g0"])
+        assert finalized is not None and step == finalized + 1
+        # Neither opens a group commit of its own (the lazy interval is far longer).
+        assert not writer.wait_durable(step, timeout=0.2)
+        seal = journal.seal(_seal())
+        assert seal == step + 1
+        asyncio.run(journal.until_durable(seal))
+        metrics = journal.metrics()
+        assert metrics["journal/fsyncs"] == 1 and metrics["journal/durable_seq"] == seal
+    finally:
+        journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    kinds = [type(r.entry) for r in records]
+    assert kinds == [FinalizeRecord, StepRecord, SealRecord]
+
+
 def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(tmp_path: Path) -> None:
     journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
     try:
@@ -244,3 +267,49 @@ def test_the_writer_thread_encodes_each_entry_as_encode_entry_does(tmp_path: Pat
     records = read_journal(tmp_path / SEAL_JOURNAL_DIRNAME).records
     assert [r.payload for r in records] == [encode_entry(entry) for entry in entries]
     assert journal.metrics()["journal/seals_kept"] == 1.0
+
+
+def test_a_staged_seal_s_rows_are_encoded_on_the_writer_thread_as_encode_rows_does(
+    tmp_path: Path,
+) -> None:
+    # The pump hands a seal over with its rows as staged (a gate's row: numpy arrays,
+    # a numpy scalar); the writer thread encodes them, and the record on disk must be
+    # the one encode_rows would have built on the event loop.
+    key = "g1_g2_a" + "ab" * 16 + "/0"
+    row: dict[str, Any] = {  # a gate's own row: a numpy scalar is not a RowValue
+        "input_ids": np.arange(7, dtype=np.int64),
+        "token_mask": np.array([0, 0, 1, 1, 1, 1, 1], dtype=np.int8),
+        "reward": np.float32(0.5),
+        "turn": 0,
+    }
+    staged = StagedSeal(
+        record=msgspec.structs.replace(_seal(), rows={}), rows={key: row}, keys=[key]
+    )
+    expected = msgspec.structs.replace(_seal(), rows=encode_rows({key: row}, [key]))
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    assert journal.seal(staged) == 0
+    journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert [r.entry for r in records] == [expected]
+    assert read_journal(tmp_path / SEAL_JOURNAL_DIRNAME).records[0].payload == encode_entry(
+        expected
+    )
+    decoded = records[0].entry
+    assert isinstance(decoded, SealRecord)
+    assert np.array_equal(decode_row(decoded.rows[key], where="test")["input_ids"], np.arange(7))
+
+
+def test_seal_many_journals_a_batch_in_order_and_counts_each_seal(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    seals = [msgspec.structs.replace(_seal(), generation_index=index) for index in range(3)]
+    try:
+        assert journal.step(1, []) == 0
+        seqs = journal.seal_many(list(seals))
+        assert seqs == range(1, 4)
+        asyncio.run(journal.until_durable(seqs[-1]))
+        metrics = journal.metrics()
+        assert metrics["journal/seals_journaled"] == 3 and metrics["journal/seals_kept"] == 3
+    finally:
+        journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert [r.entry for r in records[1:]] == seals

@@ -31,8 +31,9 @@ after it is durable. Nothing here executes code from the files.
 from __future__ import annotations
 
 import enum
+import operator
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -133,12 +134,56 @@ def _field_spec(field: str, value: RowValue) -> FieldSpec:
     return FieldSpec(field, FieldKind.FLOAT, RowDtype.FLOAT64)
 
 
+_Shape = tuple[tuple[str, ...], tuple[type, ...]]
+"""A row's field names and value types, in order: what most of its schema depends on."""
+
+
+class _Schemas:
+    """Each row's schema, built once per distinct row shape and array dtypes.
+
+    Called for every row of a snapshot's new rows (thousands), on a snapshot
+    thread that holds the GIL while it runs: a :class:`FieldSpec` per field and
+    row was most of a segment's encoding. A row's names and value types are read
+    with C-level calls; only its arrays' dtypes are read per row (``bool`` and
+    ``int`` are distinct types, so the scalar kinds follow from the types).
+    """
+
+    def __init__(self) -> None:
+        self._dtype_readers: dict[_Shape, Callable[[RowView], tuple[object, ...]]] = {}
+        self._schemas: dict[tuple[_Shape, tuple[object, ...]], tuple[FieldSpec, ...]] = {}
+
+    def of(self, row: RowView) -> tuple[FieldSpec, ...]:
+        shape = (tuple(row), tuple(map(type, row.values())))
+        reader = self._dtype_readers.get(shape)
+        if reader is None:
+            reader = self._dtype_readers[shape] = _dtype_reader(shape)
+        signature = (shape, reader(row))
+        schema = self._schemas.get(signature)
+        if schema is None:
+            schema = tuple(_field_spec(field, value) for field, value in row.items())
+            self._schemas[signature] = schema
+        return schema
+
+
+def _dtype_reader(shape: _Shape) -> Callable[[RowView], tuple[object, ...]]:
+    """Reads the dtypes of a row's array fields (of rows of ``shape``), in order."""
+    names, types = shape
+    arrays = [name for name, kind in zip(names, types, strict=True) if issubclass(kind, np.ndarray)]
+    if not arrays:
+        return lambda row: ()
+    values = operator.itemgetter(*arrays)
+    if len(arrays) == 1:
+        return lambda row: (values(row).dtype,)
+    dtype = operator.attrgetter("dtype")
+    return lambda row: tuple(map(dtype, values(row)))
+
+
 def encode_segment(partition: str, rows: Mapping[str, RowView]) -> tuple[bytes, tuple[str, ...]]:
     """The bytes of a segment holding ``rows``, and its keys in ordinal order."""
     by_schema: dict[tuple[FieldSpec, ...], list[str]] = {}
+    schemas = _Schemas()
     for key in sorted(rows):
-        schema = tuple(_field_spec(field, value) for field, value in rows[key].items())
-        by_schema.setdefault(schema, []).append(key)
+        by_schema.setdefault(schemas.of(rows[key]), []).append(key)
     tensors: dict[str, RowArray] = {}
     groups = []
     ordered: list[str] = []

@@ -16,6 +16,15 @@ straight into the one buffer its ``write`` takes, and the caller's thread
 and :meth:`JournalWriter.wait_durable` / :meth:`JournalWriter.until_durable`
 say so.
 
+A record may be appended *lazily* (``lazy=True``): it does not open a group
+of its own but rides on the next group a non-lazy record opens, or on a
+rotation or the close, and is flushed on its own only once it has waited
+``lazy_interval_s``. Records are still written in sequence order and a
+group's ``fsync`` makes every record up to its last one durable, so a lazy
+record never lets a later record become durable before it; it only stays
+undurable longer. For records no caller waits on (what a crash may lose of
+them costs nothing but a count), it saves the ``fsync`` they would start.
+
 Each writer starts a new segment (it never appends to a segment a dead
 process may have torn), after :func:`repair_journal` has cut off what a
 crash left half-written. :meth:`JournalWriter.rotate` starts a new segment
@@ -36,7 +45,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -58,6 +67,8 @@ from rollvault.durable.journal_format import (
 
 DEFAULT_COMMIT_INTERVAL_S: Final = 0.02
 DEFAULT_COMMIT_MAX_RECORDS: Final = 512
+DEFAULT_LAZY_INTERVAL_S: Final = 1.0
+"""How long a lazy record waits for a group to ride on before it is flushed on its own."""
 QUARANTINE_SUFFIX: Final = ".damaged"
 
 
@@ -158,21 +169,29 @@ class JournalWriter:
         first_seq: int,
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
+        lazy_interval_s: float = DEFAULT_LAZY_INTERVAL_S,
         encode: PayloadEncoder | None = None,
     ) -> None:
-        if commit_interval_s < 0 or commit_max_records < 1:
+        if commit_interval_s < 0 or commit_max_records < 1 or lazy_interval_s < 0:
             raise ValueError(
-                f"journal {directory}: commit_interval_s must be >= 0 and "
-                f"commit_max_records >= 1 (got {commit_interval_s}, {commit_max_records})"
+                f"journal {directory}: commit_interval_s and lazy_interval_s must be >= 0 and "
+                f"commit_max_records >= 1 (got {commit_interval_s}, {lazy_interval_s}, "
+                f"{commit_max_records})"
             )
         self.directory = directory
         self._interval = commit_interval_s
+        self._lazy_interval = lazy_interval_s
         self._max_records = commit_max_records
         self._cond = threading.Condition()
         self._encode = encode
-        self._queue: deque[tuple[int, object]] = deque()
-        """(seq, payload): bytes as they are, anything else for ``encode`` on this thread."""
+        self._queue: deque[tuple[int, object, bool]] = deque()
+        """(seq, payload, lazy): payload bytes as they are, anything else for ``encode``
+        on this thread."""
         self._first_queued_at = 0.0
+        """When the oldest queued record was queued (a lazy one's wait starts there)."""
+        self._group_opened_at: float | None = None
+        """When the oldest queued non-lazy record was queued: the open group's window
+        starts there (None: only lazy records are queued, no group is open)."""
         self._next_seq = first_seq
         self._durable_seq = first_seq - 1
         self._rotate_requested = False
@@ -182,6 +201,8 @@ class JournalWriter:
         self._fsyncs = 0
         self._bytes = 0
         self._segments = _without_empty_tail(directory, list_segments(directory), first_seq)
+        self._segment_size = 0
+        """Bytes of the open segment: its header and every group written to it."""
         self._fd: int | None = self._new_segment(first_seq)
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
@@ -193,6 +214,7 @@ class JournalWriter:
         *,
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
+        lazy_interval_s: float = DEFAULT_LAZY_INTERVAL_S,
         encode: PayloadEncoder | None = None,
     ) -> tuple[JournalWriter, JournalRepair]:
         """Repair ``directory``'s journal, then start writing after its last verified record."""
@@ -203,17 +225,21 @@ class JournalWriter:
             first_seq=repair.replay.next_seq,
             commit_interval_s=commit_interval_s,
             commit_max_records=commit_max_records,
+            lazy_interval_s=lazy_interval_s,
             encode=encode,
         )
         return writer, repair
 
     # -- the caller's side -------------------------------------------------
 
-    def append(self, payload: bytes) -> int:
-        """Queue one record; returns its sequence number (durable later, see above)."""
-        return self._enqueue(payload)
+    def append(self, payload: bytes, *, lazy: bool = False) -> int:
+        """Queue one record; returns its sequence number (durable later, see above).
 
-    def append_object(self, item: object) -> int:
+        ``lazy``: the record opens no group; it rides on the next one (see above).
+        """
+        return self._enqueue([payload], lazy)[0]
+
+    def append_object(self, item: object, *, lazy: bool = False) -> int:
         """Queue one record whose payload the writer thread encodes (``encode``).
 
         The caller's thread pays only the queue put: the encoding goes into the
@@ -224,22 +250,41 @@ class JournalWriter:
         """
         if self._encode is None:
             raise ValueError(f"journal {self.directory}: append_object needs a writer with encode")
-        return self._enqueue(item)
+        return self._enqueue([item], lazy)[0]
 
-    def _enqueue(self, payload: object) -> int:
+    def append_objects(self, items: Sequence[object], *, lazy: bool = False) -> range:
+        """Queue records as :meth:`append_object` does, in order, under one lock: their seqs.
+
+        A batch of seals (one generation batch's) then costs the caller one lock
+        round trip and at most one wake of the writer, not one per record.
+        """
+        if self._encode is None:
+            raise ValueError(f"journal {self.directory}: append_objects needs a writer with encode")
+        return self._enqueue(items, lazy)
+
+    def _enqueue(self, payloads: Sequence[object], lazy: bool) -> range:
         with self._cond:
             self._raise_if_stopped()
-            seq = self._next_seq
-            self._next_seq += 1
+            first = self._next_seq
+            if not payloads:
+                return range(first, first)
+            self._next_seq += len(payloads)
+            wake = not self._queue or len(self._queue) + len(payloads) >= self._max_records
+            now = time.monotonic()
             if not self._queue:
-                self._first_queued_at = time.monotonic()
-            self._queue.append((seq, payload))
-            # The writer thread waits for a group's first record, then for the
-            # interval to end or the group to fill: waking it for every record
-            # in between would only hand it the GIL to go back to sleep.
-            if len(self._queue) == 1 or len(self._queue) >= self._max_records:
+                self._first_queued_at = now
+            if not lazy and self._group_opened_at is None:
+                self._group_opened_at = now
+                wake = True
+            self._queue.extend(
+                (seq, payload, lazy) for seq, payload in enumerate(payloads, start=first)
+            )
+            # The writer thread waits for a group's first record (or a lazy record's
+            # deadline), then for the interval to end or the group to fill: waking it
+            # for every record in between would only hand it the GIL to go back to sleep.
+            if wake:
                 self._cond.notify_all()
-            return seq
+            return range(first, self._next_seq)
 
     @property
     def durable_seq(self) -> int:
@@ -344,27 +389,41 @@ class JournalWriter:
             if closing and not batch:
                 return
 
-    def _next_batch(self) -> tuple[list[tuple[int, object]], bool, bool]:
+    def _next_batch(self) -> tuple[list[tuple[int, object, bool]], bool, bool]:
         with self._cond:
             self._cond.wait_for(lambda: self._queue or self._rotate_requested or self._closing)
-            # Group commit: gather records until the interval since the
-            # group's first record ends or the group is full.
+            # Group commit: gather records until the interval since the group's
+            # first non-lazy record ends, the oldest lazy record has waited its
+            # interval, or the group is full.
             while (
                 len(self._queue) < self._max_records
                 and not (self._rotate_requested or self._closing)
-                and (left := self._first_queued_at + self._interval - time.monotonic()) > 0
+                and (left := self._group_deadline() - time.monotonic()) > 0
             ):
                 self._cond.wait(left)
             take = min(len(self._queue), self._max_records)
             batch = [self._queue.popleft() for _ in range(take)]
+            self._group_opened_at = None
             if self._queue:
-                self._first_queued_at = time.monotonic()
+                # Only past a full group: what is left waits again from now.
+                now = self._first_queued_at = time.monotonic()
+                if not all(lazy for _, _, lazy in self._queue):
+                    self._group_opened_at = now
             return batch, self._rotate_requested and not self._queue, self._closing
 
-    def _write_group(self, batch: list[tuple[int, object]]) -> None:
+    def _group_deadline(self) -> float:
+        """When the queued records are written (call with the condition held)."""
+        deadline = self._first_queued_at + self._lazy_interval
+        if self._group_opened_at is not None:
+            deadline = min(deadline, self._group_opened_at + self._interval)
+        return deadline
+
+    def _write_group(self, batch: list[tuple[int, object, bool]]) -> None:
         fd = self._require_fd()
         data = self._frame_group(batch)
-        size = os.fstat(fd).st_size
+        # Known, not asked with fstat: a syscall that releases the GIL costs a hand-back
+        # from the event loop, and only this thread writes the segment it created.
+        size = self._segment_size
         try:
             _write_buffer(fd, data)
             fault_point("journal.records_written")
@@ -372,6 +431,7 @@ class JournalWriter:
         except OSError:
             os.ftruncate(fd, size)
             raise
+        self._segment_size = size + len(data)
         fault_point("journal.records_synced")
         with self._cond:
             self._fsyncs += 1
@@ -379,10 +439,10 @@ class JournalWriter:
             self._durable_seq = batch[-1][0]
             self._wake_async_waiters()
 
-    def _frame_group(self, batch: list[tuple[int, object]]) -> bytearray:
+    def _frame_group(self, batch: list[tuple[int, object, bool]]) -> bytearray:
         """The group's records, framed, in one buffer: each payload encoded in place."""
         buffer = bytearray()
-        for seq, payload in batch:
+        for seq, payload, _ in batch:
             start = len(buffer)
             buffer += _HEADER_SPACE
             try:
@@ -413,7 +473,9 @@ class JournalWriter:
         path = self.directory / segment_name(first_seq)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         try:
-            _write_all(fd, segment_header(first_seq))
+            header = segment_header(first_seq)
+            _write_all(fd, header)
+            self._segment_size = len(header)
             os.fsync(fd)
             fault_point("journal.segment_created")
             _fsync_directory(self.directory)

@@ -58,7 +58,7 @@ from rollvault.controller.loop.partials import resume_with_prefix
 from rollvault.controller.loop.parts import GroupOrigin, RolloutParts
 from rollvault.controller.loop.retry_budget import budget_exhausted, was_interrupted
 from rollvault.controller.loop.run_logs import AttemptLogRecord, DropLogRecord
-from rollvault.controller.loop.seal_journal import SealRecord, encode_rows
+from rollvault.controller.loop.seal_journal import SealRecord, StagedSeal
 from rollvault.controller.loop.tick_batches import Handed, TickBatch
 from rollvault.controller.loop.turn_commits import TurnCommitter
 from rollvault.controller.snapshots.journal_replay import adopt_journaled_seals
@@ -444,12 +444,14 @@ class RolloutPump:
                 parts.logs.attempts.write_many(lines)
             finally:
                 self._attempt_lines, self._returned, self._lines_owner = None, None, None
+        staged: list[SealRecord | StagedSeal] = []
+        settled = []
         for entry, (record, sealed) in journaled:
             request = entry.item[0]
             try:
                 # ``record`` is the group as it was just before this seal: the seal changes
                 # only this sibling's attempt, whose fields the journal takes from ``sealed``.
-                await self._journal_seal(
+                seal = await self._staged_seal(
                     record,
                     request.generation_index,
                     sealed,
@@ -458,6 +460,13 @@ class RolloutPump:
             except Exception as error:  # noqa: BLE001 - raised in its own attempt
                 entry.fail(error)
                 continue
+            if seal is not None:
+                staged.append(seal)
+            settled.append(entry)
+        if parts.seal_journal is not None and staged:
+            # The batch's records in one queue put, in the order the seals were applied.
+            parts.seal_journal.seal_many(staged)
+        for entry in settled:
             entry.settle(None)
 
     async def _seal_returned(
@@ -487,10 +496,23 @@ class RolloutPump:
         index: int,
         sealed: _Sealed,
         *,
-        rows: Mapping[str, RowView] | None = None,
         adopted_from: str | None = None,
     ) -> None:
-        """Hand an applied seal to the seal journal: after the cut, the fsync is the writer's.
+        """Hand an applied seal to the seal journal: after the cut, the fsync is the writer's."""
+        seal = await self._staged_seal(record, index, sealed, adopted_from=adopted_from)
+        if seal is not None and self._parts.seal_journal is not None:
+            self._parts.seal_journal.seal(seal)
+
+    async def _staged_seal(
+        self,
+        record: PromptGroupRecoveryRecord,
+        index: int,
+        sealed: _Sealed,
+        *,
+        rows: Mapping[str, RowView] | None = None,
+        adopted_from: str | None = None,
+    ) -> StagedSeal | None:
+        """The seal journal's record of an applied seal (None: no journal).
 
         ``rows``: the attempt's staged rows as the gate handed them over; a row
         missing there (a gate that staged its rows itself, an adopted seal) is
@@ -498,30 +520,29 @@ class RolloutPump:
         """
         parts = self._parts
         if parts.seal_journal is None:
-            return
+            return None
         keys = sealed.staging_keys
         if rows is None or not all(key in rows for key in keys):
             rows = await parts.data_plane.get(STAGING_PARTITION, keys)
         origin = parts.group(record.group_id).origin
-        parts.seal_journal.seal(
-            SealRecord(
-                group_id=record.group_id,
-                generation_index=index,
-                gate_rollout_id=record.gate_rollout_id(index),
-                epoch=origin.epoch,
-                dataset_idx=origin.dataset_idx,
-                target_step=record.target_step,
-                receipt=sealed.receipt,
-                reward=float(sealed.reward),
-                mask_sample=sealed.mask_sample,
-                reward_checks=sealed.reward_checks,
-                reward_log_context=sealed.reward_log_context,
-                rows=encode_rows(rows, keys),
-                num_tokens=sealed.num_tokens,
-                checks=sealed.checks,
-                adopted_from=adopted_from,
-            )
+        seal = SealRecord(
+            group_id=record.group_id,
+            generation_index=index,
+            gate_rollout_id=record.gate_rollout_id(index),
+            epoch=origin.epoch,
+            dataset_idx=origin.dataset_idx,
+            target_step=record.target_step,
+            receipt=sealed.receipt,
+            reward=float(sealed.reward),
+            mask_sample=sealed.mask_sample,
+            reward_checks=sealed.reward_checks,
+            reward_log_context=sealed.reward_log_context,
+            rows={},  # encoded on the writer thread: StagedSeal
+            num_tokens=sealed.num_tokens,
+            checks=sealed.checks,
+            adopted_from=adopted_from,
         )
+        return StagedSeal(record=seal, rows=rows, keys=list(keys))
 
     async def _refuse_off_version(
         self, request: AttemptRequest, outcome: AttemptOutcome, reason: str

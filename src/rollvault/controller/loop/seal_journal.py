@@ -11,6 +11,19 @@ queue put; the writer thread encodes each group of records into one buffer
 ``rollout_checkpointing.journal.commit_interval_ms`` (or per
 ``max_batch_records``). A seal is *kept* once its record is durable.
 
+What is durable when: a seal (and a partial) record opens a group commit, so it
+is durable within about the commit interval. Finalize and step records are
+appended *lazily* (:meth:`~rollvault.durable.journal_writer.JournalWriter.append_object`
+with ``lazy=True``): they open no group of their own but ride on the next one
+(the next generation batch's seals), a rotation or the close, or are flushed
+alone after ``JournalWriter``'s lazy interval (1 s). Nothing depends on them
+being durable sooner: replay only counts them (a restore rolls the trainer
+back to the snapshot's trainer checkpoint and finalizes the replayed groups
+again, :mod:`~rollvault.controller.snapshots.journal_replay`), no caller waits
+for them, and the journal stays a prefix in sequence order, so a lazy record
+never lets a later seal become durable before it. This saves the ``fsync``
+each of them started (about two per train step on the GRPO recipe).
+
 Consistency with snapshots: a snapshot records :attr:`SealJournal.next_seq`
 taken inside the cut (``controller_state.json``'s ``seal_journal_seq``).
 Because a record is appended after its change is applied, every record below
@@ -159,6 +172,30 @@ class PartialRecord(
 JournalEntry = SealRecord | FinalizeRecord | StepRecord | PartialRecord
 
 
+@dataclass(frozen=True, slots=True)
+class StagedSeal:
+    """A seal handed to the writer with its rows as they were staged, not yet encoded.
+
+    Copying the rows' arrays out as journal values (:func:`encode_rows`) is the
+    costliest part of a record; done on the writer thread, it stays off the event
+    loop (on a train step's critical path). The rows must not change once handed
+    over: they are the turn rows the gate handed to the pump's turn sink, which it
+    never touches again (the data plane stores its own copies), or rows read back
+    from the data plane. The bytes on disk are those of the :class:`SealRecord`
+    :meth:`journaled` returns.
+    """
+
+    record: SealRecord
+    """The seal, its ``rows`` left empty."""
+    rows: Mapping[str, RowView]
+    keys: list[str]
+    """The receipt's staging keys, in its order: the rows journaled."""
+
+    def journaled(self) -> SealRecord:
+        """The record as journaled: with its rows encoded."""
+        return msgspec.structs.replace(self.record, rows=encode_rows(self.rows, self.keys))
+
+
 class JournalEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """What one journal record's payload holds."""
 
@@ -208,6 +245,8 @@ def entry_encoder() -> PayloadEncoder:
     entry_types = (SealRecord, FinalizeRecord, StepRecord, PartialRecord)
 
     def encode_into(entry: object, buffer: bytearray) -> None:
+        if isinstance(entry, StagedSeal):
+            entry = entry.journaled()
         if not isinstance(entry, entry_types):
             raise TypeError(f"not a seal journal entry: {type(entry).__name__}")
         encoder.encode_into(_envelope(entry), buffer, -1)
@@ -341,17 +380,24 @@ class SealJournal:
         """The seq the next record gets; a snapshot taken now reflects every record below it."""
         return self._writer.stats().appended_seq + 1
 
-    def seal(self, entry: SealRecord) -> int | None:
+    def seal(self, entry: SealRecord | StagedSeal) -> int | None:
         """Journal one applied seal (the caller built it from what it handed the ledger).
 
-        The caller passes the rows it staged (:func:`encode_rows`), so the
-        hot path reads neither the ledger's group nor the data plane back.
+        The caller passes the rows it staged (a :class:`StagedSeal`: the writer
+        thread encodes them), so the hot path reads neither the ledger's group nor
+        the data plane back.
         """
-        seq = self._append(entry)
-        if seq is not None:
-            self.counters.seals_journaled += 1
-            self._seal_seqs.append(seq)
-        return seq
+        seqs = self.seal_many([entry])
+        return None if seqs is None else seqs[0]
+
+    def seal_many(self, entries: list[SealRecord | StagedSeal]) -> range | None:
+        """Journal a batch of applied seals, in order, as :meth:`seal` does each (one
+        queue put for the batch); their seqs, or None once the writer has failed."""
+        seqs = self._append_all(entries)
+        if seqs is not None:
+            self.counters.seals_journaled += len(seqs)
+            self._seal_seqs.extend(seqs)
+        return seqs
 
     def finalized(
         self, group_id: str, *, target_step: int | None, gate_rollout_ids: list[str]
@@ -361,12 +407,13 @@ class SealJournal:
             group_id=group_id, target_step=target_step, gate_rollout_ids=list(gate_rollout_ids)
         )
         self.counters.finalizations_journaled += 1
-        return self._append(entry)
+        return self._append(entry, lazy=True)  # rides on the next group: see the module doc
 
     def step(self, trainer_version: int, group_ids: list[str]) -> int | None:
         """Journal a train step boundary."""
         self.counters.steps_journaled += 1
-        return self._append(StepRecord(trainer_version=trainer_version, group_ids=list(group_ids)))
+        step = StepRecord(trainer_version=trainer_version, group_ids=list(group_ids))
+        return self._append(step, lazy=True)  # rides on the next group: see the module doc
 
     def partial(self, record: PartialRecord) -> int | None:
         """Journal a turn's partial output (appended only: no waiting for the disk)."""
@@ -382,8 +429,15 @@ class SealJournal:
             if self._append(record) is not None:
                 self.counters.partials_carried += 1
 
-    def _append(self, entry: JournalEntry) -> int | None:
-        """Queue one record; None once the writer has failed.
+    def _append(self, entry: JournalEntry, *, lazy: bool = False) -> int | None:
+        """Queue one record; None once the writer has failed. ``lazy``: see the module doc."""
+        seqs = self._append_all([entry], lazy=lazy)
+        return None if seqs is None else seqs[0]
+
+    def _append_all(
+        self, entries: list[SealRecord | StagedSeal] | list[JournalEntry], *, lazy: bool = False
+    ) -> range | None:
+        """Queue records in order; their seqs, None once the writer has failed.
 
         A journal that cannot write (disk full, I/O error) does not stop the
         run: snapshots still keep everything up to the newest one, as before
@@ -394,10 +448,10 @@ class SealJournal:
             return None
         try:
             # Encoded on the writer thread, into its group's one buffer: the event
-            # loop pays a queue put. Entries are frozen, and what they hold (rows as
-            # bytes, copied lists, a receipt the ledger copied for itself) is never
+            # loop pays a queue put. Entries are frozen, and what they hold (staged
+            # rows, copied lists, a receipt the ledger copied for itself) is never
             # changed once handed over.
-            return self._writer.append_object(entry)
+            return self._writer.append_objects(entries, lazy=lazy)
         except JournalWriteError as error:
             self._stopped(error)
             return None
