@@ -101,7 +101,8 @@ def _run(config: RunConfig, session: RaySession) -> dict[str, Any]:
         for pid in pids:
             peaks[pid] = max(peaks.get(pid, 0), _peak_kib(pid))
 
-    asyncio.run(train(prepared, on_step=on_step))
+    with prepared:  # its trainer process ends with the run, not with the benchmark
+        asyncio.run(train(prepared, on_step=on_step))
     seconds = times[-1] - times[0]
     tokens = prepared.tokens_generated() - first_tokens[0]
     return {

@@ -84,7 +84,8 @@ def _run(gate: str, steps: int, warmup: int, extra: list[str]) -> RunFigures:
         def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
             marks.append((time.perf_counter(), prepared.tokens_generated(), sync_seconds()))
 
-        asyncio.run(train(prepared, on_step=on_step))
+        with prepared:  # what it started ends with the run
+            asyncio.run(train(prepared, on_step=on_step))
         (t0, tok0, sync0), (t1, tok1, sync1) = marks[0], marks[-1]
         seconds = t1 - t0
         figures = RunFigures(

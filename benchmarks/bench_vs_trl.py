@@ -160,15 +160,16 @@ def run_rollvault(
         rewards.append(metrics.get("reward_mean", float("nan")))
         tokens.append(int(metrics.get("response_tokens", 0)))
 
-    if profile:
-        # cProfile sees the thread it runs in: the event loop (the controller's work).
-        import cProfile
+    with setup:  # its trainer process ends with the run
+        if profile:
+            # cProfile sees the thread it runs in: the event loop (the controller's work).
+            import cProfile
 
-        with cProfile.Profile() as profiler:
+            with cProfile.Profile() as profiler:
+                asyncio.run(train(setup, on_step=on_step))
+            profiler.dump_stats(profile)
+        else:
             asyncio.run(train(setup, on_step=on_step))
-        profiler.dump_stats(profile)
-    else:
-        asyncio.run(train(setup, on_step=on_step))
     return SideResult(
         "rollvault",
         len(times),
@@ -301,7 +302,8 @@ def prepare_start(args: argparse.Namespace) -> int:
     config = recipe_config(
         tmp, base, args.prepare_rl_steps, ["model.build_default=true", *args.set]
     )
-    asyncio.run(train(prepare(config)))
+    with prepare(config) as setup:
+        asyncio.run(train(setup))
     print(final_model_path(config))
     return 0
 

@@ -57,16 +57,16 @@ def test_a_fixed_seed_run_raises_the_mean_reward(tmp_path: Path) -> None:
     def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
         rewards.append(metrics["reward_mean"])
 
-    setup = prepare(config)
-    summary = asyncio.run(
-        run(
-            config,
-            gate_factory=setup.gate_factory,
-            trainer=setup.trainer,
-            dataset=setup.dataset,
-            on_step=on_step,
+    with prepare(config) as setup:
+        summary = asyncio.run(
+            run(
+                config,
+                gate_factory=setup.gate_factory,
+                trainer=setup.trainer,
+                dataset=setup.dataset,
+                on_step=on_step,
+            )
         )
-    )
     assert summary.trainer_version == 60 and len(rewards) == 60
     first, last = float(np.mean(rewards[:20])), float(np.mean(rewards[-20:]))
     assert last > first + 0.03 and last > 2 * first, (first, last)
@@ -125,13 +125,13 @@ async def _watched(
 
 
 def _start(config: RunConfig, crash_after: int | None) -> RunSummary | None:
-    setup = prepare(config)
-    trainer = setup.trainer if crash_after is None else _CrashAfter(setup.trainer, crash_after)
-    summary = None
-    try:
-        summary = asyncio.run(_watched(config, trainer, setup.gate_factory, setup.dataset))
-    except* _Crash:
-        pass  # the crash this start was told to have
+    with prepare(config) as setup:
+        trainer = setup.trainer if crash_after is None else _CrashAfter(setup.trainer, crash_after)
+        summary = None
+        try:
+            summary = asyncio.run(_watched(config, trainer, setup.gate_factory, setup.dataset))
+        except* _Crash:
+            pass  # the crash this start was told to have
     return summary
 
 

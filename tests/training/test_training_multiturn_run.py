@@ -47,16 +47,16 @@ def test_the_multiturn_recipe_raises_the_mean_reward(tmp_path: Path) -> None:
     def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
         rewards.append(metrics["reward_mean"])
 
-    setup = prepare(config)
-    summary = asyncio.run(
-        run(
-            config,
-            gate_factory=setup.gate_factory,
-            trainer=setup.trainer,
-            dataset=setup.dataset,
-            on_step=on_step,
+    with prepare(config) as setup:
+        summary = asyncio.run(
+            run(
+                config,
+                gate_factory=setup.gate_factory,
+                trainer=setup.trainer,
+                dataset=setup.dataset,
+                on_step=on_step,
+            )
         )
-    )
     assert summary.trainer_version == STEPS and len(rewards) == STEPS
     first, last = float(np.mean(rewards[:20])), float(np.mean(rewards[-20:]))
     assert last > first + MARGIN, (first, last)
