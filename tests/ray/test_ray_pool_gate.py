@@ -134,7 +134,8 @@ def test_pool_rows_and_receipts_match_the_local_gate_and_name_their_actor(
             assert set(pool.actor_health.values()) == {ActorHealth.HEALTHY}
             from_pool = await _groups(pool, range(6), 4)
             from_local = await _groups(local, range(6), 4)
-            # The same engine and the same seeds: the same rows, byte for byte.
+            # The same engine and the same seeds: the same tokens and rows (logprobs to
+            # float rounding: see _same_rows).
             await _same_rows(from_pool, pool_plane, from_local, local_plane)
             actors = {o.receipt["worker_id"] for o in from_pool}
             assert actors == set(pool.actor_pids)  # least loaded: both actors got groups
@@ -166,6 +167,13 @@ def test_pool_rows_and_receipts_match_the_local_gate_and_name_their_actor(
     asyncio.run(main())
 
 
+# Generation logprobs of the same tokens differ in the last bits between the actor's
+# process and the local gate's worker on an AVX-512 machine (measured: at most 4.8e-7,
+# 0-2 ulp; why is not established: the two batch the rows differently); they were
+# bit-identical on the machine this test was written on. Every other field must match.
+_LOGPROB_ATOL = 1e-5
+
+
 async def _same_rows(
     first: list[AttemptOutcome],
     first_plane: EmbeddedDataPlane,
@@ -177,9 +185,15 @@ async def _same_rows(
     rows = await first_plane.get(STAGING_PARTITION, keys)
     again = await second_plane.get(STAGING_PARTITION, keys)
     for one, other, key in zip(first, second, keys, strict=True):
-        assert one.receipt["row_digests"] == other.receipt["row_digests"]
+        # Each receipt's digest is of the row its own gate staged.
         assert staged_row_digest(rows[key]) == one.receipt["row_digests"][0]["digest"]
-        np.testing.assert_array_equal(rows[key]["input_ids"], again[key]["input_ids"])
+        assert staged_row_digest(again[key]) == other.receipt["row_digests"][0]["digest"]
+        assert rows[key].keys() == again[key].keys()
+        for field, value in rows[key].items():
+            if field == "generation_logprobs":
+                np.testing.assert_allclose(value, again[key][field], rtol=0, atol=_LOGPROB_ATOL)
+            else:
+                np.testing.assert_array_equal(value, again[key][field], err_msg=f"{key} {field}")
         assert one.reward == other.reward and one.weight_version == other.weight_version
 
 
