@@ -53,13 +53,31 @@ CLI = ZygoteSlot(ROLLVAULT_CLI, timeout_s=120)
 _cli_zygote = CLI.module_fixture()
 
 
-def _start(run_dir: Path, kill_at: str | None) -> subprocess.CompletedProcess[str]:
+# A kill at a segment drop leaves seals on disk only if the snapshot whose pass it is
+# had seals after its capture. A trainer checkpoint covers every record (a kill at the
+# second drop of its pass left an empty journal: CI, and 1 run in 3 here), so this case
+# has none before the end; and generation that idles between a periodic snapshot's
+# capture and its rotation (stragglers of a step, the lookahead limit) still left none
+# about 1 run in 12, so the case is tried again in a fresh directory (TRIES).
+EXTRA_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "journal.segment_dropped:2": (
+        "checkpointing.save_period=1000",
+        "sampler.max_lookahead_versions=3",
+    ),
+}
+TRIES = 3
+
+
+def _start(
+    run_dir: Path, kill_at: str | None, extra: tuple[str, ...]
+) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in (KILL_AT_ENV, TRACE_ENV)}
     if kill_at is not None:
         environ[KILL_AT_ENV] = kill_at
     command = [
         "run",
         *OVERRIDES,
+        *extra,
         f"logging.log_dir={run_dir / 'logs'}",
         f"checkpointing.checkpoint_dir={run_dir / 'ckpt'}",
     ]
@@ -78,14 +96,26 @@ def _start(run_dir: Path, kill_at: str | None) -> subprocess.CompletedProcess[st
 def test_a_kill_at_a_journal_fault_point_keeps_every_journaled_seal(
     tmp_path: Path, kill_at: str
 ) -> None:
-    killed = _start(tmp_path, kill_at)
+    for attempt in range(TRIES):
+        kept = _kill_restart_and_check(tmp_path / f"try_{attempt}", kill_at)
+        if kept:
+            return
+    raise AssertionError(f"{kill_at}: the killed start journaled no seal in {TRIES} tries")
+
+
+def _kill_restart_and_check(run_dir: Path, kill_at: str) -> set[str]:
+    """Kill a start at ``kill_at``, run a second to the end, check it; returns the seals the
+    kill left journaled (each checked kept, never generated again)."""
+    run_dir.mkdir()
+    extra = EXTRA_OVERRIDES.get(kill_at, ())
+    killed = _start(run_dir, kill_at, extra)
     assert killed.returncode == -9, f"{kill_at} was not reached:\n{killed.stderr[-2000:]}"
-    records = decode_replay(read_journal(tmp_path / "ckpt" / SEAL_JOURNAL_DIRNAME))
+    records = decode_replay(read_journal(run_dir / "ckpt" / SEAL_JOURNAL_DIRNAME))
     journaled = {r.entry.gate_rollout_id for r in records if isinstance(r.entry, SealRecord)}
-    finished = _start(tmp_path, None)
+    finished = _start(run_dir, None, extra)
     assert finished.returncode == 0, finished.stderr[-2000:]
 
-    history = read_run_history(tmp_path / "logs")
+    history = read_run_history(run_dir / "logs")
     expected = {(epoch, str(idx)) for epoch in range(2) for idx in range(24)}
     assert check_exactly_once(history, expected) == []
     assert check_sibling_reuse(history) == []
@@ -106,5 +136,5 @@ def test_a_kill_at_a_journal_fault_point_keeps_every_journaled_seal(
         if a.incarnation == 1 and a.status is RolloutAttemptStatus.SEALED
     }
     kept = journaled & first_start_seals
-    assert kept, f"{kill_at}: the killed start journaled no seal"
     assert kept - trained == set(), f"{kill_at}: journaled seals generated again"
+    return kept
