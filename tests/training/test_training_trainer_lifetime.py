@@ -70,8 +70,9 @@ def test_closing_a_prepared_run_runs_its_closers_last_first_once() -> None:
         dataset=None,  # type: ignore[arg-type]
         trainer=None,  # type: ignore[arg-type]
         gate_factory=None,  # type: ignore[arg-type]
-        closers=[lambda: closed.append("first"), failing, lambda: closed.append("last")],
     )
+    for closer in (lambda: closed.append("first"), failing, lambda: closed.append("last")):
+        prepared.resources.callback(closer)
     with pytest.raises(OSError, match="pipe"), prepared:
         pass
     assert closed == ["last", "failing", "first"]

@@ -7,7 +7,7 @@ The one part of a run that needs torch and transformers; the composition
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,7 +90,7 @@ def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> 
         ),
     )
     trainer: GrpoTrainer | RayTrainer | ProcessTrainer = local_trainer
-    closers: list[Callable[[], None]] = []
+    resources = contextlib.ExitStack()
     if config.trainer.placement is TrainerPlacement.RAY:
         trainer = _trainer_actor(config, local_trainer, model_path, int(tokenizer.pad_token_id))
     elif config.trainer.placement is TrainerPlacement.PROCESS:
@@ -101,7 +101,7 @@ def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> 
             pad_token_id=int(tokenizer.pad_token_id),
             settings=local_trainer.settings,
         )
-        closers.append(trainer.close)  # the process ends with the run (PreparedRun.close)
+        resources.callback(trainer.close)  # the process ends with the run (PreparedRun.close)
     gates: list[CountingGate] = []
 
     chunk_tokens = (
@@ -168,7 +168,7 @@ def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> 
         warmup=warmup,
         gates=gates,
         policy=Policy(trainer=trainer, tokenizer=tokenizer, start=start),
-        closers=closers,
+        resources=resources,
     )
 
 

@@ -10,7 +10,7 @@ second instead of the five CPU-seconds those imports cost.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -116,23 +116,15 @@ class PreparedRun:
     """The policy a GRPO run trains; None for the simulated run."""
     final_model: Path | None = None
     """Where :func:`train` exported the final policy; None before that, or without a policy."""
-    closers: list[Callable[[], None]] = field(default_factory=list)
-    """What :meth:`close` stops, in reverse order (e.g. ``ProcessTrainer.close``)."""
+    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    """What :meth:`close` stops, last first (e.g. ``ProcessTrainer.close``)."""
 
     def close(self) -> None:
         """Stop what preparing the run started, last first. Idempotent.
 
-        Every closer runs even when one raises; the first error is raised after.
+        Every callback runs even when one raises; the error is raised after.
         """
-        errors: list[BaseException] = []
-        while self.closers:
-            closer = self.closers.pop()
-            try:
-                closer()
-            except Exception as exc:  # noqa: BLE001 - raised below, once the others ran
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        self.resources.close()
 
     def __enter__(self) -> Self:
         return self
