@@ -66,7 +66,7 @@ from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import (
     ResumeSource,
-    prepare_run,
+    plan_resume,
 )
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.interface import STAGING_PARTITION, DataPlane
@@ -182,9 +182,9 @@ async def run(
     on a write it could not make (snapshots failing, a trainer checkpoint, a
     log line), with everything durable before it intact.
     """
-    prepared = prepare_run(config, dataset=dataset)
+    plan = plan_resume(config, dataset=dataset)
     if before_start is not None:
-        before_start(prepared.resume)
+        before_start(plan.resume)
     with data_plane_services(config.dataplane):
         parts = build_parts(config, dataset=dataset)
         with _long_lived_objects_frozen():
@@ -193,8 +193,8 @@ async def run(
                 gate_factory=gate_factory,
                 trainer=trainer,
                 on_step=on_step,
-                resume=prepared.resume,
-                fingerprint=prepared.fingerprint,
+                resume=plan.resume,
+                fingerprint=plan.fingerprint,
                 shutdown=shutdown,
             )
 

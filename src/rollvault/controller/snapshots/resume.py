@@ -134,11 +134,11 @@ def prepare_checkpoint_dir(
     ``force_fresh``, and ``NoUsableSnapshotError`` when snapshots exist but
     none can be used.
     """
-    return prepare_run(config, dataset=dataset).resume
+    return plan_resume(config, dataset=dataset).resume
 
 
 @dataclass(frozen=True)
-class PreparedRun:
+class ResumePlan:
     """A checked checkpoint directory: what to resume from and the fingerprint to go on under."""
 
     resume: ResumeSource | None
@@ -148,7 +148,7 @@ class PreparedRun:
     this config's own when an older rollvault wrote the anchor)."""
 
 
-def prepare_run(config: RunConfig, *, dataset: PromptDataset | None = None) -> PreparedRun:
+def plan_resume(config: RunConfig, *, dataset: PromptDataset | None = None) -> ResumePlan:
     """:func:`prepare_checkpoint_dir`, also returning the fingerprint the run goes on under.
 
     The run's identity (which digests every model file) is computed once and
@@ -173,13 +173,13 @@ def prepare_run(config: RunConfig, *, dataset: PromptDataset | None = None) -> P
     # the anchor's.
     anchor = open_bootstrap_anchor(checkpoint_dir, identity=identity, dataset_identity=rows)
     if not existing:
-        return PreparedRun(None, anchor.fingerprint)
+        return ResumePlan(None, anchor.fingerprint)
     if dataset is not None:
         # After the config check: a changed seed or num_prompts changes rows too, and
         # the changed setting is the better message.
         check_dataset_unchanged(anchor.path, dataset, rows)
     source = _resume_source(config, checkpoint_dir, anchor.fingerprint)
-    return PreparedRun(
+    return ResumePlan(
         dataclasses.replace(source, fingerprint=anchor.fingerprint), anchor.fingerprint
     )
 
