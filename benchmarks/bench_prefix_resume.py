@@ -39,10 +39,10 @@ from rollvault.checkpoint_tools.chaos.plan import (
     run_overrides,
 )
 from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
+from rollvault.controller.loop.journal_rows import SealJournalRecordError
 from rollvault.controller.loop.seal_journal import (
     SEAL_JOURNAL_DIRNAME,
     PartialRecord,
-    SealJournalRecordError,
     SealRecord,
     decode_replay,
 )

@@ -27,10 +27,10 @@ from rollvault.checkpoint_tools.chaos.plan import (
     child_command,
     run_overrides,
 )
+from rollvault.controller.loop.journal_rows import SealJournalRecordError
 from rollvault.controller.loop.seal_journal import (
     SEAL_JOURNAL_DIRNAME,
     PartialRecord,
-    SealJournalRecordError,
     SealRecord,
     decode_replay,
 )

@@ -18,8 +18,9 @@ from rollvault.config.schema import SamplerKind
 from rollvault.controller.data.dataloader import DataLoaderState
 from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
+from rollvault.controller.loop.journal_rows import encode_row
 from rollvault.controller.loop.parts import GroupOrigin
-from rollvault.controller.loop.seal_journal import SealRecord, encode_row
+from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     CONTROLLER_STATE_SCHEMA_VERSION,

@@ -18,6 +18,7 @@ from rollvault.config.errors import ConfigError
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import PrefixResume, RunConfig
 from rollvault.controller.loop.gate import PartialTurn
+from rollvault.controller.loop.journal_rows import SealJournalRecordError
 from rollvault.controller.loop.partials import (
     carry_live_partials,
     resume_with_prefix,
@@ -30,7 +31,6 @@ from rollvault.controller.loop.seal_journal import (
     JournalEnvelope,
     PartialRecord,
     SealJournal,
-    SealJournalRecordError,
     StepRecord,
     decode_entry,
     decode_replay,

@@ -12,23 +12,27 @@ import numpy as np
 import pytest
 
 from rollvault.config.schema import SealJournalConfig
+from rollvault.controller.loop.journal_rows import (
+    JournalArray,
+    SealJournalRecordError,
+    decode_row,
+    encode_row,
+    encode_rows,
+)
 from rollvault.controller.loop.seal_journal import (
     SEAL_JOURNAL_DIRNAME,
     FinalizeRecord,
-    JournalArray,
     JournalEntry,
     JournalEnvelope,
+    SealBatchRecord,
     SealJournal,
-    SealJournalRecordError,
     SealRecord,
     StagedSeal,
     StepRecord,
     decode_entry,
     decode_replay,
-    decode_row,
     encode_entry,
-    encode_row,
-    encode_rows,
+    seal_batch_record,
 )
 from rollvault.dataplane.interface import STAGING_PARTITION
 from rollvault.dataplane.rows import RowDtype, row_difference, validate_row
@@ -313,3 +317,77 @@ def test_seal_many_journals_a_batch_in_order_and_counts_each_seal(tmp_path: Path
         journal.close()
     records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
     assert [r.entry for r in records[1:]] == seals
+
+
+def _staged(index: int, length: int) -> StagedSeal:
+    key = f"g1_g{index}_a" + "cd" * 16 + "/0"
+    row: dict[str, Any] = {
+        "input_ids": np.arange(length, dtype=np.int64),
+        "token_mask": np.ones(length, dtype=np.int8),
+        "reward": np.float32(0.5),
+        "turn": 0,
+    }
+    record = msgspec.structs.replace(_seal(), generation_index=index, rows={})
+    return StagedSeal(record=record, rows={key: row}, keys=[key])
+
+
+def test_a_batch_of_staged_seals_is_one_record_that_replays_as_its_seals(tmp_path: Path) -> None:
+    staged = [_staged(index, length) for index, length in enumerate((3, 5, 0))]
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        assert journal.step(1, []) == 0
+        seqs = journal.seal_many(list(staged))
+        assert seqs == range(1, 2)  # one record for the batch
+        asyncio.run(journal.until_durable(seqs[-1]))
+        metrics = journal.metrics()
+        assert metrics["journal/seals_journaled"] == 3 and metrics["journal/seals_kept"] == 3
+    finally:
+        journal.close()
+    replay = read_journal(tmp_path / SEAL_JOURNAL_DIRNAME)
+    assert len(replay.records) == 2
+    envelope = msgspec.msgpack.decode(replay.records[1].payload, type=JournalEnvelope)
+    assert isinstance(envelope.entry, SealBatchRecord) and envelope.schema_version == 3
+    records = decode_replay(replay)
+    # Each seal as a record of its own would hold it, with the batch's seq and place.
+    assert [r.entry for r in records[1:]] == [seal.journaled() for seal in staged]
+    assert {(r.seq, r.offset) for r in records[1:]} == {(1, records[1].offset)}
+
+
+def test_a_batch_record_is_read_only_at_its_own_version_and_only_whole(tmp_path: Path) -> None:
+    batch = seal_batch_record([_staged(0, 2), _staged(1, 3)])
+    old = msgspec.msgpack.encode(JournalEnvelope(schema_version=1, entry=batch))
+    with pytest.raises(SealJournalRecordError, match="version 1 for a SealBatchRecord.*3"):
+        decode_entry(old, where="here")
+    short = msgspec.structs.replace(batch, row_counts=[2, 1])
+    with pytest.raises(
+        SealJournalRecordError, match="here: 2 seals, 2 row counts summing to 3, 2 staging keys"
+    ):
+        short.expanded(where="here")
+    seals = [msgspec.structs.replace(batch.seals[0], rows=_seal().rows), batch.seals[1]]
+    own_rows = msgspec.structs.replace(batch, seals=seals)
+    with pytest.raises(SealJournalRecordError, match="seal 0 .* carries rows of its own"):
+        own_rows.expanded(where="here")
+
+
+def test_a_batch_with_a_row_the_journal_cannot_store_stops_the_journal_and_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    good = [_staged(0, 2), _staged(1, 3)]
+    bad = [_staged(2, 2), _staged(3, 2)]
+    key = bad[1].keys[0]
+    bad[1] = StagedSeal(
+        record=bad[1].record,
+        rows={key: {**bad[1].rows[key], "input_ids": np.arange(2, dtype=np.complex64)}},
+        keys=[key],
+    )
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        assert journal.seal_many(list(good)) == range(0, 1)
+        assert journal.seal_many(list(bad)) is None
+        assert journal.failure is not None and "could not be packed" in str(journal.failure)
+        assert journal.seal_many(list(good)) is None  # nothing after the missing records
+        assert journal.metrics()["journal/failed"] == 1.0
+    finally:
+        journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert [r.entry for r in records] == [seal.journaled() for seal in good]

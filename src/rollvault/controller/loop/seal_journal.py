@@ -41,31 +41,40 @@ their segments (:meth:`SealJournal.carry_partials`).
 
 Records are msgpack (no pickle): a tagged union in a versioned envelope. Row
 arrays travel as raw bytes with their dtype (rows are 1-D, so the length is
-the shape). On disk: ``<checkpoint_dir>/journal/segment_<first seq>.journal``.
+the shape). A generation batch's seals are one ``seals`` record
+(:class:`SealBatchRecord`, rows in columns, :mod:`.journal_rows`): replay
+expands it into its seals, in order. On disk: ``<checkpoint_dir>/journal/segment_<first seq>.journal``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final
 
 import msgspec
-import numpy as np
 
 from rollvault.config.schema import SealJournalConfig
-from rollvault.dataplane.rows import Row, RowDtype, RowView, row_dtype
+from rollvault.controller.loop.journal_rows import (
+    JournalRow,
+    RowBlock,
+    SealJournalRecordError,
+    encode_rows,
+    pack_rows,
+    unpack_rows,
+)
+from rollvault.dataplane.rows import RowView
 from rollvault.durable.journal_format import (
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     JournalReplay,
 )
 from rollvault.durable.journal_writer import (
+    JournalEncodeError,
     JournalRepair,
     JournalWriteError,
     JournalWriter,
@@ -80,20 +89,13 @@ PARTIAL_RECORD_SCHEMA_VERSION: Final = 2
 reads version 1 only refuses it by its version, naming it, instead of failing on an
 unknown tag; seals, finalizations and steps keep version 1, so a journal without
 partials stays readable by it."""
+SEAL_BATCH_RECORD_SCHEMA_VERSION: Final = 3
+"""The envelope version of a ``seals`` record (a generation batch's seals in one record,
+rows in columns): a rollvault that reads only the earlier versions refuses it by its
+version, naming it."""
 _LOG = logging.getLogger("rollvault.journal")
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class JournalArray(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """A 1-D row array: its dtype and its raw little-endian bytes."""
-
-    dtype: RowDtype
-    data: bytes
-
-
-JournalValue = JournalArray | bool | int | float
-JournalRow = dict[str, JournalValue]
 
 
 class SealRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="seal"):
@@ -169,7 +171,56 @@ class PartialRecord(
         return self.gate_rollout_id.rsplit("_a", 1)[1]
 
 
-JournalEntry = SealRecord | FinalizeRecord | StepRecord | PartialRecord
+class SealBatchRecord(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="seals"
+):
+    """A generation batch's seals in one record, their rows in columns
+    (:func:`~rollvault.controller.loop.journal_rows.pack_rows`).
+
+    One record instead of one per seal: the writer thread packs the batch's
+    arrays with a few C calls per field instead of a Struct and a copy per
+    array, and frames and checksums one payload. The seals are applied in
+    order on replay, exactly as if each had its own record (:func:`decode_replay`
+    expands them); they become durable together.
+    """
+
+    seals: list[SealRecord]
+    """The seals in the order they were applied, each with ``rows`` empty."""
+    row_counts: list[_NonNegativeInt]
+    """How many of the batch's rows each seal has (its staging keys)."""
+    keys: list[str]
+    """Every row's staging key, seal by seal, in each receipt's order."""
+    blocks: list[RowBlock]
+
+    def expanded(self, *, where: str) -> list[SealRecord]:
+        """The seals with their rows, as :class:`SealRecord` s of their own would hold them."""
+        if len(self.row_counts) != len(self.seals) or sum(self.row_counts) != len(self.keys):
+            raise SealJournalRecordError(
+                f"{where}: {len(self.seals)} seals, {len(self.row_counts)} row counts summing "
+                f"to {sum(self.row_counts)}, {len(self.keys)} staging keys"
+            )
+        rows = unpack_rows(self.blocks, len(self.keys), where=where)
+        seals = []
+        start = 0
+        for number, (seal, count) in enumerate(zip(self.seals, self.row_counts, strict=True)):
+            if seal.rows:
+                raise SealJournalRecordError(
+                    f"{where}: seal {number} ({seal.gate_rollout_id}) carries rows of its own"
+                )
+            end = start + count
+            own = dict(zip(self.keys[start:end], rows[start:end], strict=True))
+            if len(own) != count:
+                raise SealJournalRecordError(
+                    f"{where}: seal {number} ({seal.gate_rollout_id}) names a staging key twice"
+                )
+            seals.append(msgspec.structs.replace(seal, rows=own))
+            start = end
+        return seals
+
+
+ReplayEntry = SealRecord | FinalizeRecord | StepRecord | PartialRecord
+"""What a replay applies: a batch record is expanded into its seals (:func:`decode_replay`)."""
+JournalEntry = ReplayEntry | SealBatchRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +247,26 @@ class StagedSeal:
         return msgspec.structs.replace(self.record, rows=encode_rows(self.rows, self.keys))
 
 
+def seal_batch_record(staged: Sequence[StagedSeal]) -> SealBatchRecord:
+    """A generation batch's staged seals as one record, every row packed in columns.
+
+    Built on the event loop, where the rows were just made: packing is per-field
+    work on every row, which costs about twice as much on the writer thread after
+    it slept (cold caches), and a GIL-bound thread's time delays the loop either
+    way. What is left for the writer is bulk bytes: encoding, CRC, write, fsync.
+    """
+    return SealBatchRecord(
+        seals=[seal.record for seal in staged],
+        row_counts=[len(seal.keys) for seal in staged],
+        keys=[key for seal in staged for key in seal.keys],
+        blocks=pack_rows([seal.rows[key] for seal in staged for key in seal.keys]),
+    )
+
+
+QueuedEntry = JournalEntry | StagedSeal
+"""What the writer thread takes: a record, or a staged seal whose rows it encodes."""
+
+
 class JournalEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """What one journal record's payload holds."""
 
@@ -203,16 +274,13 @@ class JournalEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     entry: JournalEntry
 
 
-class SealJournalRecordError(ValueError):
-    """A journal record passed its CRC but is not a record this rollvault reads."""
-
-
 @dataclass(frozen=True, slots=True)
 class DecodedRecord:
     """A verified record, decoded, with where it is on disk (for messages)."""
 
     seq: int
-    entry: JournalEntry
+    """The record's seq (the seals of one batch record share it)."""
+    entry: ReplayEntry
     segment: Path
     offset: int
 
@@ -221,13 +289,16 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODER: Final = msgspec.msgpack.Decoder(JournalEnvelope)
 
 
+def _schema_version(entry: JournalEntry) -> int:
+    if isinstance(entry, PartialRecord):
+        return PARTIAL_RECORD_SCHEMA_VERSION
+    if isinstance(entry, SealBatchRecord):
+        return SEAL_BATCH_RECORD_SCHEMA_VERSION
+    return SEAL_JOURNAL_SCHEMA_VERSION
+
+
 def _envelope(entry: JournalEntry) -> JournalEnvelope:
-    version = (
-        PARTIAL_RECORD_SCHEMA_VERSION
-        if isinstance(entry, PartialRecord)
-        else SEAL_JOURNAL_SCHEMA_VERSION
-    )
-    return JournalEnvelope(schema_version=version, entry=entry)
+    return JournalEnvelope(schema_version=_schema_version(entry), entry=entry)
 
 
 def encode_entry(entry: JournalEntry) -> bytes:
@@ -242,7 +313,7 @@ def entry_encoder() -> PayloadEncoder:
     the bytes are those of :func:`encode_entry`.
     """
     encoder = msgspec.msgpack.Encoder()
-    entry_types = (SealRecord, FinalizeRecord, StepRecord, PartialRecord)
+    entry_types = (SealRecord, FinalizeRecord, StepRecord, PartialRecord, SealBatchRecord)
 
     def encode_into(entry: object, buffer: bytearray) -> None:
         if isinstance(entry, StagedSeal):
@@ -260,11 +331,7 @@ def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
         envelope = _DECODER.decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SealJournalRecordError(f"{where}: not a seal journal record: {exc}") from exc
-    expected = (
-        PARTIAL_RECORD_SCHEMA_VERSION
-        if isinstance(envelope.entry, PartialRecord)
-        else SEAL_JOURNAL_SCHEMA_VERSION
-    )
+    expected = _schema_version(envelope.entry)
     if envelope.schema_version != expected:
         raise SealJournalRecordError(
             f"{where}: seal journal schema_version {envelope.schema_version} for a "
@@ -274,63 +341,21 @@ def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
 
 
 def decode_replay(replay: JournalReplay) -> list[DecodedRecord]:
-    """Every verified record of ``replay``, decoded, in order (raises on a bad one)."""
-    decoded = []
+    """Every verified record of ``replay``, decoded, in order (raises on a bad one).
+
+    A batch record gives its seals in order, each a record of its own with the
+    batch's seq and place on disk.
+    """
+    decoded: list[DecodedRecord] = []
     for scan in replay.segments:
         offset = SEGMENT_HEADER_BYTES
         for record in scan.records:
             where = f"{scan.path} at byte {offset} (record {record.seq})"
             entry = decode_entry(record.payload, where=where)
-            decoded.append(DecodedRecord(record.seq, entry, scan.path, offset))
+            entries = entry.expanded(where=where) if isinstance(entry, SealBatchRecord) else [entry]
+            decoded.extend(DecodedRecord(record.seq, one, scan.path, offset) for one in entries)
             offset += RECORD_HEADER_BYTES + len(record.payload)
     return decoded
-
-
-_LITTLE_ENDIAN_HOST: Final = sys.byteorder == "little"
-
-
-def encode_row(row: RowView) -> JournalRow:
-    """A stored row as journal values (arrays as dtype + bytes)."""
-    out: JournalRow = {}
-    for name, value in row.items():
-        if isinstance(value, np.ndarray):
-            # Little-endian on disk: a native array on a little-endian host is copied
-            # out as it is (no byte-order dtype built per array: this is the seal path).
-            if _LITTLE_ENDIAN_HOST and value.dtype.isnative:
-                data = value.tobytes()
-            else:
-                data = value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
-            out[name] = JournalArray(dtype=row_dtype(value), data=data)
-        elif isinstance(value, np.generic):
-            # A gate's own row (not yet the data plane's stored form) may hold numpy scalars.
-            out[name] = value.item()
-        else:
-            out[name] = value
-    return out
-
-
-def encode_rows(rows: Mapping[str, RowView], keys: list[str]) -> dict[str, JournalRow]:
-    """The journal rows of ``keys`` (a receipt's staging keys, in its order)."""
-    return {key: encode_row(rows[key]) for key in keys}
-
-
-def decode_row(row: Mapping[str, JournalValue], *, where: str) -> Row:
-    """The row a journal row describes; arrays whose bytes do not fit their dtype are refused."""
-    out: Row = {}
-    for name, value in row.items():
-        if isinstance(value, JournalArray):
-            dtype = np.dtype(value.dtype.value).newbyteorder("<")
-            if len(value.data) % dtype.itemsize:
-                raise SealJournalRecordError(
-                    f"{where}: field {name!r}: {len(value.data)} bytes are not a whole number "
-                    f"of {value.dtype.value} values"
-                )
-            # The data plane copies what it stores, so a read-only view suffices here.
-            array = np.frombuffer(value.data, dtype=dtype)
-            out[name] = array.astype(dtype.newbyteorder("="), copy=False)
-        else:
-            out[name] = value
-    return out
 
 
 @dataclass
@@ -355,7 +380,8 @@ class SealJournal:
         self.repair = repair
         """What opening found and cut off (a torn tail, quarantined segments): restore reports it."""
         self.counters = SealJournalCounters()
-        self._seal_seqs: deque[int] = deque()
+        self._seal_seqs: deque[tuple[int, int]] = deque()
+        """(seq, seals it holds) of each seal record not yet counted as kept."""
         self._seals_kept = 0
         self.failure: JournalWriteError | None = None
         """Why the journal stopped taking records (None: it takes them)."""
@@ -391,12 +417,36 @@ class SealJournal:
         return None if seqs is None else seqs[0]
 
     def seal_many(self, entries: list[SealRecord | StagedSeal]) -> range | None:
-        """Journal a batch of applied seals, in order, as :meth:`seal` does each (one
-        queue put for the batch); their seqs, or None once the writer has failed."""
-        seqs = self._append_all(entries)
+        """Journal a batch of applied seals, in order, as :meth:`seal` does each.
+
+        Two or more staged seals go in one :class:`SealBatchRecord` (one seq,
+        durable together); otherwise each seal is a record of its own. Returns
+        the seqs of the records, or None once the writer has failed.
+        """
+        if self.failure is not None:
+            return None
+        staged = [entry for entry in entries if isinstance(entry, StagedSeal)]
+        batch: list[QueuedEntry] = list(entries)
+        if len(entries) > 1 and len(staged) == len(entries):
+            try:
+                batch = [seal_batch_record(staged)]
+            except (KeyError, TypeError, ValueError) as exc:
+                # A row the journal cannot store (a dtype rows may not have): the journal
+                # stops, as when the writer's encoder refuses a record, and the run goes on
+                # with its snapshots; no later record is written after the missing ones.
+                first = staged[0].record.gate_rollout_id
+                self._stopped(
+                    JournalEncodeError(
+                        f"journal {self._writer.directory}: the batch of {len(staged)} seals "
+                        f"from {first} could not be packed: {exc!r}"
+                    )
+                )
+                return None
+        seqs = self._append_all(batch)
         if seqs is not None:
-            self.counters.seals_journaled += len(seqs)
-            self._seal_seqs.extend(seqs)
+            self.counters.seals_journaled += len(entries)
+            per_record = len(entries) // len(seqs)
+            self._seal_seqs.extend((seq, per_record) for seq in seqs)
         return seqs
 
     def finalized(
@@ -434,9 +484,7 @@ class SealJournal:
         seqs = self._append_all([entry], lazy=lazy)
         return None if seqs is None else seqs[0]
 
-    def _append_all(
-        self, entries: list[SealRecord | StagedSeal] | list[JournalEntry], *, lazy: bool = False
-    ) -> range | None:
+    def _append_all(self, entries: Sequence[QueuedEntry], *, lazy: bool = False) -> range | None:
         """Queue records in order; their seqs, None once the writer has failed.
 
         A journal that cannot write (disk full, I/O error) does not stop the
@@ -483,9 +531,8 @@ class SealJournal:
     def metrics(self) -> dict[str, float]:
         """The journal's counters for the run's step metrics (``journal/...``)."""
         stats = self._writer.stats()
-        while self._seal_seqs and self._seal_seqs[0] <= stats.durable_seq:
-            self._seal_seqs.popleft()
-            self._seals_kept += 1
+        while self._seal_seqs and self._seal_seqs[0][0] <= stats.durable_seq:
+            self._seals_kept += self._seal_seqs.popleft()[1]
         counters = self.counters
         return {
             "journal/durable_seq": float(stats.durable_seq),

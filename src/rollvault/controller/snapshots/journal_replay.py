@@ -81,6 +81,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rollvault.controller.loop.episodes import logical_id
+from rollvault.controller.loop.journal_rows import decode_row
 from rollvault.controller.loop.partials import owns_partial, partial_turn
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import AttemptLogRecord, TurnLogRecord
@@ -92,7 +93,6 @@ from rollvault.controller.loop.seal_journal import (
     SealRecord,
     StepRecord,
     decode_replay,
-    decode_row,
 )
 from rollvault.dataplane.interface import STAGING_PARTITION, staging_key
 from rollvault.dataplane.rows import Row
