@@ -78,7 +78,10 @@ from rollvault.controller.snapshots.checkpointer import (
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
-from rollvault.controller.snapshots.segment_retention import collect_segments
+from rollvault.controller.snapshots.segment_retention import (
+    collect_segments,
+    referenced_ledger_segments,
+)
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     RolloutStateCapture,
@@ -88,7 +91,7 @@ from rollvault.controller.snapshots.snapshot_files import (
 from rollvault.dataplane.checkpoint_format import METADATA_FILENAME
 from rollvault.dataplane.checkpoint_io import read_checkpoint, write_checkpoint
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
-from rollvault.dataplane.segmented import SegmentedWriter, read_segmented
+from rollvault.dataplane.segmented import SegmentedWriter, read_segmented, referenced_segments
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
@@ -320,12 +323,17 @@ async def restore_once(config: RunConfig, args: argparse.Namespace) -> dict[str,
 
 
 def raw_read(snapshot: Path) -> tuple[float, int]:
-    """Seconds to read every byte of the snapshot's files, the floor a restore is held to.
+    """Seconds to read every byte of the snapshot's files and of the segments it references
+    (what a restore reads), the floor a restore is held to.
 
     Run right after the restore read the same files, so both find them in the
     page cache alike.
     """
+    segments = segments_dir_for(snapshot)
+    referenced = referenced_segments([snapshot / DATA_PLANE_DIRNAME])
+    referenced |= referenced_ledger_segments([snapshot])
     files = sorted(path for path in snapshot.rglob("*") if path.is_file())
+    files += sorted(segments / name for name in referenced)  # read by a restore as well
     started = time.perf_counter()
     size = sum(len(path.read_bytes()) for path in files)
     return time.perf_counter() - started, size
