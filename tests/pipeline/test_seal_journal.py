@@ -163,8 +163,24 @@ def test_a_torn_tail_is_cut_off_when_the_journal_opens(tmp_path: Path) -> None:
         reopened.close()
 
 
+_EAGER = SealJournalConfig(commit_interval_ms=0.0, lazy_interval_ms=0.0)
+"""Step records flushed at once: tests of what a flush does need not wait the lazy second."""
+
+
+def test_a_lazy_record_is_flushed_alone_after_the_configured_interval(tmp_path: Path) -> None:
+    settings = SealJournalConfig(commit_interval_ms=0.0, lazy_interval_ms=50.0)
+    journal = SealJournal.open(tmp_path, settings)
+    try:
+        assert journal._writer._lazy_interval == 0.05
+        seq = journal.step(1, [])
+        assert seq is not None and journal._writer.wait_durable(seq, timeout=30)
+        assert journal.metrics()["journal/fsyncs"] == 1  # alone: no seal opened a group
+    finally:
+        journal.close()
+
+
 def test_metrics_count_seals_kept_once_durable(tmp_path: Path) -> None:
-    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    journal = SealJournal.open(tmp_path, _EAGER)
     try:
         seq = journal.step(1, [])
         assert seq is not None
@@ -217,7 +233,7 @@ def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(tmp_path: P
 
 
 def test_a_journal_that_cannot_write_stops_without_stopping_the_run(tmp_path: Path) -> None:
-    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    journal = SealJournal.open(tmp_path, _EAGER)
     writer = journal._writer
     seq = journal.step(1, [])
     assert seq is not None and writer.wait_durable(seq, timeout=30)
@@ -238,7 +254,7 @@ def test_a_journal_that_cannot_write_stops_without_stopping_the_run(tmp_path: Pa
 def test_a_failure_no_append_saw_is_recorded_by_the_close_not_raised(tmp_path: Path) -> None:
     # A full disk ends the run through the snapshots; the journal's close must not
     # replace that stop with its own error (it did: exit 1 and a traceback).
-    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    journal = SealJournal.open(tmp_path, _EAGER)
     writer = journal._writer
     assert writer._fd is not None
     os.close(writer._fd)

@@ -497,6 +497,10 @@ class SealJournalConfig(_Section, frozen=True):
     commit_interval_ms: NonNegativeFloat = 20.0
     # A group is flushed early once it holds this many records.
     max_batch_records: PositiveInt = 512
+    # Finalize and step records open no group of their own: they ride on the next
+    # seal's, or are flushed alone once the oldest has waited this long. Restore only
+    # counts them, so this trades their fsyncs against how long they stay undurable.
+    lazy_interval_ms: NonNegativeFloat = 1000.0
 
 
 class RolloutCheckpointingConfig(_Section, frozen=True):

@@ -16,7 +16,7 @@ is durable within about the commit interval. Finalize and step records are
 appended *lazily* (:meth:`~rollvault.durable.journal_writer.JournalWriter.append_object`
 with ``lazy=True``): they open no group of their own but ride on the next one
 (the next generation batch's seals), a rotation or the close, or are flushed
-alone after ``JournalWriter``'s lazy interval (1 s). Nothing depends on them
+alone after ``rollout_checkpointing.journal.lazy_interval_ms`` (1,000 ms). Nothing depends on them
 being durable sooner: replay only counts them (a restore rolls the trainer
 back to the snapshot's trainer checkpoint and finalizes the replayed groups
 again, :mod:`~rollvault.controller.snapshots.journal_replay`), no caller waits
@@ -393,6 +393,7 @@ class SealJournal:
             checkpoint_dir / SEAL_JOURNAL_DIRNAME,
             commit_interval_s=settings.commit_interval_ms / 1000.0,
             commit_max_records=settings.max_batch_records,
+            lazy_interval_s=settings.lazy_interval_ms / 1000.0,
             encode=entry_encoder(),
         )
         if repair.truncated is not None:
