@@ -154,10 +154,11 @@ def test_kills_of_the_real_grpo_recipe_train_every_prompt_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The packaged recipe: tiny causal LM, local model gate with its worker process,
-    # GRPO trainer. A short warm-up keeps each start quick. The run trains 6 steps
-    # (2 epochs of 48 prompts, 16 per step); seed 4 draws 0, 1 and 0 steps, so two
-    # kills fall as soon as the start is counted (while the worker loads) and one
-    # after a step (while it samples), however fast the machine.
+    # GRPO trainer. A short warm-up keeps each start quick. The run trains 24 steps
+    # (the harness's 2 epochs of 48 prompts, 4 per step); seed 4 draws 3, 4 and 2
+    # steps, so every kill falls while the worker samples, after the start committed
+    # a snapshot, however fast the machine (a kill after 1 step can come before the
+    # first snapshot; kills at a start's first moment are the ten-kill run's 0 draws).
     argv = [
         "chaos",
         "--config",
@@ -167,7 +168,7 @@ def test_kills_of_the_real_grpo_recipe_train_every_prompt_once(
         "--seed",
         "4",
         "--kill-after-steps",
-        "0:1",
+        "2:6",
         "--workdir",
         str(tmp_path),
     ]
