@@ -52,12 +52,23 @@ from rollvault.dataplane.rows import validate_row
 from rollvault.ledger.statuses import RolloutAttemptStatus
 
 KILLS = 10
+# Kills by train steps, not seconds, so that they land on a fast or a loaded machine
+# alike: the run trains 24 steps (2 epochs of 48 prompts, 4 per step), and ten kills
+# of at most 2 steps of their own each (restores train some of them again) leave its
+# end to the last start. 0 kills a start as soon as it counted itself, mid-restore.
+KILL_AFTER_STEPS = (0, 2)
 GRPO_RECIPE = Path(rollvault.__file__).parent / "configs" / "grpo_addition.yaml"
 
 
 @pytest.fixture(scope="module")
 def sibling_run(tmp_path_factory: pytest.TempPathFactory) -> ChaosReport:
-    plan = ChaosPlan(run_dir=tmp_path_factory.mktemp("chaos") / "latest", kills=KILLS, seed=1)
+    plan = ChaosPlan(
+        run_dir=tmp_path_factory.mktemp("chaos") / "latest",
+        kills=KILLS,
+        seed=1,
+        kill_window_s=None,
+        kill_after_steps=KILL_AFTER_STEPS,
+    )
     return run_chaos(plan)
 
 
@@ -95,11 +106,15 @@ def test_ten_kills_train_every_prompt_once_and_reuse_sealed_siblings(
 def test_prompt_group_granularity_redoes_incomplete_groups_whole(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["chaos", "--kills", str(KILLS), "--seed", "2", "--workdir", str(tmp_path)]
-    exit_code = main([*argv, "rollout.recovery_granularity=prompt_group"])
+    steps = "{}:{}".format(*KILL_AFTER_STEPS)
+    argv = ["chaos", "--kills", str(KILLS), "--seed", "2", "--kill-after-steps", steps]
+    exit_code = main(
+        [*argv, "--workdir", str(tmp_path), "rollout.recovery_granularity=prompt_group"]
+    )
     out = capsys.readouterr().out
     assert exit_code == 0, out
     assert f"{KILLS} kills, {KILLS + 1} starts" in out
+    assert "(kill planned after 2 train steps of its own)" in out
     assert "OK: every prompt trained exactly once" in out
     restores = read_run_history(tmp_path / "latest" / "logs").restores
     # Only whole groups are kept: those the seal journal (or the snapshot) holds complete.
@@ -109,14 +124,16 @@ def test_prompt_group_granularity_redoes_incomplete_groups_whole(
 
 @pytest.mark.slow
 def test_trainer_checkpoint_baseline_regenerates_and_still_trains_once(tmp_path: Path) -> None:
-    # A trainer checkpoint every step, so that most kills land after one.
+    # A trainer checkpoint every step, and every kill after at least one step of its
+    # start, so that most kills land after a checkpoint (seed 3 draws 14 steps in all).
     plan = ChaosPlan(
         run_dir=tmp_path / "baseline",
         kills=KILLS,
         seed=3,
         restore_mode=RestoreMode.TRAINER_CHECKPOINT,
         overrides=("checkpointing.save_period=1",),
-        kill_window_s=1.5,
+        kill_window_s=None,
+        kill_after_steps=(1, 2),
     )
     report = run_chaos(plan)
     assert report.problems == []
@@ -137,8 +154,11 @@ def test_kills_of_the_real_grpo_recipe_train_every_prompt_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The packaged recipe: tiny causal LM, local model gate with its worker process,
-    # GRPO trainer. A short warm-up keeps each start quick; the kills land after the
-    # start is counted, so some fall while the worker loads and some while it samples.
+    # GRPO trainer. A short warm-up keeps each start quick. The run trains 24 steps
+    # (the harness's 2 epochs of 48 prompts, 4 per step); seed 4 draws 3, 4 and 2
+    # steps, so every kill falls while the worker samples, after the start committed
+    # a snapshot, however fast the machine (a kill after 1 step can come before the
+    # first snapshot; kills at a start's first moment are the ten-kill run's 0 draws).
     argv = [
         "chaos",
         "--config",
@@ -147,8 +167,8 @@ def test_kills_of_the_real_grpo_recipe_train_every_prompt_once(
         str(GRPO_KILLS),
         "--seed",
         "4",
-        "--kill-window",
-        "8",
+        "--kill-after-steps",
+        "2:6",
         "--workdir",
         str(tmp_path),
     ]

@@ -83,9 +83,11 @@ def test_own_rows_and_reward_train_every_row_once_per_epoch_through_kills(
         kills=2,
         seed=3,
         config_path=_config(tmp_path, rows, rewards),
-        # Seed 3 kills 0.24 and 0.54 of the window after each start counts itself: at
-        # 10 s a quiet machine finished the second start (~5.4 s of run) before its kill.
-        kill_window_s=4.0,
+        # By train steps, not seconds (a timer had to be retuned per machine: a quiet one
+        # finished a start before its kill). The run trains 12 steps (2 epochs of 24
+        # rows, 4 per step); seed 3 draws 1 and 3, so both kills land mid-training.
+        kill_window_s=None,
+        kill_after_steps=(1, 3),
     )
     report = run_chaos(plan)
     assert report.problems == [], report.problems

@@ -23,6 +23,25 @@ from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RestoreMode
 
+DEFAULT_KILL_WINDOW_S = 1.0
+"""The timer schedule's window when neither --kill-window nor --kill-after-steps is given."""
+
+
+def parse_step_range(text: str) -> tuple[int, int]:
+    """``LO:HI`` as ``(lo, hi)``; raises ``argparse.ArgumentTypeError`` unless 0 <= LO <= HI.
+
+    argparse prefixes the message with the flag it was given to.
+    """
+    parts = text.split(":")
+    if len(parts) != 2 or not all(part.strip().isdecimal() for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected LO:HI, two non-negative integers (train steps), got {text!r}"
+        )
+    lo, hi = (int(part) for part in parts)
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"LO ({lo}) must not exceed HI ({hi}) in {text!r}")
+    return lo, hi
+
 
 def add_chaos_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``chaos`` subcommand's options."""
@@ -43,7 +62,21 @@ def add_chaos_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", type=Path, default=None, help="YAML run config (default: the packaged one)"
     )
-    parser.add_argument("--kill-window", type=float, default=1.0, help="max seconds to a kill")
+    schedules = parser.add_mutually_exclusive_group()
+    schedules.add_argument(
+        "--kill-window",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"kill each start a seeded delay in [0, S) s after it (default {DEFAULT_KILL_WINDOW_S})",
+    )
+    schedules.add_argument(
+        "--kill-after-steps",
+        type=parse_step_range,
+        default=None,
+        metavar="LO:HI",
+        help="kill each start once it trained a seeded number of steps in [LO, HI] (0: at once)",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="max seconds per start")
     parser.add_argument("overrides", nargs="*", help="dotpath=value overrides of the run config")
 
@@ -65,7 +98,8 @@ def chaos_command(args: argparse.Namespace) -> int:
             restore_mode=mode,
             overrides=tuple(args.overrides),
             config_path=args.config,
-            kill_window_s=args.kill_window,
+            kill_window_s=_kill_window(args),
+            kill_after_steps=args.kill_after_steps,
             start_timeout_s=args.timeout,
         )
         try:
@@ -79,3 +113,10 @@ def chaos_command(args: argparse.Namespace) -> int:
     else:
         print(f"  note: {IN_FLIGHT_NOTE}")
     return 1 if any(report.problems for report in reports) else 0
+
+
+def _kill_window(args: argparse.Namespace) -> float | None:
+    """The timer's window: the flag's, else the default unless kills come by train steps."""
+    if args.kill_window is not None:
+        return float(args.kill_window)
+    return None if args.kill_after_steps is not None else DEFAULT_KILL_WINDOW_S

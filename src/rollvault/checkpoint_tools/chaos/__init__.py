@@ -5,7 +5,8 @@ config, whose simulated gate it slows down, or on ``--config FILE``, such as
 the real GRPO recipe), with frequent rollout snapshots, trainer checkpoints every few
 steps and a run that ends when its data runs out. Once the child has started
 (its run-log directory counts the new incarnation), it waits a seeded random
-delay and kills it with SIGKILL, then starts it again; after K kills it lets
+delay (or, with ``kill_after_steps``, a seeded number of train steps of that
+start) and kills it with SIGKILL, then starts it again; after K kills it lets
 the last start finish. Then it checks the run's evidence:
 
 - on the effective history of the logs (:mod:`rollvault.checkpoint_tools.run_history`),
@@ -29,6 +30,7 @@ and under the ``trainer_checkpoint`` baseline, and prints both and their ratio.
 
 Modules: :mod:`.plan` (the run config, the kill schedule, the child's command
 line), :mod:`.supervisor` (starting, killing and restarting the child),
+:mod:`.progress` (the train steps a start logged, for the progress-based kills),
 :mod:`.checks` (the invariants on the finished run), :mod:`.kill_evidence`
 (the state a kill left), :mod:`.loss` (the lost tokens by kill and kind) and :mod:`.report`
 (what a harness run did, as text). ``rollvault chaos`` parses its arguments

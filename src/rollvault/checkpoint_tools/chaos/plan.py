@@ -1,4 +1,10 @@
-"""The harness's plan: the run config every start uses, and the seeded kill schedule."""
+"""The harness's plan: the run config every start uses, and the seeded kill schedule.
+
+A kill comes either a seeded delay after its start (``kill_window_s``, the
+default) or after a seeded number of train steps the start made
+(``kill_after_steps``), never both: the timer depends on the machine's speed,
+the step count does not.
+"""
 
 from __future__ import annotations
 
@@ -63,8 +69,13 @@ class ChaosPlan:
     overrides: tuple[str, ...] = ()
     config_path: Path | None = None
     """The run config file every start uses (None: the packaged default, simulated gate)."""
-    kill_window_s: float = 1.0
-    """Each kill comes a uniform random delay in [0, kill_window_s) after its start."""
+    kill_window_s: float | None = 1.0
+    """Each kill comes a uniform random delay in [0, kill_window_s) after its start.
+    None: the kills come by ``kill_after_steps`` instead."""
+    kill_after_steps: tuple[int, int] | None = None
+    """(lo, hi): each kill comes once the start logged a uniform random number of train
+    steps in [lo, hi] (0: as soon as the start is detected). Exclusive with
+    ``kill_window_s``, which must then be None."""
     start_timeout_s: float = 120.0
     """A start that neither starts nor ends within this is killed and reported."""
 
@@ -73,6 +84,72 @@ def kill_delays(seed: int, kills: int, window_s: float) -> list[float]:
     """The seeded kill schedule: one delay per kill, in seconds after each start."""
     rng = random.Random(seed)
     return [rng.uniform(0.0, window_s) for _ in range(kills)]
+
+
+def kill_step_counts(seed: int, kills: int, steps: tuple[int, int]) -> list[int]:
+    """The seeded progress schedule: per kill, the train steps its start makes first.
+
+    Each count is uniform in ``[lo, hi]``, both ends included.
+    """
+    rng = random.Random(seed)
+    lo, hi = steps
+    return [rng.randint(lo, hi) for _ in range(kills)]
+
+
+@dataclass(frozen=True)
+class TimerKill:
+    """Kill a start this many seconds after it was detected."""
+
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class StepsKill:
+    """Kill a start once it logged this many train steps of its own."""
+
+    steps: int
+
+
+KillPoint = TimerKill | StepsKill
+"""When one start is killed."""
+
+
+def kill_schedule(plan: ChaosPlan) -> list[KillPoint]:
+    """One kill point per planned kill, from whichever schedule the plan sets."""
+    _check_schedule(plan)
+    if plan.kill_after_steps is not None:
+        counts = kill_step_counts(plan.seed, plan.kills, plan.kill_after_steps)
+        return [StepsKill(count) for count in counts]
+    assert plan.kill_window_s is not None  # _check_schedule: exactly one is set
+    return [TimerKill(delay) for delay in kill_delays(plan.seed, plan.kills, plan.kill_window_s)]
+
+
+def _check_schedule(plan: ChaosPlan) -> None:
+    """Exactly one usable schedule; raises :class:`ChaosUsageError` naming the fields."""
+    window, steps = plan.kill_window_s, plan.kill_after_steps
+    if window is not None and steps is not None:
+        raise ChaosUsageError(
+            f"kill_window_s ({window}) and kill_after_steps ({steps}) are exclusive: "
+            "set kill_window_s=None to kill by train steps"
+        )
+    if window is None and steps is None:
+        raise ChaosUsageError(
+            "neither kill_window_s nor kill_after_steps is set: one of them must schedule the kills"
+        )
+    if window is not None and not window > 0:  # not > 0: NaN is refused too
+        raise ChaosUsageError(f"kill_window_s ({window}) must be > 0")
+    if steps is not None and not _usable_step_range(steps):
+        raise ChaosUsageError(
+            f"kill_after_steps ({steps}) must be two integers (lo, hi) with 0 <= lo <= hi"
+        )
+
+
+def _usable_step_range(steps: tuple[int, int]) -> bool:
+    # The plan may be built from untyped input; bool is an int but no step count.
+    if len(steps) != 2 or not all(type(n) is int for n in steps):
+        return False
+    lo, hi = steps
+    return 0 <= lo <= hi
 
 
 def chaos_config(plan: ChaosPlan) -> RunConfig:
@@ -84,11 +161,11 @@ def chaos_config(plan: ChaosPlan) -> RunConfig:
     )
     if owned:
         raise ChaosUsageError(f"the harness sets {owned} itself; do not override them")
-    if plan.kills < 0 or plan.kill_window_s <= 0 or plan.start_timeout_s <= 0:
+    if plan.kills < 0 or not plan.start_timeout_s > 0:
         raise ChaosUsageError(
-            f"kills ({plan.kills}) must be >= 0, kill_window_s ({plan.kill_window_s}) and "
-            f"start_timeout_s ({plan.start_timeout_s}) > 0"
+            f"kills ({plan.kills}) must be >= 0 and start_timeout_s ({plan.start_timeout_s}) > 0"
         )
+    _check_schedule(plan)
     config = _resolved_in_run_dir(load_run_config(plan.config_path, run_overrides(plan)), plan)
     total = num_prompts(config) * config.grpo.max_num_epochs
     if config.grpo.max_num_steps < total:

@@ -39,7 +39,9 @@ class StartRecord:
     seconds: float
     """From spawn to exit."""
     kill_delay_s: float | None
-    """Planned delay after the start was detected (None: let it finish)."""
+    """Planned delay after the start was detected (None: no timer kill)."""
+    kill_after_steps: int | None = None
+    """Planned train steps of this start before its kill (None: no progress-based kill)."""
 
 
 @dataclass
@@ -98,11 +100,11 @@ def format_report(report: ChaosReport) -> str:
 
 
 def _format_start(start: StartRecord) -> str:
-    planned = (
-        ""
-        if start.kill_delay_s is None
-        else f" (kill planned {start.kill_delay_s:.2f}s after start)"
-    )
+    planned = ""
+    if start.kill_delay_s is not None:
+        planned = f" (kill planned {start.kill_delay_s:.2f}s after start)"
+    elif start.kill_after_steps is not None:
+        planned = f" (kill planned after {start.kill_after_steps} train steps of its own)"
     return (
         f"  start {start.number:2d}: {start.outcome.value}, exit {start.exit_code}, "
         f"{start.seconds:.2f}s{planned}"

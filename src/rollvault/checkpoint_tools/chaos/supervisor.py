@@ -19,17 +19,23 @@ from rollvault.checkpoint_tools.chaos.loss import durable_loss_problems, loss_ac
 from rollvault.checkpoint_tools.chaos.plan import (
     ChaosPlan,
     ChaosUsageError,
+    KillPoint,
+    StepsKill,
+    TimerKill,
     chaos_config,
     child_command,
-    kill_delays,
+    kill_schedule,
     run_overrides,
 )
+from rollvault.checkpoint_tools.chaos.progress import TrainStepWatch
 from rollvault.checkpoint_tools.chaos.report import ChaosReport, StartOutcome, StartRecord
 from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.pipeline import INCARNATION_FILENAME
+from rollvault.controller.loop.run_logs import TRAIN_LOG_FILENAME
 
 CHILD_OUTPUT_FILENAME: Final = "child_output.log"
 _POLL_S: Final = 0.01
+"""How long each wait for the child's exit lasts before the harness looks at its files again."""
 
 
 def run_chaos(plan: ChaosPlan) -> ChaosReport:
@@ -41,10 +47,10 @@ def run_chaos(plan: ChaosPlan) -> ChaosReport:
     report = ChaosReport(plan=plan, config=config)
     started = time.perf_counter()
     overrides = run_overrides(plan)
-    delays: list[float | None] = [*kill_delays(plan.seed, plan.kills, plan.kill_window_s), None]
+    kills: list[KillPoint | None] = [*kill_schedule(plan), None]
     with open(plan.run_dir / CHILD_OUTPUT_FILENAME, "ab") as output:
-        for number, delay in enumerate(delays, start=1):
-            record = _one_start(plan, config, overrides, number, delay, output)
+        for number, kill in enumerate(kills, start=1):
+            record = _one_start(plan, config, overrides, number, kill, output)
             report.starts.append(record)
             if record.outcome is not StartOutcome.KILLED:
                 break
@@ -69,12 +75,12 @@ def _one_start(
     config: RunConfig,
     overrides: list[str],
     number: int,
-    kill_delay: float | None,
+    kill: KillPoint | None,
     output: IO[bytes],
 ) -> StartRecord:
-    incarnation_path = Path(config.logging.log_dir) / INCARNATION_FILENAME
-    before = _read_incarnation(incarnation_path)
-    output.write(f"\n=== start {number} (kill delay {kill_delay}) ===\n".encode())
+    log_dir = Path(config.logging.log_dir)
+    before = _read_incarnation(log_dir / INCARNATION_FILENAME)
+    output.write(f"\n=== start {number} (kill {_describe(kill)}) ===\n".encode())
     output.flush()
     spawned = time.perf_counter()
     child = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
@@ -84,7 +90,7 @@ def _one_start(
         cwd=plan.run_dir,
     )
     try:
-        outcome = _supervise(child, plan, incarnation_path, before, kill_delay)
+        outcome = _supervise(child, plan, log_dir, before, kill)
     finally:
         _kill_if_running(child)
     return StartRecord(
@@ -92,20 +98,37 @@ def _one_start(
         outcome=outcome,
         exit_code=child.returncode,
         seconds=time.perf_counter() - spawned,
-        kill_delay_s=kill_delay,
+        kill_delay_s=kill.delay_s if isinstance(kill, TimerKill) else None,
+        kill_after_steps=kill.steps if isinstance(kill, StepsKill) else None,
     )
+
+
+def _describe(kill: KillPoint | None) -> str:
+    if isinstance(kill, TimerKill):
+        return f"after {kill.delay_s}s"
+    if isinstance(kill, StepsKill):
+        return f"after {kill.steps} train steps"
+    return "none"
 
 
 def _supervise(
     child: subprocess.Popen[bytes],
     plan: ChaosPlan,
-    incarnation_path: Path,
+    log_dir: Path,
     before: int,
-    kill_delay: float | None,
+    kill: KillPoint | None,
 ) -> StartOutcome:
     deadline = time.monotonic() + plan.start_timeout_s
-    started = kill_delay is not None and _wait_for_start(child, incarnation_path, before, deadline)
-    if started and kill_delay is not None and _exited_within(child, kill_delay) is None:
+    incarnation = (
+        None
+        if kill is None
+        else _wait_for_start(child, log_dir / INCARNATION_FILENAME, before, deadline)
+    )
+    if (
+        incarnation is not None
+        and kill is not None
+        and _kill_point_reached(child, kill, log_dir, incarnation, deadline)
+    ):
         _kill_if_running(child)
         return StartOutcome.KILLED
     exit_code = _exited_within(child, max(0.0, deadline - time.monotonic()))
@@ -114,12 +137,39 @@ def _supervise(
     return StartOutcome.FINISHED if exit_code == 0 else StartOutcome.FAILED
 
 
+def _kill_point_reached(
+    child: subprocess.Popen[bytes],
+    kill: KillPoint,
+    log_dir: Path,
+    incarnation: int,
+    deadline: float,
+) -> bool:
+    """Whether the started child is still running when its kill point comes."""
+    if isinstance(kill, TimerKill):
+        return _exited_within(child, kill.delay_s) is None
+    watch = TrainStepWatch(log_dir / TRAIN_LOG_FILENAME, incarnation)
+    return _wait_for_steps(child, watch, kill.steps, deadline)
+
+
 def _wait_for_start(
     child: subprocess.Popen[bytes], incarnation_path: Path, before: int, deadline: float
-) -> bool:
-    """Whether the child counted its incarnation (False: it exited or timed out first)."""
+) -> int | None:
+    """The child's incarnation once it counted it (None: it exited or timed out first)."""
     while time.monotonic() < deadline:
-        if _read_incarnation(incarnation_path) > before:
+        incarnation = _read_incarnation(incarnation_path)
+        if incarnation > before:
+            return incarnation
+        if _exited_within(child, _POLL_S) is not None:
+            return None
+    return None
+
+
+def _wait_for_steps(
+    child: subprocess.Popen[bytes], watch: TrainStepWatch, steps: int, deadline: float
+) -> bool:
+    """Whether the child logged ``steps`` train steps (False: it exited or timed out first)."""
+    while time.monotonic() < deadline:
+        if watch.steps() >= steps:
             return True
         if _exited_within(child, _POLL_S) is not None:
             return False
@@ -166,6 +216,7 @@ def _start_problems(report: ChaosReport) -> list[str]:
     if report.kills_delivered < report.plan.kills:
         problems.append(
             f"only {report.kills_delivered} of {report.plan.kills} kills landed before the run "
-            "ended; lengthen the run (e.g. more dataset.num_prompts) or shorten --kill-window"
+            "ended; lengthen the run (e.g. more dataset.num_prompts), or shorten --kill-window "
+            "or lower --kill-after-steps"
         )
     return problems
