@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from ledger_testkit import Harness
 
 from rollvault.ledger.errors import StaleAttemptError
+from rollvault.ledger.records import InterruptedAttempt
 from rollvault.ledger.state_schema import ROLLOUT_RECOVERY_SCHEMA_VERSION
+from rollvault.ledger.statuses import AttemptFailureKind
 from rollvault.rollout_recovery import (
     InvalidLedgerInputError,
     LedgerTransitionError,
@@ -78,6 +82,58 @@ def test_a_restart_keeps_the_committed_prefix_and_fences_the_old_attempt(harness
     with pytest.raises(StaleAttemptError, match="superseded attempt is refused"):
         commit(harness, group_id, 0, 2, gate=old)
     assert commit(harness, group_id, 0, 2) == 3
+
+
+def _interrupted(index: int, attempt_uuid: uuid.UUID) -> InterruptedAttempt:
+    return InterruptedAttempt(
+        generation_index=index, attempt_uuid=attempt_uuid, reason="interrupted: test"
+    )
+
+
+@pytest.mark.parametrize("journaled", [["later"], ["current", "later"]])
+def test_a_second_restart_from_the_same_snapshot_keeps_the_committed_prefix(
+    harness: Harness, journaled: list[str]
+) -> None:
+    # Start 1 committed two turns and a snapshot holds them; start 2 restored it, continued
+    # the episode in a fresh attempt ("later", dispatched: in the journal) and died before
+    # a snapshot. Start 3 restores the same snapshot: the journal shows "later" in flight
+    # (and the snapshot's own attempt too, when it was dispatched after the snapshot).
+    # The restart must continue at turn 2 again, not begin over at turn 0 (it did, and
+    # the chaos check caught it: 'start 2 continued ... but it trained as ...').
+    group_id = harness.reserve(2)
+    harness.dispatch(group_id)
+    old = harness.gate_id(group_id, 0)
+    commit(harness, group_id, 0, 0)
+    commit(harness, group_id, 0, 1)
+    current = harness.group(group_id).siblings[0].current_attempt.attempt_uuid
+    uuids = {"current": current, "later": uuid.uuid4()}
+    harness.call(
+        "mark_attempts_interrupted", group_id, [_interrupted(0, uuids[n]) for n in journaled]
+    )
+    harness.call("prepare_for_restart")
+    attempts = harness.group(group_id).siblings[0].attempts
+    assert attempts[-2].attempt_uuid == uuids["later"]
+    assert attempts[-2].failure_kind is AttemptFailureKind.INTERRUPTED
+    fresh = attempts[-1]
+    assert fresh.status is RolloutAttemptStatus.RESERVED
+    assert fresh.turn_keys == [f"{old}/call0", f"{old}/call1"] and fresh.env_state_revision == 2
+    RolloutRecoveryLedger.from_state_dict(harness.ledger.state_dict())  # a state it accepts
+
+
+def test_an_attempt_failed_by_the_snapshot_hands_no_prefix_to_one_interrupted_after(
+    harness: Harness,
+) -> None:
+    # The snapshot's attempt had failed (its episode broke): the retry minted after the
+    # snapshot began at turn 0, so the restart after its interruption begins there too.
+    group_id = harness.reserve(2)
+    harness.dispatch(group_id)
+    commit(harness, group_id, 0, 0)
+    harness.fail(group_id, 0)
+    harness.call("mark_attempt_interrupted", group_id, _interrupted(0, uuid.uuid4()))
+    harness.call("prepare_for_restart")
+    fresh = harness.group(group_id).siblings[0].current_attempt
+    assert fresh.status is RolloutAttemptStatus.RESERVED
+    assert fresh.turn_keys == [] and fresh.env_state_revision == 0
 
 
 def test_prompt_group_restarts_redo_the_group_without_a_prefix(harness: Harness) -> None:

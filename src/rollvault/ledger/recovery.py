@@ -163,8 +163,11 @@ def record_interruption(record: PromptGroupRecoveryRecord, interrupted: Interrup
     it was minted after the snapshot: the attempt it superseded ended then,
     with an outcome the process took with it, and is abandoned (a sealed one
     only under ``prompt_group``, whose retries discard the cohort); the
-    interrupted attempt is appended, failed. Callers hold the cut and have
-    checked that the group is ``generating``. Changes nothing when it raises.
+    interrupted attempt is appended, failed, carrying the superseded attempt's
+    committed turns when a restart would have continued that attempt (``sibling``
+    granularity): the restart continues them instead.
+    Callers hold the cut and have checked that the group is ``generating``.
+    Changes nothing when it raises.
     """
     index = interrupted.generation_index
     sibling = record.siblings[index]
@@ -174,6 +177,13 @@ def record_interruption(record: PromptGroupRecoveryRecord, interrupted: Interrup
         return
     if any(attempt.attempt_uuid == interrupted.attempt_uuid for attempt in sibling.attempts):
         raise _already_superseded(record, index, interrupted)
+    # Only an attempt a restart would continue hands its committed turns on: one live at
+    # the snapshot, or one this restore has just recorded as interrupted (the journal
+    # saw it dispatched, then this one minted by a restart that died before a snapshot).
+    # One that had failed by the snapshot was retried from its first turn.
+    continues = record.recovery_granularity is RecoveryGranularity.SIBLING and _redo_on_restart(
+        current
+    )
     event = AttemptEvent.ABANDON
     if current.status is RolloutAttemptStatus.SEALED:
         event = AttemptEvent.DISCARD_COHORT
@@ -185,7 +195,15 @@ def record_interruption(record: PromptGroupRecoveryRecord, interrupted: Interrup
         )
         clear_result(current)
         current.status = target
-    sibling.attempts.append(interrupted.failed_record())
+    failed = interrupted.failed_record()
+    if continues:
+        # What the restored state holds of the episode is the superseded attempt's
+        # committed turns (the work after the snapshot went with the process), and the
+        # restart's fresh attempt inherits them from this record: without them a sibling
+        # killed again after a restart began over at its first turn, its committed prefix
+        # dropped as orphan rows, though the first restart had continued it.
+        inherit_prefix(current, failed)
+    sibling.attempts.append(failed)
 
 
 def record_interruptions(
