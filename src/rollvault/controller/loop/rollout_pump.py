@@ -456,6 +456,7 @@ class RolloutPump:
                     request.generation_index,
                     sealed,
                     rows=self._turns.rows(request.gate_rollout_id),
+                    gate_rollout_id=request.gate_rollout_id,
                 )
             except Exception as error:  # noqa: BLE001 - raised in its own attempt
                 entry.fail(error)
@@ -510,25 +511,27 @@ class RolloutPump:
         sealed: _Sealed,
         *,
         rows: Mapping[str, RowView] | None = None,
+        gate_rollout_id: str | None = None,
         adopted_from: str | None = None,
     ) -> StagedSeal | None:
         """The seal journal's record of an applied seal (None: no journal).
 
         ``rows``: the attempt's staged rows as the gate handed them over; a row
         missing there (a gate that staged its rows itself, an adopted seal) is
-        read back from the data plane.
+        read back from the data plane. ``gate_rollout_id``: the sealed attempt's,
+        when the caller has it (the seal was fenced by it); else derived again.
         """
         parts = self._parts
         if parts.seal_journal is None:
             return None
         keys = sealed.staging_keys
-        if rows is None or not all(key in rows for key in keys):
+        if rows is None or not all(map(rows.__contains__, keys)):
             rows = await parts.data_plane.get(STAGING_PARTITION, keys)
         origin = parts.group(record.group_id).origin
         seal = SealRecord(
             group_id=record.group_id,
             generation_index=index,
-            gate_rollout_id=record.gate_rollout_id(index),
+            gate_rollout_id=gate_rollout_id or record.gate_rollout_id(index),
             epoch=origin.epoch,
             dataset_idx=origin.dataset_idx,
             target_step=record.target_step,
