@@ -83,17 +83,19 @@ class RowBlock(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 def encode_value(value: object) -> JournalValue:
     """One row field as a journal value (an array as dtype + little-endian bytes)."""
     if isinstance(value, np.ndarray):
-        # Little-endian on disk: a native array on a little-endian host is copied
-        # out as it is (no byte-order dtype built per array: this is the seal path).
-        if _LITTLE_ENDIAN_HOST and value.dtype.isnative:
-            data = value.tobytes()
-        else:
-            data = value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
-        return JournalArray(dtype=_row_dtype(value), data=data)
+        return JournalArray(dtype=_row_dtype(value), data=_little_endian_bytes(value))
     if isinstance(value, np.generic):
         # A gate's own row (not yet the data plane's stored form) may hold numpy scalars.
         return value.item()
     return value  # type: ignore[return-value]
+
+
+def _little_endian_bytes(array: np.ndarray) -> bytes:
+    # Little-endian on disk: a native array on a little-endian host is copied out as
+    # it is (no byte-order dtype built per array: this is the seal path).
+    if _LITTLE_ENDIAN_HOST and array.dtype.isnative:
+        return array.tobytes()
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
 def _row_dtype(array: np.ndarray) -> RowDtype:
@@ -153,13 +155,10 @@ def _column(values: list[object]) -> JournalColumn:
     if types == _ARRAY_TYPE:
         dtypes = set(map(_DTYPE, values))
         if len(dtypes) == 1 and set(map(_NDIM, values)) == _ONE:
-            (dtype,) = dtypes
             stacked: np.ndarray = np.concatenate(values)  # type: ignore[arg-type]
-            if not (_LITTLE_ENDIAN_HOST and dtype.isnative):
-                stacked = stacked.astype(dtype.newbyteorder("<"), copy=False)
             return ArrayColumn(
                 dtype=_row_dtype(stacked),
-                data=stacked.tobytes(),
+                data=_little_endian_bytes(stacked),
                 lengths=list(map(len, values)),  # type: ignore[arg-type]
             )
     elif types <= _PLAIN_SCALARS:
