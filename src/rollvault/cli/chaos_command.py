@@ -13,7 +13,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rollvault.checkpoint_tools.chaos.plan import ChaosPlan, ChaosUsageError
+from rollvault.checkpoint_tools.chaos.plan import (
+    DEFAULT_KILL_WINDOW_S,
+    ChaosPlan,
+    ChaosUsageError,
+)
 from rollvault.checkpoint_tools.chaos.report import (
     IN_FLIGHT_NOTE,
     format_comparison,
@@ -22,9 +26,6 @@ from rollvault.checkpoint_tools.chaos.report import (
 from rollvault.checkpoint_tools.chaos.supervisor import run_chaos
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RestoreMode
-
-DEFAULT_KILL_WINDOW_S = 1.0
-"""The timer schedule's window when neither --kill-window nor --kill-after-steps is given."""
 
 
 def parse_step_range(text: str) -> tuple[int, int]:

@@ -53,6 +53,10 @@ HARNESS_OWNED_PATHS: Final = frozenset(
 """Set by the harness for every start; an override of them is refused."""
 
 
+DEFAULT_KILL_WINDOW_S: Final = 1.0
+"""The timer schedule's window when no schedule is chosen (the CLI's default too)."""
+
+
 class ChaosUsageError(ValueError):
     """The harness cannot run as asked (bad override, existing directory, endless run)."""
 
@@ -69,7 +73,7 @@ class ChaosPlan:
     overrides: tuple[str, ...] = ()
     config_path: Path | None = None
     """The run config file every start uses (None: the packaged default, simulated gate)."""
-    kill_window_s: float | None = 1.0
+    kill_window_s: float | None = DEFAULT_KILL_WINDOW_S
     """Each kill comes a uniform random delay in [0, kill_window_s) after its start.
     None: the kills come by ``kill_after_steps`` instead."""
     kill_after_steps: tuple[int, int] | None = None
