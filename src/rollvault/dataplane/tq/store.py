@@ -36,25 +36,18 @@ from tensordict import TensorDict
 
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.capture import DataPlaneCapture
-from rollvault.dataplane.checkpoint_format import DataPlaneCheckpointInfo, check_user_metadata
-from rollvault.dataplane.checkpoint_io import LoadedCheckpoint, read_checkpoint, write_checkpoint
-from rollvault.dataplane.embedded import string_sequence
+from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import (
     DataPlaneConflictError,
     DataPlaneError,
     DataPlaneKeyError,
-    DataPlaneNotEmptyError,
-    DataPlaneValidationError,
 )
-from rollvault.dataplane.interface import DataPlane
+from rollvault.dataplane.keyed_store import KeyedStore
 from rollvault.dataplane.rows import (
     Row,
     RowInput,
     RowView,
-    check_key,
-    check_partition_name,
     row_difference,
-    validate_row,
 )
 from rollvault.dataplane.tq.capture import Pin, StoredEntry, TransferQueueCapture
 from rollvault.dataplane.tq.codec import EncodedRow, check_fields, decode_row, encode_row
@@ -65,7 +58,7 @@ BATCH_ROWS = 1024
 """Rows per TransferQueue call when loading or capturing many rows."""
 
 
-class TransferQueueDataPlane(DataPlane):
+class TransferQueueDataPlane(KeyedStore[StoredEntry]):
     """:class:`~rollvault.dataplane.interface.DataPlane` on a running TransferQueue.
 
     Start TransferQueue first (:func:`rollvault.dataplane.tq.session.start_transfer_queue`).
@@ -77,11 +70,9 @@ class TransferQueueDataPlane(DataPlane):
 
     def __init__(self, cut: DataPlaneMutationCut, *, namespace: str | None = None) -> None:
         _require_transfer_queue()
-        self._cut = cut
+        super().__init__(cut)
         self._namespace = namespace or uuid.uuid4().hex[:12]
-        self._index: dict[str, dict[str, StoredEntry]] = {}
         self._serial = itertools.count()
-        self._absent_clears = 0
         self._writing: dict[str, asyncio.Event] = {}
         # Physical deletes: deferred while anything is pinned, then doomed
         # until the next clear (or close) sends them. Pins are released from
@@ -93,28 +84,6 @@ class TransferQueueDataPlane(DataPlane):
         self._doomed: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------ reads
-
-    def keys(self, partition: str) -> list[str]:
-        """Keys in ``partition``, sorted (empty if it does not exist)."""
-        return sorted(self._index.get(partition, {}))
-
-    def has(self, partition: str, key: str) -> bool:
-        """Whether ``partition`` holds ``key``."""
-        return key in self._index.get(partition, {})
-
-    def partitions(self) -> list[str]:
-        """Partitions put into at least once (or loaded), sorted; they stay when emptied."""
-        return sorted(self._index)
-
-    def row_count(self, partition: str | None = None) -> int:
-        """Rows over all partitions, or in ``partition`` only."""
-        if partition is not None:
-            return len(self._index.get(partition, {}))
-        return sum(len(rows) for rows in self._index.values())
-
-    def absent_clear_count(self) -> int:
-        """Keys ``clear`` was asked to remove that were not there, since creation."""
-        return self._absent_clears
 
     def held_row_count(self) -> int:
         """Cleared rows still in TransferQueue because a capture (or a get) may read them.
@@ -129,8 +98,7 @@ class TransferQueueDataPlane(DataPlane):
         self, partition: str, keys: Sequence[str], fields: Sequence[str] | None = None
     ) -> dict[str, Row]:
         """Rows of ``keys``, all fields or only ``fields``; missing ones raise ``KeyError``s."""
-        wanted_keys = string_sequence(keys, f"partition {partition!r}: keys")
-        wanted_fields = None if fields is None else string_sequence(fields, "fields")
+        wanted_keys, wanted_fields = self._wanted(partition, keys, fields)
         stored = self._index.get(partition, {})
         entries: dict[str, StoredEntry] = {}
         for key in wanted_keys:
@@ -158,16 +126,7 @@ class TransferQueueDataPlane(DataPlane):
 
     async def put(self, partition: str, rows: Mapping[str, RowInput]) -> None:
         """Store ``rows`` in ``partition``, all or nothing; identical re-puts are no-ops."""
-        check_partition_name(partition)
-        if not isinstance(rows, Mapping):
-            raise DataPlaneValidationError(
-                f"partition {partition!r}: rows must be a mapping of key to row, "
-                f"got {type(rows).__name__}"
-            )
-        validated = {
-            check_key(partition, key): validate_row(partition, key, row)
-            for key, row in rows.items()
-        }
+        validated = self._checked_rows(partition, rows)
         encoded = {key: encode_row(row) for key, row in validated.items()}
         async with self._cut.mutation():
             stored = self._index.get(partition, {})
@@ -190,11 +149,7 @@ class TransferQueueDataPlane(DataPlane):
 
     async def clear(self, partition: str, keys: Iterable[str]) -> None:
         """Remove ``keys`` from ``partition``; absent keys are counted, not errors."""
-        check_partition_name(partition)
-        doomed = [
-            check_key(partition, key)
-            for key in string_sequence(keys, f"partition {partition!r}: keys")
-        ]
+        doomed = self._checked_keys(partition, keys)
         async with self._cut.mutation():
             stored = self._index.get(partition, {})
             removed: list[StoredEntry] = []
@@ -214,25 +169,6 @@ class TransferQueueDataPlane(DataPlane):
         return TransferQueueCapture(
             self._index, self._cut.mutation_version, fetch=self._fetch_blocking, pin=self._pin()
         )
-
-    async def save_checkpoint(
-        self,
-        directory: Path,
-        user_metadata: Mapping[str, Any],
-        capture: DataPlaneCapture | None = None,
-    ) -> DataPlaneCheckpointInfo:
-        """Write ``capture`` in the embedded store's format, in a worker thread; no fsync."""
-        metadata = check_user_metadata(user_metadata)
-        if capture is None:
-            async with self._cut.checkpoint():
-                capture = self.capture()
-        return await asyncio.to_thread(write_checkpoint, directory, capture, metadata)
-
-    async def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        """Replace the empty store with a verified checkpoint; return its ``user_metadata``."""
-        self._require_empty(directory)
-        loaded = await asyncio.to_thread(read_checkpoint, directory)
-        return await self.load_verified(loaded, source=directory)
 
     async def load_verified(self, loaded: LoadedCheckpoint, *, source: Path) -> dict[str, Any]:
         """Put a checkpoint :func:`read_checkpoint` already verified into TransferQueue.
@@ -383,14 +319,6 @@ class TransferQueueDataPlane(DataPlane):
                     await event.wait()
             for chunk in _chunks(tq_keys, BATCH_ROWS):
                 await transfer_queue.async_kv_clear(keys=chunk, partition_id=tq_partition)
-
-    def _require_empty(self, directory: Path) -> None:
-        if self.row_count():
-            raise DataPlaneNotEmptyError(
-                f"cannot load the data-plane checkpoint {directory}: the store holds "
-                f"{self.row_count()} rows (partitions {self.partitions()}); "
-                "load only into an empty data plane"
-            )
 
 
 def _require_transfer_queue() -> None:
