@@ -79,7 +79,6 @@ import torch
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.parts import RolloutParts
-from rollvault.controller.loop.pipeline import run
 from rollvault.controller.snapshots import checkpointer as checkpointer_module
 from rollvault.durable.journal_writer import JournalWriter
 from rollvault.recipes.async_grpo import prepare
@@ -309,15 +308,7 @@ def run_arm(
     try:
         if profiler is not None:
             profiler.enable()
-        summary = asyncio.run(
-            run(
-                config,
-                gate_factory=setup.gate_factory,
-                trainer=setup.trainer,
-                dataset=setup.dataset,
-                on_step=on_step,
-            )
-        )
+        summary = asyncio.run(setup.run_pipeline(on_step=on_step))
     finally:
         if profiler is not None:
             profiler.disable()

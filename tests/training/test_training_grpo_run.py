@@ -58,15 +58,7 @@ def test_a_fixed_seed_run_raises_the_mean_reward(tmp_path: Path) -> None:
         rewards.append(metrics["reward_mean"])
 
     with prepare(config) as setup:
-        summary = asyncio.run(
-            run(
-                config,
-                gate_factory=setup.gate_factory,
-                trainer=setup.trainer,
-                dataset=setup.dataset,
-                on_step=on_step,
-            )
-        )
+        summary = asyncio.run(setup.run_pipeline(on_step=on_step))
     assert summary.trainer_version == 60 and len(rewards) == 60
     first, last = float(np.mean(rewards[:20])), float(np.mean(rewards[-20:]))
     assert last > first + 0.03 and last > 2 * first, (first, last)

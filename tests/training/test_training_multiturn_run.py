@@ -19,7 +19,6 @@ import pytest
 import rollvault
 from rollvault.config.loading import load_run_config
 from rollvault.controller.loop.parts import RolloutParts
-from rollvault.controller.loop.pipeline import run
 from rollvault.recipes.async_grpo import prepare
 
 pytestmark = pytest.mark.slow
@@ -48,15 +47,7 @@ def test_the_multiturn_recipe_raises_the_mean_reward(tmp_path: Path) -> None:
         rewards.append(metrics["reward_mean"])
 
     with prepare(config) as setup:
-        summary = asyncio.run(
-            run(
-                config,
-                gate_factory=setup.gate_factory,
-                trainer=setup.trainer,
-                dataset=setup.dataset,
-                on_step=on_step,
-            )
-        )
+        summary = asyncio.run(setup.run_pipeline(on_step=on_step))
     assert summary.trainer_version == STEPS and len(rewards) == STEPS
     first, last = float(np.mean(rewards[:20])), float(np.mean(rewards[-20:]))
     assert last > first + MARGIN, (first, last)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 
 from rollvault.config.schema import GateKind, RunConfig
-from rollvault.controller.loop.pipeline import RunSummary, StepCallback, run
+from rollvault.controller.loop.pipeline import RunSummary, StepCallback
 from rollvault.controller.loop.shutdown import Shutdown
 from rollvault.recipes.run_parts import (
     Policy,
@@ -105,11 +105,7 @@ async def train(
     A run that raises (killed, refused) or was stopped by ``shutdown`` exports
     nothing: its policy is not final.
     """
-    summary = await run(
-        prepared.config,
-        gate_factory=prepared.gate_factory,
-        trainer=prepared.trainer,
-        dataset=prepared.dataset,
+    summary = await prepared.run_pipeline(
         on_step=on_step,
         # policy_start already read the directory this resume was found in.
         before_start=lambda _resume: _save_version_zero(prepared),

@@ -11,6 +11,7 @@ second instead of the five CPU-seconds those imports cost.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -19,8 +20,10 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Self
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RestoreMode, RunConfig
 from rollvault.controller.loop.gate import Gate
-from rollvault.controller.loop.pipeline import GateFactory
+from rollvault.controller.loop.pipeline import GateFactory, RunSummary, StepCallback, run
+from rollvault.controller.loop.shutdown import Shutdown
 from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.resume import ResumeSource
 from rollvault.durable.layout import (
     BOOTSTRAP_DIRNAME,
     BOOTSTRAP_MANIFEST_FILENAME,
@@ -131,6 +134,29 @@ class PreparedRun:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    async def run_pipeline(
+        self,
+        *,
+        on_step: StepCallback | None = None,
+        before_start: Callable[[ResumeSource | None], None] | None = None,
+        shutdown: Shutdown | None = None,
+    ) -> RunSummary:
+        """The pipeline's :func:`~rollvault.controller.loop.pipeline.run` on this start's inputs.
+
+        Nothing more: :func:`~rollvault.recipes.async_grpo.train` calls it and
+        also saves version 0 and exports the final policy; tests and benchmarks
+        that are about the loop call it bare.
+        """
+        return await run(
+            self.config,
+            gate_factory=self.gate_factory,
+            trainer=self.trainer,
+            dataset=self.dataset,
+            on_step=on_step,
+            before_start=before_start,
+            shutdown=shutdown,
+        )
 
     def tokens_generated(self) -> int:
         """Response tokens generated so far by this start's gates."""
