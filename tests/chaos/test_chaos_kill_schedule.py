@@ -22,6 +22,7 @@ from rollvault.checkpoint_tools.chaos.plan import (
     StepsKill,
     TimerKill,
     chaos_config,
+    kill_delays,
     kill_schedule,
     kill_step_counts,
 )
@@ -184,6 +185,22 @@ def test_the_start_timeout_bounds_the_wait_for_steps(tmp_path: Path) -> None:
     plan = dataclasses.replace(
         _steps_plan(tmp_path, (10_000, 10_000)), kills=1, start_timeout_s=3.0
     )
+    report = run_chaos(plan)
+    (start,) = report.starts
+    assert start.outcome is StartOutcome.TIMED_OUT
+    assert start.seconds < 3.0 + 2.0
+    assert "start 1 did not finish within 3s" in report.problems
+
+
+@pytest.mark.slow
+def test_the_start_timeout_bounds_a_timer_kill_too(tmp_path: Path) -> None:
+    # A kill drawn later than the start timeout: the start is reported as timed out at
+    # the timeout, not killed (or seen to finish) once the delay is over.
+    plan = ChaosPlan(
+        run_dir=tmp_path / "run", kills=1, seed=3, kill_window_s=600.0, start_timeout_s=3.0
+    )
+    (delay,) = kill_delays(plan.seed, plan.kills, 600.0)
+    assert delay > 3.0 + 2.0, delay  # the seed draws a kill well past the timeout
     report = run_chaos(plan)
     (start,) = report.starts
     assert start.outcome is StartOutcome.TIMED_OUT

@@ -144,9 +144,11 @@ def _kill_point_reached(
     incarnation: int,
     deadline: float,
 ) -> bool:
-    """Whether the started child is still running when its kill point comes."""
+    """Whether the started child is still running when its kill point comes
+    (False also when the start timeout comes first: the start then timed out)."""
     if isinstance(kill, TimerKill):
-        return _exited_within(child, kill.delay_s) is None
+        left = max(0.0, deadline - time.monotonic())
+        return _exited_within(child, min(kill.delay_s, left)) is None and kill.delay_s <= left
     watch = TrainStepWatch(log_dir / TRAIN_LOG_FILENAME, incarnation)
     return _wait_for_steps(child, watch, kill.steps, deadline)
 
