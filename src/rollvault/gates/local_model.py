@@ -64,6 +64,7 @@ from rollvault.controller.loop.gate import (
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.causal_lm import load_tokenizer
 from rollvault.gates.episode_runner import Generation
+from rollvault.gates.group_batches import GroupBatchQueue, fail_request
 from rollvault.gates.model_episodes import run_model_attempt, turn_seed_id
 from rollvault.gates.prompt_ids_cache import PromptIdsCache
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer, PromptRenderError
@@ -82,7 +83,7 @@ from rollvault.gates.worker_protocol import (
 )
 from rollvault.tasks.episodes import EpisodeSource, episode_factory
 
-__all__ = ["GateClosedError", "LocalModelGate", "WeightsProvider", "batch_size"]
+__all__ = ["GateClosedError", "LocalModelGate", "WeightsProvider"]
 
 WeightsProvider = Callable[[], bytes]
 """Returns the trainer's current weights as safetensors bytes."""
@@ -152,8 +153,7 @@ class LocalModelGate:
         self._weights = (weight_version, weights_provider())
         if not self.starts_before_weights:
             self.start()
-        self._pending: list[_Pending] = []
-        self._held_groups: set[str] = set()
+        self._pending: GroupBatchQueue[_Pending] = GroupBatchQueue(config.max_batch_size)
         """Groups with siblings generated and siblings still waiting: the worker keeps its
         weight version until they have all started."""
         self._wakeup = asyncio.Event()
@@ -206,9 +206,7 @@ class LocalModelGate:
             self._dispatcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dispatcher
-        for pending in self._pending:
-            pending.future.cancel()
-        self._pending.clear()
+        self._pending.cancel_all()
         await asyncio.to_thread(self._stop_worker)
 
     # -- attempts -------------------------------------------------------------------------
@@ -323,29 +321,14 @@ class LocalModelGate:
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 while self._pending:
-                    batch, hold = self._next_batch()
+                    batch, hold = self._pending.next_batch()
                     if batch:
                         await self._run_batch(batch, hold=hold)
         except WorkerStartError as error:
             # Not retryable: every waiting and every later attempt raises it, which
             # stops the run with the worker's own message.
             self._fatal = error
-            for pending in self._pending:
-                _fail(pending, error)
-            self._pending.clear()
-
-    def _next_batch(self) -> tuple[list[_Pending], bool]:
-        """The next batch, and whether it must keep the worker's weights (the hold)."""
-        # Attempts cancelled while they waited take no room in a batch.
-        self._pending = [pending for pending in self._pending if not pending.future.done()]
-        size = batch_size([p.group_id for p in self._pending], self._config.max_batch_size)
-        batch = self._pending[:size]
-        del self._pending[:size]
-        in_batch = {pending.group_id for pending in batch}
-        hold = not self._held_groups.isdisjoint(in_batch)
-        waiting = {pending.group_id for pending in self._pending}
-        self._held_groups = (self._held_groups | in_batch) & waiting
-        return batch, hold
+            self._pending.fail_all(error)
 
     async def _run_batch(self, batch: list[_Pending], *, hold: bool = False) -> None:
         command = Generate(
@@ -358,12 +341,12 @@ class LocalModelGate:
         except (WorkerLostError, WorkerCommandError) as error:
             lost = WorkerLostError(str(error))
             for pending in batch:
-                _fail(pending, lost)
+                fail_request(pending, lost)
             await self._retire_worker(error)
             return
         except WorkerStartError as error:
             for pending in batch:
-                _fail(pending, error)
+                fail_request(pending, error)
             raise
         self._losses_in_a_row = 0
         self.batches += 1
@@ -463,24 +446,3 @@ class _TurnTokens(msgspec.Struct):
 
     def _newest_version(self) -> int:
         return max(self.weight_versions, default=0)
-
-
-def batch_size(group_ids: list[str], max_batch_size: int) -> int:
-    """How many of the waiting requests (their groups, in queue order) the next batch takes.
-
-    At most ``max_batch_size``, ending at a group boundary: a group that would
-    not fit whole waits for the next batch, unless it starts the batch (a group
-    larger than a batch is split; the hold keeps its version).
-    """
-    size = min(max_batch_size, len(group_ids))
-    if size == len(group_ids) or group_ids[size] != group_ids[size - 1]:
-        return size
-    start = size - 1
-    while start > 0 and group_ids[start - 1] == group_ids[size - 1]:
-        start -= 1
-    return start if start > 0 else size
-
-
-def _fail(pending: _Pending, error: Exception) -> None:
-    if not pending.future.done():
-        pending.future.set_exception(error)

@@ -24,7 +24,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError
 
 from rollvault.config.schema import LocalModelGateConfig, RayGateConfig
-from rollvault.gates.local_model import batch_size
+from rollvault.gates.group_batches import GroupBatchQueue, fail_request
 from rollvault.gates.ray_pool.health import ActorHealth, check_transition
 from rollvault.gates.ray_pool.weights import WeightBroadcast
 from rollvault.gates.worker_process import WorkerLostError, WorkerStartError
@@ -101,9 +101,8 @@ class ActorLane:
         self._weights = weights
         self._on_change = on_change
         self._reroute = reroute
-        self._pending: list[PendingRequest] = []
+        self._pending: GroupBatchQueue[PendingRequest] = GroupBatchQueue(sampling.max_batch_size)
         self._running = 0
-        self._held_groups: set[str] = set()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -135,9 +134,7 @@ class ActorLane:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for pending in self._pending:
-            pending.future.cancel()
-        self._pending.clear()
+        self._pending.cancel_all()
 
     # -- the dispatcher -----------------------------------------------------------------
 
@@ -186,21 +183,9 @@ class ActorLane:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._pending:
-                batch, hold = self._next_batch()
+                batch, hold = self._pending.next_batch()
                 if batch:
                     await self._run_batch(batch, hold=hold)
-
-    def _next_batch(self) -> tuple[list[PendingRequest], bool]:
-        """As the local model gate: whole groups, and the hold while a group is split."""
-        self._pending = [pending for pending in self._pending if not pending.future.done()]
-        size = batch_size([p.group_id for p in self._pending], self._sampling.max_batch_size)
-        batch = self._pending[:size]
-        del self._pending[:size]
-        in_batch = {pending.group_id for pending in batch}
-        hold = not self._held_groups.isdisjoint(in_batch)
-        waiting = {pending.group_id for pending in self._pending}
-        self._held_groups = (self._held_groups | in_batch) & waiting
-        return batch, hold
 
     async def _run_batch(self, batch: list[PendingRequest], *, hold: bool) -> None:
         self._running = len(batch)
@@ -217,11 +202,11 @@ class ActorLane:
         except _ActorLost as lost:
             error = WorkerLostError(str(lost))
             for pending in batch:
-                _fail(pending, error)
+                fail_request(pending, error)
             raise
         except Exception as unexpected:
             for pending in batch:
-                _fail(pending, unexpected)
+                fail_request(pending, unexpected)
             raise
         finally:
             self._running = 0
@@ -282,9 +267,7 @@ class ActorLane:
             # A live actor that failed a command or went silent: suspect, then replaced.
             self._transition(ActorHealth.SUSPECT)
         self._transition(ActorHealth.DEAD)
-        queued, self._pending = self._pending, []
-        self._held_groups.clear()
-        self._reroute(queued)
+        self._reroute(self._pending.take_all())
         if self.restarts >= self._pool.max_actor_restarts:
             self._give_up(reason)
             return False
@@ -306,14 +289,7 @@ class ActorLane:
         )
 
     def _fail_queued(self, error: Exception) -> None:
-        for pending in self._pending:
-            _fail(pending, error)
-        self._pending.clear()
-
-
-def _fail(pending: PendingRequest, error: Exception) -> None:
-    if not pending.future.done():
-        pending.future.set_exception(error)
+        self._pending.fail_all(error)
 
 
 def _describe(reply: object) -> str:
