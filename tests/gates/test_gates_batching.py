@@ -30,13 +30,14 @@ def test_a_batch_splits_no_group_that_does_not_start_it(
     assert batch_size(groups, max_batch_size) == expected
 
 
+_LOOP: asyncio.AbstractEventLoop = asyncio.new_event_loop()
+"""Futures need a loop to belong to; nothing here runs on it."""
+
+
 @dataclass
 class _Request:
     group_id: str
     future: asyncio.Future[int] = field(default_factory=lambda: _LOOP.create_future())
-
-
-_LOOP = asyncio.new_event_loop()
 
 
 def _queue(groups: str, max_batch_size: int) -> GroupBatchQueue[_Request]:
