@@ -4,10 +4,10 @@ Usage: python benchmarks/bench_journal_ablation.py MODE [bench_grpo_run.py argum
 
 MODE (what the journal arm still does; the none arm is bench_grpo_run's own):
 - ``normal``: everything (bench_grpo_run.py as it is);
-- ``no_write``: the writer thread encodes and frames each group but writes and flushes nothing;
+- ``no_write``: the writer thread frames each group but writes and flushes nothing;
 - ``no_writer_work``: the writer thread only marks each group durable;
 - ``no_hand_over``: the pump builds each seal's record, but ``seal_many`` hands nothing over
-  (no packing, no queue put); finalize and step records still go to the writer.
+  (no packing, no encoding, no queue put); finalize and step records still go to the writer.
 
 A measurement aid only: it replaces methods of this process's classes before the benchmark
 runs, so the run's durability is not what the recipe's is.
@@ -26,13 +26,13 @@ MODES = ("normal", "no_write", "no_writer_work", "no_hand_over")
 BENCH = Path(__file__).resolve().parent / "bench_grpo_run.py"
 
 
-def _mark_durable(writer: JournalWriter, batch: list[tuple[int, object, bool]]) -> None:
+def _mark_durable(writer: JournalWriter, batch: list[tuple[int, bytes, bool]]) -> None:
     with writer._cond:
         writer._durable_seq = batch[-1][0]
         writer._wake_async_waiters()
 
 
-def _encode_only(writer: JournalWriter, batch: list[tuple[int, object, bool]]) -> None:
+def _encode_only(writer: JournalWriter, batch: list[tuple[int, bytes, bool]]) -> None:
     writer._frame_group(batch)  # encoded and framed as usual; nothing written or flushed
     _mark_durable(writer, batch)
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollvault.durable import journal_writer
 from rollvault.durable.journal_format import (
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
@@ -293,61 +294,39 @@ def test_a_writer_that_wrote_nothing_leaves_no_segment_to_trip_on(tmp_path: Path
         JournalWriter(tmp_path, first_seq=2)
 
 
-def _encode_text(item: object, buffer: bytearray) -> None:
-    if not isinstance(item, str):
-        raise TypeError(f"a str, not {type(item).__name__}")
-    buffer += item.encode()
-
-
-def test_objects_are_encoded_on_the_writer_thread_into_the_group_beside_bytes(
-    tmp_path: Path,
-) -> None:
-    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.05, encode=_encode_text)
-    seqs = [writer.append_object("first"), writer.append(b"second"), writer.append_object("")]
-    writer.wait_durable(seqs[-1], timeout=30)
-    writer.close()
-    assert seqs == [0, 1, 2]
-    records = read_journal(tmp_path).records
-    assert [(r.seq, r.payload) for r in records] == [(0, b"first"), (1, b"second"), (2, b"")]
-    assert writer.stats().bytes_written == 3 * RECORD_HEADER_BYTES + len(b"firstsecond")
-
-
-def test_an_object_the_encoder_refuses_stops_the_writer_naming_its_record(
-    tmp_path: Path,
-) -> None:
-    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0, encode=_encode_text)
-    writer.wait_durable(writer.append_object("kept"), timeout=30)
-    bad = writer.append_object(42)
-    with pytest.raises(JournalWriteError, match=r"record 1 \(int\) could not be encoded"):
-        writer.wait_durable(bad, timeout=30)
-    with pytest.raises(JournalWriteError):
-        writer.append_object("refused")
-    with pytest.raises(JournalWriteError):
-        writer.close()
-    assert [r.payload for r in read_journal(tmp_path).records] == [b"kept"]
-    plain, _ = JournalWriter.open(tmp_path / "plain")
-    with pytest.raises(ValueError, match="append_object needs a writer with encode"):
-        plain.append_object("x")
-    plain.close()
-
-
-def test_append_objects_queues_a_batch_in_order_as_one_group(tmp_path: Path) -> None:
-    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.05, encode=_encode_text)
-    assert writer.append_objects([]) == range(0, 0)
-    first = writer.append_object("before")
-    seqs = writer.append_objects(["a", "b", "c"])
+def test_append_many_queues_a_batch_in_order_as_one_group(tmp_path: Path) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.05)
+    assert writer.append_many([]) == range(0, 0)
+    first = writer.append(b"before")
+    seqs = writer.append_many([b"a", b"b", b""])
     assert first == 0 and seqs == range(1, 4)
     writer.wait_durable(seqs[-1], timeout=30)
     stats = writer.stats()
     writer.close()
     assert stats.fsyncs == 1  # all four within one commit interval
+    assert stats.bytes_written == 4 * RECORD_HEADER_BYTES + len(b"beforeab")
     records = read_journal(tmp_path).records
     assert [(r.seq, r.payload) for r in records] == [
         (0, b"before"),
         (1, b"a"),
         (2, b"b"),
-        (3, b"c"),
+        (3, b""),
     ]
+
+
+def test_a_payload_that_is_not_bytes_or_too_large_is_refused_before_anything_is_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.0)
+    with pytest.raises(TypeError, match="record 1 of 2 is a str, not bytes"):
+        writer.append_many([b"fine", "text"])  # type: ignore[list-item]
+    monkeypatch.setattr(journal_writer, "MAX_RECORD_BYTES", 4)
+    with pytest.raises(ValueError, match="record 0 of 1 is 5 bytes, more than a record may hold"):
+        writer.append(b"12345")
+    # Nothing of either call was queued, and the writer goes on.
+    assert writer.wait_durable(writer.append(b"1234"), timeout=30)
+    writer.close()
+    assert [(r.seq, r.payload) for r in read_journal(tmp_path).records] == [(0, b"1234")]
 
 
 def test_a_failed_flush_cuts_the_segment_back_to_its_last_durable_record(

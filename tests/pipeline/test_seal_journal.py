@@ -22,6 +22,7 @@ from rollvault.controller.loop.journal_rows import (
 from rollvault.controller.loop.seal_journal import (
     SEAL_JOURNAL_DIRNAME,
     FinalizeRecord,
+    JournalEncodeError,
     JournalEntry,
     JournalEnvelope,
     SealBatchRecord,
@@ -385,6 +386,25 @@ def test_a_batch_record_is_read_only_at_its_own_version_and_only_whole(tmp_path:
         own_rows.expanded(where="here")
 
 
+def test_a_lone_record_msgpack_cannot_encode_stops_the_journal_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    # Encoded on the event loop: the caller's call returns None at once (nothing is queued,
+    # and no later record may be written after the missing one), as a failed write does.
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        kept = journal.seal(_seal())
+        unencodable = msgspec.structs.replace(_seal(), receipt={"reward": 1j})
+        assert journal.seal(unencodable) is None
+        assert isinstance(journal.failure, JournalEncodeError)
+        assert "1 seal(s) from g1_g2_a" in str(journal.failure)
+        assert journal.step(1, ["g1"]) is None
+    finally:
+        journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert kept == 0 and [r.entry for r in records] == [_seal()]
+
+
 def test_a_batch_with_a_row_the_journal_cannot_store_stops_the_journal_and_keeps_the_rest(
     tmp_path: Path,
 ) -> None:
@@ -400,7 +420,7 @@ def test_a_batch_with_a_row_the_journal_cannot_store_stops_the_journal_and_keeps
     try:
         assert journal.seal_many(list(good)) == range(0, 1)
         assert journal.seal_many(list(bad)) is None
-        assert journal.failure is not None and "could not be packed" in str(journal.failure)
+        assert journal.failure is not None and "could not be encoded" in str(journal.failure)
         assert journal.seal_many(list(good)) is None  # nothing after the missing records
         assert journal.metrics()["journal/failed"] == 1.0
     finally:

@@ -7,11 +7,10 @@ writer thread. That thread writes every record queued so far in one
 more records for at most ``commit_interval_s`` after the first one of a
 group, or until ``commit_max_records`` are queued, so a burst of seals costs
 one flush and a lone seal waits no longer than the interval. A record is
-handed over as its payload's bytes (:meth:`JournalWriter.append`) or as an
-object the writer's ``encode`` turns into them on the writer thread
-(:meth:`JournalWriter.append_object`): each group's payloads are then encoded
-straight into the one buffer its ``write`` takes, and the caller's thread
-(the controller's event loop) pays only the queue put. A record is
+handed over as its payload's bytes (:meth:`JournalWriter.append`,
+:meth:`JournalWriter.append_many`), encoded by the caller: the writer thread
+only frames, writes and flushes, most of it in C and syscalls that release
+the GIL, so it takes little of the caller's interpreter. A record is
 *durable* once its group's ``fsync`` returned: :attr:`JournalWriter.durable_seq`
 and :meth:`JournalWriter.wait_durable` / :meth:`JournalWriter.until_durable`
 say so.
@@ -32,7 +31,7 @@ on purpose (after a snapshot that covers the records so far), and
 :meth:`JournalWriter.drop_through` deletes the segments whose every record a
 snapshot covers, oldest first, so the journal on disk is always a chain.
 
-A failed write or flush, or an object ``encode`` refuses, stops the writer: the bytes after the last durable
+A failed write or flush stops the writer: the bytes after the last durable
 record are cut off, every waiter and every later ``append`` gets the
 :class:`JournalWriteError`, and nothing is ever written after a missing
 record.
@@ -45,7 +44,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -53,6 +52,7 @@ from typing import Final
 from rollvault.durable.faults import fault_point
 from rollvault.durable.fsync import _fsync_directory, _write_all
 from rollvault.durable.journal_format import (
+    MAX_RECORD_BYTES,
     RECORD_HEADER_BYTES,
     SEGMENT_HEADER_BYTES,
     JournalDamage,
@@ -75,14 +75,6 @@ QUARANTINE_SUFFIX: Final = ".damaged"
 class JournalWriteError(OSError):
     """The journal could not write or flush a record; it takes no more."""
 
-
-class JournalEncodeError(JournalWriteError):
-    """The writer's encoder could not encode a record handed to :meth:`JournalWriter.append_object`."""
-
-
-PayloadEncoder = Callable[[object, bytearray], None]
-"""Appends one record's payload to the end of ``buffer`` (e.g. msgspec's
-``Encoder.encode_into(item, buffer, -1)``); raises on an item it cannot encode."""
 
 _HEADER_SPACE: Final = bytes(RECORD_HEADER_BYTES)
 
@@ -170,7 +162,6 @@ class JournalWriter:
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
         lazy_interval_s: float = DEFAULT_LAZY_INTERVAL_S,
-        encode: PayloadEncoder | None = None,
     ) -> None:
         if commit_interval_s < 0 or commit_max_records < 1 or lazy_interval_s < 0:
             raise ValueError(
@@ -183,10 +174,8 @@ class JournalWriter:
         self._lazy_interval = lazy_interval_s
         self._max_records = commit_max_records
         self._cond = threading.Condition()
-        self._encode = encode
-        self._queue: deque[tuple[int, object, bool]] = deque()
-        """(seq, payload, lazy): payload bytes as they are, anything else for ``encode``
-        on this thread."""
+        self._queue: deque[tuple[int, bytes, bool]] = deque()
+        """(seq, payload, lazy) of each record not yet written."""
         self._first_queued_at = 0.0
         """When the oldest queued record was queued (a lazy one's wait starts there)."""
         self._group_opened_at: float | None = None
@@ -215,7 +204,6 @@ class JournalWriter:
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
         lazy_interval_s: float = DEFAULT_LAZY_INTERVAL_S,
-        encode: PayloadEncoder | None = None,
     ) -> tuple[JournalWriter, JournalRepair]:
         """Repair ``directory``'s journal, then start writing after its last verified record."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -226,7 +214,6 @@ class JournalWriter:
             commit_interval_s=commit_interval_s,
             commit_max_records=commit_max_records,
             lazy_interval_s=lazy_interval_s,
-            encode=encode,
         )
         return writer, repair
 
@@ -239,30 +226,28 @@ class JournalWriter:
         """
         return self._enqueue([payload], lazy)[0]
 
-    def append_object(self, item: object, *, lazy: bool = False) -> int:
-        """Queue one record whose payload the writer thread encodes (``encode``).
+    def append_many(self, payloads: Sequence[bytes], *, lazy: bool = False) -> range:
+        """Queue records as :meth:`append` does, in order, under one lock: their seqs.
 
-        The caller's thread pays only the queue put: the encoding goes into the
-        group's one write buffer on the writer thread, with its neighbours'.
-        ``item`` must not change after this call. An item ``encode`` refuses
-        stops the writer (:class:`JournalEncodeError`, naming its seq), as a
-        failed write does: no record is ever written after a missing one.
+        A batch of records costs the caller one lock round trip and at most one
+        wake of the writer, not one per record.
         """
-        if self._encode is None:
-            raise ValueError(f"journal {self.directory}: append_object needs a writer with encode")
-        return self._enqueue([item], lazy)[0]
+        return self._enqueue(payloads, lazy)
 
-    def append_objects(self, items: Sequence[object], *, lazy: bool = False) -> range:
-        """Queue records as :meth:`append_object` does, in order, under one lock: their seqs.
-
-        A batch of seals (one generation batch's) then costs the caller one lock
-        round trip and at most one wake of the writer, not one per record.
-        """
-        if self._encode is None:
-            raise ValueError(f"journal {self.directory}: append_objects needs a writer with encode")
-        return self._enqueue(items, lazy)
-
-    def _enqueue(self, payloads: Sequence[object], lazy: bool) -> range:
+    def _enqueue(self, payloads: Sequence[bytes], lazy: bool) -> range:
+        for number, payload in enumerate(payloads):
+            if type(payload) is not bytes:
+                raise TypeError(
+                    f"journal {self.directory}: record {number} of {len(payloads)} is a "
+                    f"{type(payload).__name__}, not bytes"
+                )
+            if len(payload) > MAX_RECORD_BYTES:
+                # Refused before anything is queued: the caller decides what a record
+                # that cannot be journaled means (the seal journal stops).
+                raise ValueError(
+                    f"journal {self.directory}: record {number} of {len(payloads)} is "
+                    f"{len(payload)} bytes, more than a record may hold ({MAX_RECORD_BYTES})"
+                )
         with self._cond:
             self._raise_if_stopped()
             first = self._next_seq
@@ -389,7 +374,7 @@ class JournalWriter:
             if closing and not batch:
                 return
 
-    def _next_batch(self) -> tuple[list[tuple[int, object, bool]], bool, bool]:
+    def _next_batch(self) -> tuple[list[tuple[int, bytes, bool]], bool, bool]:
         with self._cond:
             self._cond.wait_for(lambda: self._queue or self._rotate_requested or self._closing)
             # Group commit: gather records until the interval since the group's
@@ -418,7 +403,7 @@ class JournalWriter:
             deadline = min(deadline, self._group_opened_at + self._interval)
         return deadline
 
-    def _write_group(self, batch: list[tuple[int, object, bool]]) -> None:
+    def _write_group(self, batch: list[tuple[int, bytes, bool]]) -> None:
         fd = self._require_fd()
         data = self._frame_group(batch)
         # Known, not asked with fstat: a syscall that releases the GIL costs a hand-back
@@ -439,23 +424,14 @@ class JournalWriter:
             self._durable_seq = batch[-1][0]
             self._wake_async_waiters()
 
-    def _frame_group(self, batch: list[tuple[int, object, bool]]) -> bytearray:
-        """The group's records, framed, in one buffer: each payload encoded in place."""
+    def _frame_group(self, batch: list[tuple[int, bytes, bool]]) -> bytearray:
+        """The group's records, framed, in one buffer."""
         buffer = bytearray()
         for seq, payload, _ in batch:
             start = len(buffer)
             buffer += _HEADER_SPACE
-            try:
-                if isinstance(payload, bytes):
-                    buffer += payload
-                else:
-                    assert self._encode is not None  # append_object refuses items without one
-                    self._encode(payload, buffer)
-                frame_record(buffer, start, seq)
-            except Exception as exc:  # noqa: BLE001 - any encoder error stops the writer, named
-                raise JournalEncodeError(
-                    f"record {seq} ({type(payload).__name__}) could not be encoded: {exc}"
-                ) from exc
+            buffer += payload
+            frame_record(buffer, start, seq)
         return buffer
 
     def _rotate_segment(self) -> None:

@@ -5,15 +5,16 @@ last one is generated again after a kill. The rollout pump, the finalizer and
 the train pump hand a record of each applied change to a
 :class:`~rollvault.durable.journal_writer.JournalWriter` (CRC-framed
 segments, group commit on a writer thread, :mod:`rollvault.durable`), *after*
-the change was applied and *outside* the mutation cut: appending costs a
-queue put; the writer thread encodes each group of records into one buffer
-(:func:`entry_encoder`), writes it and flushes it with one ``fsync``, once per
+the change was applied and *outside* the mutation cut: the journal encodes
+each record on the event loop (:func:`encode_entry`, right after it was built)
+and queues its bytes; the writer thread frames each group of records into one
+buffer, writes it and flushes it with one ``fsync``, once per
 ``rollout_checkpointing.journal.commit_interval_ms`` (or per
 ``max_batch_records``). A seal is *kept* once its record is durable.
 
 What is durable when: a seal (and a partial) record opens a group commit, so it
 is durable within about the commit interval. Finalize and step records are
-appended *lazily* (:meth:`~rollvault.durable.journal_writer.JournalWriter.append_object`
+appended *lazily* (:meth:`~rollvault.durable.journal_writer.JournalWriter.append_many`
 with ``lazy=True``): they open no group of their own but ride on the next one
 (the next generation batch's seals), a rotation or the close, or are flushed
 alone after ``rollout_checkpointing.journal.lazy_interval_ms`` (1,000 ms). Nothing depends on them
@@ -73,13 +74,7 @@ from rollvault.durable.journal_format import (
     SEGMENT_HEADER_BYTES,
     JournalReplay,
 )
-from rollvault.durable.journal_writer import (
-    JournalEncodeError,
-    JournalRepair,
-    JournalWriteError,
-    JournalWriter,
-    PayloadEncoder,
-)
+from rollvault.durable.journal_writer import JournalRepair, JournalWriteError, JournalWriter
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 
 SEAL_JOURNAL_DIRNAME: Final = "journal"
@@ -94,6 +89,14 @@ SEAL_BATCH_RECORD_SCHEMA_VERSION: Final = 3
 rows in columns): a rollvault that reads only the earlier versions refuses it by its
 version, naming it."""
 _LOG = logging.getLogger("rollvault.journal")
+_ENCODE_ERRORS: Final = (msgspec.EncodeError, KeyError, TypeError, ValueError, OverflowError)
+"""What packing or encoding a record may raise: a row or a value the journal cannot store."""
+
+
+class JournalEncodeError(JournalWriteError):
+    """A record could not be encoded (or is too large for a record): the journal stops, as
+    on a failed write, so that no record is ever written after a missing one."""
+
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -177,9 +180,9 @@ class SealBatchRecord(
     """A generation batch's seals in one record, their rows in columns
     (:func:`~rollvault.controller.loop.journal_rows.pack_rows`).
 
-    One record instead of one per seal: the writer thread packs the batch's
-    arrays with a few C calls per field instead of a Struct and a copy per
-    array, and frames and checksums one payload. The seals are applied in
+    One record instead of one per seal: packing takes a few C calls per field
+    instead of a Struct and a copy per array, and the writer frames and
+    checksums one payload. The seals are applied in
     order on replay, exactly as if each had its own record (:func:`decode_replay`
     expands them); they become durable together.
     """
@@ -225,15 +228,13 @@ JournalEntry = ReplayEntry | SealBatchRecord
 
 @dataclass(frozen=True, slots=True)
 class StagedSeal:
-    """A seal handed to the writer with its rows as they were staged, not yet encoded.
+    """A seal handed to the journal with its rows as they were staged, not yet encoded.
 
-    Copying the rows' arrays out as journal values (:func:`encode_rows`) is the
-    costliest part of a record; done on the writer thread, it stays off the event
-    loop (on a train step's critical path). The rows must not change once handed
-    over: they are the turn rows the gate handed to the pump's turn sink, which it
-    never touches again (the data plane stores its own copies), or rows read back
-    from the data plane. The bytes on disk are those of the :class:`SealRecord`
-    :meth:`journaled` returns.
+    The journal packs the rows of a batch of them in columns
+    (:func:`seal_batch_record`), or a lone one's rows one by one
+    (:meth:`journaled`), so the hot path copies no row into a record of its
+    own first. The rows are the turn rows the gate handed to the pump's turn
+    sink, or rows read back from the data plane.
     """
 
     record: SealRecord
@@ -250,10 +251,11 @@ class StagedSeal:
 def seal_batch_record(staged: Sequence[StagedSeal]) -> SealBatchRecord:
     """A generation batch's staged seals as one record, every row packed in columns.
 
-    Built on the event loop, where the rows were just made: packing is per-field
-    work on every row, which costs about twice as much on the writer thread after
-    it slept (cold caches), and a GIL-bound thread's time delays the loop either
-    way. What is left for the writer is bulk bytes: encoding, CRC, write, fsync.
+    Built and encoded on the event loop, where the rows were just made: packing
+    is per-field work on every row, which costs about twice as much on the
+    writer thread after it slept (cold caches), and a GIL-bound thread's time
+    delays the loop either way. What is left for the writer is bulk bytes:
+    framing, CRC, write, fsync.
     """
     return SealBatchRecord(
         seals=[seal.record for seal in staged],
@@ -263,8 +265,16 @@ def seal_batch_record(staged: Sequence[StagedSeal]) -> SealBatchRecord:
     )
 
 
-QueuedEntry = JournalEntry | StagedSeal
-"""What the writer thread takes: a record, or a staged seal whose rows it encodes."""
+def _seal_payloads(entries: Sequence[SealRecord | StagedSeal]) -> list[bytes]:
+    """The encoded records of a batch of seals: one batch record when two or more are
+    staged, else a record each (raises what packing or encoding raises)."""
+    staged = [entry for entry in entries if isinstance(entry, StagedSeal)]
+    if len(entries) > 1 and len(staged) == len(entries):
+        return [encode_entry(seal_batch_record(staged))]
+    return [
+        encode_entry(entry.journaled() if isinstance(entry, StagedSeal) else entry)
+        for entry in entries
+    ]
 
 
 class JournalEnvelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -304,25 +314,6 @@ def _envelope(entry: JournalEntry) -> JournalEnvelope:
 def encode_entry(entry: JournalEntry) -> bytes:
     """The payload of one journal record."""
     return _ENCODER.encode(_envelope(entry))
-
-
-def entry_encoder() -> PayloadEncoder:
-    """The writer thread's encoder: one record's payload appended to the group's buffer.
-
-    Its own msgspec encoder (one per writer, used by that writer's thread only);
-    the bytes are those of :func:`encode_entry`.
-    """
-    encoder = msgspec.msgpack.Encoder()
-    entry_types = (SealRecord, FinalizeRecord, StepRecord, PartialRecord, SealBatchRecord)
-
-    def encode_into(entry: object, buffer: bytearray) -> None:
-        if isinstance(entry, StagedSeal):
-            entry = entry.journaled()
-        if not isinstance(entry, entry_types):
-            raise TypeError(f"not a seal journal entry: {type(entry).__name__}")
-        encoder.encode_into(_envelope(entry), buffer, -1)
-
-    return encode_into
 
 
 def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
@@ -373,7 +364,7 @@ class SealJournalCounters:
 
 
 class SealJournal:
-    """The run's seal journal: encodes records and hands them to the writer thread."""
+    """The run's seal journal: encodes records and hands their bytes to the writer thread."""
 
     def __init__(self, writer: JournalWriter, repair: JournalRepair) -> None:
         self._writer = writer
@@ -394,7 +385,6 @@ class SealJournal:
             commit_interval_s=settings.commit_interval_ms / 1000.0,
             commit_max_records=settings.max_batch_records,
             lazy_interval_s=settings.lazy_interval_ms / 1000.0,
-            encode=entry_encoder(),
         )
         if repair.truncated is not None:
             _LOG.warning("seal journal: cut off a damaged tail: %s", repair.truncated.describe())
@@ -410,9 +400,8 @@ class SealJournal:
     def seal(self, entry: SealRecord | StagedSeal) -> int | None:
         """Journal one applied seal (the caller built it from what it handed the ledger).
 
-        The caller passes the rows it staged (a :class:`StagedSeal`: the writer
-        thread encodes them), so the hot path reads neither the ledger's group nor
-        the data plane back.
+        The caller passes the rows it staged (a :class:`StagedSeal`), so the hot
+        path reads neither the ledger's group nor the data plane back.
         """
         seqs = self.seal_many([entry])
         return None if seqs is None else seqs[0]
@@ -422,28 +411,27 @@ class SealJournal:
 
         Two or more staged seals go in one :class:`SealBatchRecord` (one seq,
         durable together); otherwise each seal is a record of its own. Returns
-        the seqs of the records, or None once the writer has failed.
+        the seqs of the records, or None once the journal has stopped.
         """
         if self.failure is not None:
             return None
-        staged = [entry for entry in entries if isinstance(entry, StagedSeal)]
-        batch: list[QueuedEntry] = list(entries)
-        if len(entries) > 1 and len(staged) == len(entries):
-            try:
-                batch = [seal_batch_record(staged)]
-            except (KeyError, TypeError, ValueError) as exc:
-                # A row the journal cannot store (a dtype rows may not have): the journal
-                # stops, as when the writer's encoder refuses a record, and the run goes on
-                # with its snapshots; no later record is written after the missing ones.
-                first = staged[0].record.gate_rollout_id
-                self._stopped(
-                    JournalEncodeError(
-                        f"journal {self._writer.directory}: the batch of {len(staged)} seals "
-                        f"from {first} could not be packed: {exc!r}"
-                    )
+        if not entries:
+            return range(self.next_seq, self.next_seq)
+        try:
+            payloads = _seal_payloads(entries)
+        except _ENCODE_ERRORS as exc:
+            # A row the journal cannot store (a dtype rows may not have): the journal
+            # stops, and the run goes on with its snapshots; no later record is written
+            # after the missing ones.
+            first = entries[0].record if isinstance(entries[0], StagedSeal) else entries[0]
+            self._stopped(
+                JournalEncodeError(
+                    f"journal {self._writer.directory}: {len(entries)} seal(s) from "
+                    f"{first.gate_rollout_id} could not be encoded: {exc!r}"
                 )
-                return None
-        seqs = self._append_all(batch)
+            )
+            return None
+        seqs = self._append_all(payloads)
         if seqs is not None:
             self.counters.seals_journaled += len(entries)
             per_record = len(entries) // len(seqs)
@@ -481,12 +469,25 @@ class SealJournal:
                 self.counters.partials_carried += 1
 
     def _append(self, entry: JournalEntry, *, lazy: bool = False) -> int | None:
-        """Queue one record; None once the writer has failed. ``lazy``: see the module doc."""
-        seqs = self._append_all([entry], lazy=lazy)
+        """Encode and queue one record; None once the journal has stopped. ``lazy``: see the
+        module doc."""
+        if self.failure is not None:
+            return None
+        try:
+            payload = encode_entry(entry)
+        except _ENCODE_ERRORS as exc:
+            self._stopped(
+                JournalEncodeError(
+                    f"journal {self._writer.directory}: a {type(entry).__name__} record could "
+                    f"not be encoded: {exc!r}"
+                )
+            )
+            return None
+        seqs = self._append_all([payload], lazy=lazy)
         return None if seqs is None else seqs[0]
 
-    def _append_all(self, entries: Sequence[QueuedEntry], *, lazy: bool = False) -> range | None:
-        """Queue records in order; their seqs, None once the writer has failed.
+    def _append_all(self, payloads: list[bytes], *, lazy: bool = False) -> range | None:
+        """Queue encoded records in order; their seqs, None once the journal has stopped.
 
         A journal that cannot write (disk full, I/O error) does not stop the
         run: snapshots still keep everything up to the newest one, as before
@@ -496,11 +497,13 @@ class SealJournal:
         if self.failure is not None:
             return None
         try:
-            # Encoded on the writer thread, into its group's one buffer: the event
-            # loop pays a queue put. Entries are frozen, and what they hold (staged
-            # rows, copied lists, a receipt the ledger copied for itself) is never
-            # changed once handed over.
-            return self._writer.append_objects(entries, lazy=lazy)
+            # Encoded here, on the event loop, right after the records were built (warm,
+            # and they die at once instead of living in the queue for a commit interval,
+            # where the collector would walk them); the writer thread gets bytes.
+            return self._writer.append_many(payloads, lazy=lazy)
+        except ValueError as error:  # a record larger than a record may be
+            self._stopped(JournalEncodeError(str(error)))
+            return None
         except JournalWriteError as error:
             self._stopped(error)
             return None
