@@ -4,7 +4,7 @@ Run as ``python fact_segments_crash_child.py <mode> <checkpoint_dir>``; the
 test starts it with ``ROLLVAULT_FAULT_KILL_AT``/``ROLLVAULT_FAULT_TRACE`` set
 (see rollvault.durable.faults).
 
-The facts at step ``s`` are two groups per step ``t`` in ``s - 2..s`` (dataset
+The facts at step ``s`` are two groups per step ``t`` in ``s - 1..s`` (dataset
 indices ``2t`` and ``2t + 1``): each has its origin, and those of ``t < s``
 are finalized; so every step adds two origins, finalizes two groups and drops
 the two oldest (their facts die, and segments go sparse, are compacted and
@@ -83,7 +83,7 @@ def finalization(idx: int) -> FinalizedGroup:
 
 def expected(step: int) -> tuple[dict[str, GroupOrigin], dict[str, str], dict[str, FinalizedGroup]]:
     """The origins, prompt identities and finalizations a snapshot of ``step`` holds."""
-    steps = range(max(1, step - 2), step + 1)
+    steps = range(max(1, step - 1), step + 1)
     indices = [idx for t in steps for idx in (2 * t, 2 * t + 1)]
     origins = {f"g{idx}": GroupOrigin(epoch=0, dataset_idx=idx) for idx in indices}
     identities = {f"g{idx}": f"{idx:064x}" for idx in indices}
