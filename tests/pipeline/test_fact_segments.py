@@ -57,6 +57,7 @@ from rollvault.controller.snapshots.verification import (
     verify_snapshot,
 )
 from rollvault.dataplane.checkpoint_format import decode_envelope, replace_user_metadata
+from rollvault.dataplane.segmented import encode_live_bitmap
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.ledger.reward_penalties import FinalizedReward
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
@@ -271,9 +272,12 @@ def test_an_index_whose_bitmap_or_liveness_is_wrong_is_rejected_naming_the_entry
     assert problem.startswith(f"{GROUP_FACTS_FILENAME}: $.segments[0].live: ")
     assert "live_facts records" in problem
     index["segments"][0]["live_facts"] -= 1
-    index["segments"][0]["live"] = "AAAA"  # nothing live: the groups lose their origins
+    # Well formed, but nothing of the first segment live: its groups lose their facts.
+    first = index["segments"][0]
+    first.update(live_facts=0, live=encode_live_bitmap(first["fact_count"], []))
     problem = _rewrite_index(newest, index)
-    assert "live_facts records" in problem or "bytes for" in problem
+    assert problem.startswith(f"{GROUP_FACTS_FILENAME}: holds ")  # not the count advertised
+    assert "data_plane/metadata.json advertises" in problem
 
 
 def test_a_version_7_sidecar_without_group_facts_is_rejected(tmp_path: Path) -> None:

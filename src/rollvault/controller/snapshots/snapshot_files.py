@@ -938,16 +938,18 @@ def decode_env_rollouts(path: Path, raw: Mapping[str, bytes]) -> EnvRolloutsFile
 
 
 def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -> None:
-    # The sidecar's count is checked by read_recovery_sidecar_file.
-    actual = {
+    # The sidecar's count is checked by read_recovery_sidecar_file. The group facts first:
+    # the other files' counts come from them, and a bad index is their cause.
+    actual = {}
+    if snapshot.facts is not None:
+        actual[GROUP_FACTS_FILENAME] = snapshot.facts.index.live_facts
+    actual |= {
         REPLAY_BUFFER_METADATA_FILENAME: len(snapshot.replay.replay.entries),
         REPLACEMENT_RESERVE_FILENAME: len(snapshot.spares.prompts),
         CONTROLLER_STATE_FILENAME: len(snapshot.controller.origins),
     }
     if ENV_ROLLOUTS_FILENAME in digests:
         actual[ENV_ROLLOUTS_FILENAME] = len(snapshot.env_rollouts.episodes)
-    if snapshot.facts is not None:
-        actual[GROUP_FACTS_FILENAME] = snapshot.facts.index.live_facts
     for name, count in actual.items():
         if count != digests[name].group_count:
             raise SnapshotCorruptError(
