@@ -22,6 +22,7 @@ from snapshot_versions import advertise_sidecar, facts_to_inline
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
 
+from rollvault.checkpoint_tools.inventory import SnapshotKind, read_snapshot_entry
 from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer
@@ -239,6 +240,14 @@ def test_a_missing_or_damaged_fact_segment_rejects_its_snapshot_and_restore_fall
     assert source is not None and source.snapshot is not None
     assert source.snapshot.path == older
     assert str(segment) in caplog.text
+    # `rollvault inspect` lists the snapshot with the damaged segment named, and the older
+    # one as whole.
+    entry = read_snapshot_entry(newest, SnapshotKind.ROLLOUT_SNAPSHOT, now=0.0)
+    assert entry.damage is not None and entry.damage.path == str(segment)
+    assert expected in entry.damage.problem
+    whole = read_snapshot_entry(older, SnapshotKind.ROLLOUT_SNAPSHOT, now=0.0)
+    assert whole.damage is None and whole.contents is not None
+    assert whole.contents.canonical_groups == 1
 
 
 def _rewrite_index(snapshot: Path, index: dict[str, Any]) -> str:
