@@ -286,6 +286,7 @@ def test_an_index_whose_bitmap_or_liveness_is_wrong_is_rejected_naming_the_entry
     first.update(live_facts=0, live=encode_live_bitmap(first["fact_count"], []))
     problem = _rewrite_index(newest, index)
     assert problem.startswith(f"{GROUP_FACTS_FILENAME}: holds ")  # not the count advertised
+    assert " live facts; " in problem
     assert "data_plane/metadata.json advertises" in problem
 
 

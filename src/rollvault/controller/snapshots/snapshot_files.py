@@ -952,8 +952,10 @@ def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -
         actual[ENV_ROLLOUTS_FILENAME] = len(snapshot.env_rollouts.episodes)
     for name, count in actual.items():
         if count != digests[name].group_count:
+            # The group facts' count is of live facts (an origin, a finalization), not groups.
+            what = "live facts" if name == GROUP_FACTS_FILENAME else "groups"
             raise SnapshotCorruptError(
                 snapshot.path / name,
-                f"holds {count} groups; data_plane/metadata.json advertises "
+                f"holds {count} {what}; data_plane/metadata.json advertises "
                 f"{digests[name].group_count}",
             )
