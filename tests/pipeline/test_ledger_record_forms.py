@@ -38,7 +38,7 @@ from rollvault.ledger.ledger_records import (
     encode_packed_segment,
     resolve_group,
 )
-from rollvault.ledger.packed_groups import pack_attempt, pack_header
+from rollvault.ledger.packed_groups import PackedAttempt, PackedHeader, pack_attempt, pack_header
 from rollvault.ledger.records import (
     PromptGroupRecoveryRecord,
     PromptRef,
@@ -47,6 +47,7 @@ from rollvault.ledger.records import (
 )
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.state_convert import group_to_state
+from rollvault.ledger.state_schema import AttemptState, GroupHeaderState
 from rollvault.ledger.statuses import (
     AttemptFailureKind,
     PromptGroupPhase,
@@ -54,6 +55,8 @@ from rollvault.ledger.statuses import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
+
+_UUID = uuid.UUID(int=1)
 
 # -- random groups ---------------------------------------------------------------------------
 
@@ -238,6 +241,20 @@ def test_any_group_round_trips_exactly_whole_and_as_a_delta_on_its_previous_reco
 # -- bytes -----------------------------------------------------------------------------------
 
 
+def test_the_packed_pieces_have_the_version_5_fields() -> None:
+    """A field added to the version 5 attempt or header and forgotten here fails."""
+    packed = [f.name for f in msgspec.structs.fields(PackedAttempt)]
+    assert sorted(packed) == sorted(AttemptState.__struct_fields__)
+    assert PackedHeader.__struct_fields__ == GroupHeaderState.__struct_fields__
+    # The empty fields come last, where the writer leaves them out: an unsealed attempt is
+    # its UUID and status.
+    dispatched = RolloutAttemptRecord(attempt_uuid=_UUID, status=RolloutAttemptStatus.DISPATCHED)
+    assert msgspec.msgpack.decode(pack_attempt("g_g0_a", dispatched)) == [
+        _UUID.bytes,
+        "dispatched",
+    ]
+
+
 def test_a_seal_s_delta_record_holds_only_the_sealed_attempt(tmp_path: Path) -> None:
     """A seal costs ~100 bytes here (form 2: the whole sibling as JSON, ~500-900)."""
     config = small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
@@ -269,8 +286,6 @@ def ledger_segments_dir(snapshot: Path) -> Path:
 
 
 # -- crafted records -------------------------------------------------------------------------
-
-_UUID = uuid.UUID(int=1)
 
 
 def _group_record(siblings: int = 2) -> PromptGroupRecoveryRecord:
