@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
+from ledger_form2 import RecordOut, compact_sibling, encode_form_2_segment, encode_piece
 
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
@@ -30,13 +31,11 @@ from rollvault.dataplane.checkpoint_format import (
     replace_user_metadata,
     sha256_hex,
 )
-from rollvault.ledger.compact_siblings import compact_sibling
 from rollvault.ledger.indexed_sidecar import (
     INDEXED_SIDECAR_SCHEMA_VERSION,
     assemble_indexed_sidecar,
     decode_indexed_sidecar,
 )
-from rollvault.ledger.ledger_records import RecordOut, encode_ledger_segment_records, encode_piece
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.state_convert import group_header_to_state
 from rollvault.ledger.state_load import records_from_state
@@ -243,7 +242,7 @@ def ledger_segments_to_form_2(snapshot: Path) -> str:
     first = out[0]
     out.append(RecordOut(base=(0, 0), header=first.header, siblings=first.siblings[:1]))
     name = f"{snapshot.name}-form2.ledger-segment.json"
-    data = encode_ledger_segment_records([name], out)
+    data = encode_form_2_segment([name], out)
     (segments_dir_for(snapshot) / name).write_bytes(data)
     ref = {"file": name, "sha256": sha256_hex(data), "byte_size": len(data)}
     state["ledger_index"] = {

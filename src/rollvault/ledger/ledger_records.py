@@ -44,11 +44,7 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
-from rollvault.ledger.compact_siblings import (
-    CompactSibling,
-    CompactSiblingState,
-    expand_siblings,
-)
+from rollvault.ledger.compact_siblings import CompactSiblingState, expand_siblings
 from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.packed_groups import PackedAttempt, PackedHeader, group_state
 from rollvault.ledger.state_schema import (
@@ -69,7 +65,6 @@ JSON_LEDGER_SEGMENT_SUFFIX: Final = ".ledger-segment.json"
 """The file suffix of a form 1 or 2 segment."""
 LEDGER_SEGMENT_SUFFIXES: Final = (LEDGER_SEGMENT_SUFFIX, JSON_LEDGER_SEGMENT_SUFFIX)
 
-_ENCODER: Final = msgspec.json.Encoder(order="sorted")
 _PACKED_ENCODER: Final = msgspec.msgpack.Encoder()
 _NULL: Final = b"null"
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -79,22 +74,6 @@ LedgerSegmentFileName = Annotated[
 ]
 RecordLink = tuple[str, int]
 """A record: (ledger segment file, ordinal in it)."""
-
-
-class RecordOut(msgspec.Struct, array_like=True, frozen=True):
-    """One form 2 record; ``header`` and the siblings already encoded (:func:`encode_piece`).
-
-    This build writes form 3; form 2 is encoded only to test that old snapshots load."""
-
-    base: tuple[int, int] | None
-    header: msgspec.Raw | None
-    siblings: list[tuple[int, msgspec.Raw]]
-
-
-class _SegmentOut(msgspec.Struct, frozen=True):
-    ledger_segment_format: int
-    bases: list[str]
-    records: list[RecordOut]
 
 
 class _SegmentIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -172,22 +151,6 @@ class RecordChain:
     own bytes (in form 2 the bytes of their pieces: header, siblings).
 
     The writer's bound by bytes counts the same (a restored writer goes on from it)."""
-
-
-def encode_piece(piece: GroupHeaderState | CompactSibling) -> bytes:
-    """The deterministic bytes of a header or sibling, as a form 2 record embeds them."""
-    return _ENCODER.encode(piece)
-
-
-def encode_ledger_segment_records(bases: Sequence[str], records: Sequence[RecordOut]) -> bytes:
-    """The bytes of a form 2 ledger segment (to test old snapshots: this build writes form 3)."""
-    return _ENCODER.encode(
-        _SegmentOut(
-            ledger_segment_format=JSON_LEDGER_SEGMENT_FORMAT,
-            bases=list(bases),
-            records=list(records),
-        )
-    )
 
 
 def encode_packed_record(record: PackedRecordOut) -> bytes:
