@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
+from ledger_form2 import RecordOut, compact_sibling, encode_form_2_segment, encode_piece
 
 from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME, LoadedFacts
 from rollvault.controller.snapshots.snapshot_files import (
@@ -41,6 +42,9 @@ from rollvault.ledger.indexed_sidecar import (
     decode_indexed_sidecar,
 )
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
+from rollvault.ledger.state_convert import group_header_to_state
+from rollvault.ledger.state_load import records_from_state
+from rollvault.ledger.state_schema import LedgerState
 from rollvault.ledger.statuses import AttemptFailureKind
 
 V3: Final = 3
@@ -274,6 +278,45 @@ def ledger_segments_to_form_1(snapshot: Path) -> str:
     state["ledger_index"] = {
         "segments": [{**ref, "record_count": len(groups)}],
         "groups": [[0, ordinal] for ordinal in range(len(groups))],
+    }
+    rewrite_sidecar(snapshot, state)
+    return name
+
+
+def ledger_segments_to_form_2(snapshot: Path) -> str:
+    """Rewrite a version 6 snapshot's ledger as the form 2 writer (JSON, delta records of
+    whole siblings) wrote it; returns the segment's name.
+
+    Its live groups, resolved, go whole into one form 2 segment
+    (``<stem>-form2.ledger-segment.json``); the first group's index entry is a
+    delta on its whole record holding its header and first sibling again, so
+    a form 2 chain is read too. The segments the snapshot referenced before
+    stay on disk (retention's business).
+    """
+    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
+    records = records_from_state(
+        msgspec.convert({"schema_version": V5, "groups": groups}, LedgerState)
+    )
+    out = []
+    for record in records.values():
+        siblings = [compact_sibling(record.group_id, sibling) for sibling in record.siblings]
+        out.append(
+            RecordOut(
+                base=None,
+                header=msgspec.Raw(encode_piece(group_header_to_state(record))),
+                siblings=[(i, msgspec.Raw(encode_piece(s))) for i, s in enumerate(siblings)],
+            )
+        )
+    first = out[0]
+    out.append(RecordOut(base=(0, 0), header=first.header, siblings=first.siblings[:1]))
+    name = f"{snapshot.name}-form2.ledger-segment.json"
+    data = encode_form_2_segment([name], out)
+    (segments_dir_for(snapshot) / name).write_bytes(data)
+    ref = {"file": name, "sha256": sha256_hex(data), "byte_size": len(data)}
+    state["ledger_index"] = {
+        "segments": [{**ref, "record_count": len(out)}],
+        "groups": [[0, len(out) - 1]] + [[0, ordinal] for ordinal in range(1, len(groups))],
     }
     rewrite_sidecar(snapshot, state)
     return name

@@ -4,8 +4,9 @@ Version 5 and before write every group of the ledger into the sidecar at every
 snapshot. From version 6 each group's record is written once per change into
 a **ledger segment**, an immutable file of records
 (:mod:`rollvault.ledger.ledger_records`: form 1 holds whole records, a
-version 5 ledger state; form 2, written since, whole or *delta* records, a
-delta holding only the siblings that changed since its base record). The
+version 5 ledger state; forms 2 and 3 whole or *delta* records, a delta
+holding only the siblings (form 3, written now: the attempts) that changed
+since its base record). The
 sidecar itself holds the controller state as before plus an index: the
 segments it references (name, SHA-256, size, record count), every segment
 a live group's chain of records reaches included, and, in ledger order,

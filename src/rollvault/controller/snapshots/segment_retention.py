@@ -39,7 +39,7 @@ from rollvault.ledger.indexed_sidecar import (
     decode_ledger_index,
     sidecar_file_version,
 )
-from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX
+from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIXES
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 
 _LOG = logging.getLogger("rollvault.checkpointer")
@@ -50,7 +50,7 @@ def is_segment_file(name: str) -> bool:
     one left."""
     return any(
         name.endswith(suffix) or (name.startswith(".") and f"{suffix}.tmp." in name)
-        for suffix in (SEGMENT_FILE_SUFFIX, LEDGER_SEGMENT_SUFFIX, FACT_SEGMENT_SUFFIX)
+        for suffix in (SEGMENT_FILE_SUFFIX, *LEDGER_SEGMENT_SUFFIXES, FACT_SEGMENT_SUFFIX)
     )
 
 

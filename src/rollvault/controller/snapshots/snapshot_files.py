@@ -6,8 +6,10 @@
       manifest.json                  RolloutSnapshotManifest (durable layer)
       rollout_recovery.json          the ledger sidecar (rollvault.ledger.sidecar): since
                                      version 6 an index of the ledger segments
-                                     (../segments/*.ledger-segment.json) holding each
-                                     live group's current record, plus the controller state;
+                                     (../segments/*.ledger-segment.msgpack, form 3;
+                                     *.ledger-segment.json of forms 1-2 still read)
+                                     holding each live group's current record, plus the
+                                     controller state;
                                      since version 7 without the finalizer maps (in the
                                      group facts)
       replay_buffer_metadata.json    canonical groups waiting to train (before version 2
