@@ -37,6 +37,9 @@ snapshot (goal: data-plane bytes <= 1.1x), and the restore of the last one.
 The ledger goes to ledger segments (sidecar version 6: only changed groups'
 records are written); ``--ledger-inline`` writes it as the writer before them
 did (version 5: every group in the sidecar, every snapshot), for a side by side.
+The per-group facts (origins, prompt identities, finalizations) go to fact
+segments, each written once per anchor (``group_facts.json`` indexes them);
+every file a snapshot writes is counted, by name.
 
 Usage: python benchmarks/bench_snapshot_cut.py [--groups 1024] [--siblings 16]
        [--canonical 96] [--repeat 100] [--writes 5] [--restores 3] [--profile] [--json]
@@ -75,15 +78,19 @@ from rollvault.controller.snapshots.checkpointer import (
     build_snapshot,
     take_cut_capture,
 )
+from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME, FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
 from rollvault.controller.snapshots.segment_retention import (
     collect_segments,
+    referenced_group_fact_segments,
     referenced_ledger_segments,
 )
 from rollvault.controller.snapshots.snapshot_files import (
+    CONTROLLER_STATE_FILENAME,
     DATA_PLANE_DIRNAME,
+    REPLAY_BUFFER_METADATA_FILENAME,
     RolloutStateCapture,
     segments_dir_for,
     write_snapshot_payload,
@@ -332,6 +339,7 @@ def raw_read(snapshot: Path) -> tuple[float, int]:
     segments = segments_dir_for(snapshot)
     referenced = referenced_segments([snapshot / DATA_PLANE_DIRNAME])
     referenced |= referenced_ledger_segments([snapshot])
+    referenced |= referenced_group_fact_segments([snapshot])
     files = sorted(path for path in snapshot.rglob("*") if path.is_file())
     files += sorted(segments / name for name in referenced)  # read by a restore as well
     started = time.perf_counter()
@@ -371,11 +379,24 @@ async def steady_round(filler: Filler, args: argparse.Namespace) -> None:
 
 
 def file_bytes(snapshot: Path) -> dict[str, int]:
-    """The snapshot directory's own files by kind: ledger sidecar, index, other sidecars."""
-    ledger = (snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).stat().st_size
+    """The snapshot directory's own files by kind: ledger sidecar, index, other sidecars
+    (and of those, the controller state, the replay metadata and the group facts' index)."""
+
+    def size(name: str) -> int:
+        path = snapshot / name
+        return path.stat().st_size if path.exists() else 0
+
+    ledger = size(ROLLOUT_RECOVERY_STATE_FILENAME)
     index = (snapshot / DATA_PLANE_DIRNAME / METADATA_FILENAME).stat().st_size
     total = sum(path.stat().st_size for path in snapshot.rglob("*") if path.is_file())
-    return {"ledger_sidecar": ledger, "index": index, "other_files": total - ledger - index}
+    return {
+        "ledger_sidecar": ledger,
+        "index": index,
+        "other_files": total - ledger - index,
+        "controller_state": size(CONTROLLER_STATE_FILENAME),
+        "replay_metadata": size(REPLAY_BUFFER_METADATA_FILENAME),
+        "group_facts_index": size(GROUP_FACTS_FILENAME),
+    }
 
 
 async def measure_incremental(
@@ -385,6 +406,7 @@ async def measure_incremental(
     root = snapshots_root(anchor)
     writer = SegmentedWriter(root / SEGMENTS_DIRNAME)
     ledger = LedgerSegmentWriter(root / SEGMENTS_DIRNAME)
+    facts = FactSegmentWriter(root / SEGMENTS_DIRNAME)
     rounds = []
     for index in range(args.incremental + 1):
         if index:
@@ -396,7 +418,7 @@ async def measure_incremental(
         build_seconds = time.perf_counter() - started - hold
 
         def payload(directory: Path, capture: RolloutStateCapture = capture) -> None:
-            write_snapshot_payload(capture, directory, segments=writer, ledger=ledger)
+            write_snapshot_payload(capture, directory, segments=writer, ledger=ledger, facts=facts)
 
         started = time.perf_counter()
         path = publish_snapshot(
@@ -408,7 +430,13 @@ async def measure_incremental(
         ledger_pending = ledger.last_written
         if ledger_pending is not None:
             ledger.committed(ledger_pending)
-        collect_segments(root, also_keep=writer.base_segments() | ledger.base_segments())
+        facts_pending = facts.last_written
+        assert facts_pending is not None
+        facts.committed(facts_pending)
+        collect_segments(
+            root,
+            also_keep=writer.base_segments() | ledger.base_segments() | facts.base_segments(),
+        )
         seconds = time.perf_counter() - started
         sizes = file_bytes(path)
         info = pending.info
@@ -435,8 +463,17 @@ async def measure_incremental(
                 "new_row_bytes": info.new_row_bytes,
                 "segment_bytes": info.segment_bytes,
                 **sizes,
+                "fact_segment_bytes": facts_pending.info.segment_bytes,
+                "facts_written": facts_pending.info.new_facts,
+                "facts_compacted": facts_pending.info.compacted_facts,
+                "fact_segments_referenced": len(facts_pending.info.referenced),
                 "data_plane_bytes": info.segment_bytes + sizes["index"],
-                "total_bytes": info.segment_bytes + ledger_bytes + sum(sizes.values()),
+                "total_bytes": info.segment_bytes
+                + ledger_bytes
+                + facts_pending.info.segment_bytes
+                + sizes["ledger_sidecar"]
+                + sizes["index"]
+                + sizes["other_files"],
                 "segments_referenced": len(info.referenced),
                 "segments_on_disk_bytes": sum(
                     p.stat().st_size for p in (root / SEGMENTS_DIRNAME).iterdir()
@@ -669,8 +706,8 @@ def incremental_report(result: dict[str, Any]) -> list[str]:
         "incremental snapshots: the first after restore (every row new), then "
         f"{len(steady)} steady-state rounds",
         "  round  new rows  new row MB  segment MB  index KB  ledger sidecar KB  "
-        "ledger segment MB  records  other KB  data plane / new rows  total / new rows  "
-        "build ms  write ms",
+        "ledger segment MB  records  fact segment KB  facts  other KB  data plane / new rows  "
+        "total / new rows  build ms  write ms",
     ]
     for index, r in enumerate(rounds):
         new = max(r["new_row_bytes"], 1)
@@ -678,7 +715,8 @@ def incremental_report(result: dict[str, Any]) -> list[str]:
             f"  {index:5d}  {r['new_rows']:8d}  {r['new_row_bytes'] / 1e6:10.3f}  "
             f"{r['segment_bytes'] / 1e6:10.3f}  {r['index'] / 1e3:8.1f}  "
             f"{r['ledger_sidecar'] / 1e3:17.1f}  {r['ledger_segment_bytes'] / 1e6:17.3f}  "
-            f"{r['ledger_records_written']:7d}  {r['other_files'] / 1e3:8.1f}  "
+            f"{r['ledger_records_written']:7d}  {r['fact_segment_bytes'] / 1e3:15.1f}  "
+            f"{r['facts_written']:5d}  {r['other_files'] / 1e3:8.1f}  "
             f"{r['data_plane_bytes'] / new:21.3f}  {r['total_bytes'] / new:16.2f}  "
             f"{r['build_ms']:8.1f}  {r['write_ms']:8.1f}"
         )
@@ -706,13 +744,22 @@ def incremental_report(result: dict[str, Any]) -> list[str]:
                 "new_row_bytes",
                 "ledger_records_written",
                 "ledger_delta_records",
+                "fact_segment_bytes",
+                "facts_written",
+                "controller_state",
+                "replay_metadata",
+                "group_facts_index",
+                "total_bytes",
             )
         }
         lines.append(
             "  per snapshot (median): new rows {new_row_bytes:.0f} B; data plane "
             "{data_plane_bytes:.0f} B; ledger segments {ledger_segment_bytes:.0f} B "
             "({ledger_records_written:.0f} records, {ledger_delta_records:.0f} deltas); ledger "
-            "sidecar {ledger_sidecar:.0f} B; other files {other_files:.0f} B".format(**per)
+            "sidecar {ledger_sidecar:.0f} B; fact segments {fact_segment_bytes:.0f} B "
+            "({facts_written:.0f} facts); other files {other_files:.0f} B (controller state "
+            "{controller_state:.0f} B, replay metadata {replay_metadata:.0f} B, group facts "
+            "index {group_facts_index:.0f} B); all files {total_bytes:.0f} B".format(**per)
         )
     restore = result["incremental_restore_ms_median"]
     formats = result["formats"]

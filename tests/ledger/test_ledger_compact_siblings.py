@@ -1,5 +1,6 @@
-"""The compact sibling of form 2 ledger segment records: no empty fields, no derivable receipt
-fields, decoded back to exactly the version 5 sibling."""
+"""The compact sibling of form 2 ledger segment records (read, no longer written; the writer
+is ``tests/support/ledger_form2.py``): no empty fields, no derivable receipt fields, decoded
+back to exactly the version 5 sibling."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from ledger_form2 import CompactAttempt, compact_sibling
 from ledger_testkit import Harness
 
 from rollvault.ledger.compact_siblings import (
-    CompactAttempt,
     CompactAttemptState,
     CompactSiblingState,
-    compact_sibling,
     expand_siblings,
 )
 from rollvault.ledger.records import PromptGroupRecoveryRecord

@@ -15,13 +15,18 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
+from ledger_form2 import RecordOut, compact_sibling, encode_form_2_segment, encode_piece
 
+from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME, LoadedFacts
 from rollvault.controller.snapshots.snapshot_files import (
+    CONTROLLER_STATE_FILENAME,
     DATA_PLANE_DIRNAME,
     ENV_ROLLOUTS_FILENAME,
     ENV_ROLLOUTS_SCHEMA_VERSION,
+    REPLAY_BUFFER_METADATA_FILENAME,
     SIDECARS_METADATA_KEY,
     empty_env_rollouts,
+    read_facts,
     read_ledger_segment,
     segments_dir_for,
 )
@@ -31,11 +36,15 @@ from rollvault.dataplane.checkpoint_format import (
     sha256_hex,
 )
 from rollvault.ledger.indexed_sidecar import (
+    FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
     assemble_indexed_sidecar,
     decode_indexed_sidecar,
 )
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
+from rollvault.ledger.state_convert import group_header_to_state
+from rollvault.ledger.state_load import records_from_state
+from rollvault.ledger.state_schema import LedgerState
 from rollvault.ledger.statuses import AttemptFailureKind
 
 V3: Final = 3
@@ -121,13 +130,72 @@ def read_sidecar(snapshot: Path) -> dict[str, Any]:
     segments wrote: every group in the sidecar itself.
     """
     state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    if state["schema_version"] == FACTS_APART_SIDECAR_SCHEMA_VERSION:
+        state = sidecar_with_finalizer_maps(state, group_facts(snapshot))
     if state["schema_version"] == INDEXED_SIDECAR_SCHEMA_VERSION:
         state = inline_sidecar(snapshot, state)
     return state
 
 
+def group_facts(snapshot: Path) -> LoadedFacts:
+    """The snapshot's group facts, read and checked as restore reads them."""
+    raw = {GROUP_FACTS_FILENAME: (snapshot / GROUP_FACTS_FILENAME).read_bytes()}
+    facts = read_facts(snapshot, raw)
+    assert facts is not None
+    return facts
+
+
+def sidecar_with_finalizer_maps(state: dict[str, Any], facts: LoadedFacts) -> dict[str, Any]:
+    """A version 7 sidecar (builtins) as version 6: the finalizer maps back in it."""
+    old = dict(state, schema_version=INDEXED_SIDECAR_SCHEMA_VERSION)
+    old["finalizer_rewards_by_group"] = msgspec.to_builtins(facts.rewards())
+    old["finalizer_metrics_by_group"] = facts.metrics()
+    return old
+
+
+def facts_to_inline(snapshot: Path) -> None:
+    """Turn a snapshot with group facts into the one the writer before them wrote.
+
+    ``controller_state.json`` version 4 holds the origins and prompt
+    identities, ``replay_buffer_metadata.json`` version 1 the canonical
+    attempts, and the version 6 sidecar the finalizer maps; there is no
+    ``group_facts.json``. The fact segments stay on disk, referenced by none.
+    """
+    facts = group_facts(snapshot)
+    encode = msgspec.json.Encoder(order="sorted").encode
+    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    if state["schema_version"] != FACTS_APART_SIDECAR_SCHEMA_VERSION:
+        raise ValueError(f"expected a version 7 sidecar, got {state['schema_version']}")
+    rewrite_sidecar(snapshot, sidecar_with_finalizer_maps(state, facts))
+    controller = json.loads((snapshot / CONTROLLER_STATE_FILENAME).read_bytes())
+    controller.update(
+        schema_version=4,
+        origins=msgspec.to_builtins(facts.origins),
+        prompt_identities=facts.prompt_identities,
+    )
+    replay = json.loads((snapshot / REPLAY_BUFFER_METADATA_FILENAME).read_bytes())
+    replay.update(schema_version=1, canonical_attempts=facts.canonical_attempts())
+    metadata_path = snapshot / DATA_PLANE_DIRNAME / _METADATA
+    user_metadata = _user_metadata(metadata_path)
+    advertised = user_metadata[SIDECARS_METADATA_KEY]
+    for name, content in (
+        (CONTROLLER_STATE_FILENAME, controller),
+        (REPLAY_BUFFER_METADATA_FILENAME, replay),
+    ):
+        data = encode(content)
+        (snapshot / name).write_bytes(data)
+        advertised[name].update(sha256=sha256_hex(data), schema_version=content["schema_version"])
+    del advertised[GROUP_FACTS_FILENAME]
+    (snapshot / GROUP_FACTS_FILENAME).unlink()
+    data = replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
+    metadata_path.write_bytes(data)
+
+
 def inline_sidecar(snapshot: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """A version 6 sidecar (builtins) with its records read from its ledger segments, as 5."""
+    """A version 6 (or 7) sidecar (builtins) with its records read from its ledger segments,
+    as 5."""
+    if state["schema_version"] == FACTS_APART_SIDECAR_SCHEMA_VERSION:
+        state = sidecar_with_finalizer_maps(state, group_facts(snapshot))
     inline = dict(state)
     del inline["ledger_index"]
     typed = decode_indexed_sidecar(msgspec.json.encode(state))
@@ -144,6 +212,8 @@ def inline_sidecar(snapshot: Path, state: dict[str, Any]) -> dict[str, Any]:
 
 def downgrade_snapshot_to_v3(snapshot: Path) -> None:
     """Turn a snapshot today's code wrote into the one a version 3 writer wrote."""
+    if (snapshot / GROUP_FACTS_FILENAME).exists():
+        facts_to_inline(snapshot)
     rewrite_sidecar(snapshot, downgrade_sidecar_to_v3(read_sidecar(snapshot)))
 
 
@@ -180,8 +250,11 @@ def upgrade_snapshot_v4_to_v5(snapshot: Path) -> None:
 def inline_snapshot_to_v5(snapshot: Path) -> None:
     """Turn a version 6 snapshot into the one the writer before ledger segments wrote.
 
-    Its ledger segments stay on disk, referenced by no version 5 sidecar.
+    Its ledger segments stay on disk, referenced by no version 5 sidecar (and its group
+    facts, if any, go back into its files, as that writer wrote them).
     """
+    if (snapshot / GROUP_FACTS_FILENAME).exists():
+        facts_to_inline(snapshot)
     state = read_sidecar(snapshot)
     if state["schema_version"] != V5:
         raise ValueError(f"expected a version 6 (or 5) sidecar, got {state['schema_version']}")
@@ -205,6 +278,45 @@ def ledger_segments_to_form_1(snapshot: Path) -> str:
     state["ledger_index"] = {
         "segments": [{**ref, "record_count": len(groups)}],
         "groups": [[0, ordinal] for ordinal in range(len(groups))],
+    }
+    rewrite_sidecar(snapshot, state)
+    return name
+
+
+def ledger_segments_to_form_2(snapshot: Path) -> str:
+    """Rewrite a version 6 snapshot's ledger as the form 2 writer (JSON, delta records of
+    whole siblings) wrote it; returns the segment's name.
+
+    Its live groups, resolved, go whole into one form 2 segment
+    (``<stem>-form2.ledger-segment.json``); the first group's index entry is a
+    delta on its whole record holding its header and first sibling again, so
+    a form 2 chain is read too. The segments the snapshot referenced before
+    stay on disk (retention's business).
+    """
+    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
+    records = records_from_state(
+        msgspec.convert({"schema_version": V5, "groups": groups}, LedgerState)
+    )
+    out = []
+    for record in records.values():
+        siblings = [compact_sibling(record.group_id, sibling) for sibling in record.siblings]
+        out.append(
+            RecordOut(
+                base=None,
+                header=msgspec.Raw(encode_piece(group_header_to_state(record))),
+                siblings=[(i, msgspec.Raw(encode_piece(s))) for i, s in enumerate(siblings)],
+            )
+        )
+    first = out[0]
+    out.append(RecordOut(base=(0, 0), header=first.header, siblings=first.siblings[:1]))
+    name = f"{snapshot.name}-form2.ledger-segment.json"
+    data = encode_form_2_segment([name], out)
+    (segments_dir_for(snapshot) / name).write_bytes(data)
+    ref = {"file": name, "sha256": sha256_hex(data), "byte_size": len(data)}
+    state["ledger_index"] = {
+        "segments": [{**ref, "record_count": len(out)}],
+        "groups": [[0, len(out) - 1]] + [[0, ordinal] for ordinal in range(1, len(groups))],
     }
     rewrite_sidecar(snapshot, state)
     return name

@@ -1,5 +1,6 @@
-"""controller_state.json: version 4 carries the pooled journaled seals, version 3 the seal
-journal position, version 2 the dispatch journal's; versions 1 to 3 still load."""
+"""controller_state.json: version 5 keeps the origins and prompt identities in the group
+facts, version 4 carries the pooled journaled seals, version 3 the seal journal position,
+version 2 the dispatch journal's; versions 1 to 4 still load."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.journal_rows import encode_row
 from rollvault.controller.loop.parts import GroupOrigin
 from rollvault.controller.loop.seal_journal import SealRecord
+from rollvault.controller.snapshots.fact_segments import GroupFactsFile, LoadedFacts
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     CONTROLLER_STATE_SCHEMA_VERSION,
@@ -56,9 +58,20 @@ POOLED = SealRecord(
 )
 
 
+FACTS = LoadedFacts(
+    index=GroupFactsFile(schema_version=1, segments=[]),
+    origins={"g": GroupOrigin(epoch=1, dataset_idx=5)},
+    prompt_identities={"g": "ab" * 16},
+    finalized={},
+    origin_at={},
+    finalized_at={},
+)
+
+
 def current() -> ControllerStateFile:
+    """The content as every version decodes to it (version 4's fields)."""
     return ControllerStateFile(
-        schema_version=CONTROLLER_STATE_SCHEMA_VERSION,
+        schema_version=4,
         sampler=SamplerState(
             kind=SamplerKind.IN_ORDER, epoch=1, sampler_dispatch_index=9, next_stamp_index=9
         ),
@@ -73,9 +86,30 @@ def current() -> ControllerStateFile:
     )
 
 
-def decode(state: dict[str, object]) -> ControllerStateFile:
+def decode(state: dict[str, object], facts: LoadedFacts | None = None) -> ControllerStateFile:
     raw = {CONTROLLER_STATE_FILENAME: json.dumps(state).encode()}
-    return _decode_controller_state(Path("snap"), raw)
+    return _decode_controller_state(Path("snap"), raw, facts)
+
+
+def version_5() -> dict[str, Any]:
+    """A version 5 file of ``current()``: what the writer writes, the maps left out."""
+    state = msgspec.to_builtins(current())
+    del state["origins"], state["prompt_identities"]
+    state["schema_version"] = CONTROLLER_STATE_SCHEMA_VERSION
+    return state
+
+
+def test_version_5_takes_the_origins_and_identities_from_the_group_facts() -> None:
+    assert CONTROLLER_STATE_SCHEMA_VERSION == 5
+    loaded = decode(version_5(), FACTS)
+    assert msgspec.structs.replace(loaded, schema_version=4) == current()
+    with pytest.raises(SnapshotCorruptError, match="does not advertise"):
+        decode(version_5())  # the maps are nowhere
+    with_maps = dict(version_5(), origins={}, prompt_identities={})
+    with pytest.raises(SnapshotCorruptError, match="unknown field `origins`"):
+        decode(with_maps, FACTS)
+    with pytest.raises(SnapshotCorruptError, match="advertises group_facts.json too"):
+        decode(msgspec.to_builtins(current()), FACTS)  # version 4 holds them itself
 
 
 def test_version_4_round_trips_with_the_pooled_seals_rows() -> None:
@@ -133,8 +167,8 @@ def test_a_version_1_file_loads_reflecting_no_journal_and_no_pending_interruptio
     ("edit", "message"),
     [
         (
-            lambda s: s.update(schema_version=5),
-            "unsupported schema_version 5 (supported: 1, 2, 3, 4)",
+            lambda s: s.update(schema_version=6),
+            "unsupported schema_version 6 (supported: 1, 2, 3, 4, 5)",
         ),
         (lambda s: s.pop("pooled_seals"), "missing required field `pooled_seals`"),
         (lambda s: s.update(schema_version=3), "unknown field `pooled_seals`"),

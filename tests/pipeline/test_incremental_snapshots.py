@@ -87,7 +87,7 @@ class Run:
     @classmethod
     async def restored(cls, config: RunConfig, source: ResumeSource) -> Run:
         """A restart from ``source``, as the pipeline makes it: the parts restored, and the
-        checkpointer seeded with the rows and ledger records the restore loaded."""
+        checkpointer seeded with the rows, ledger records and group facts the restore loaded."""
         parts = build_parts(config, dataset=dataset_of(config))
         restorer = RolloutRestorer(
             parts,
@@ -97,8 +97,11 @@ class Run:
         )
         await restorer.restore()
         assert restorer.segment_seed is not None and restorer.ledger_seed is not None
+        assert restorer.fact_seed is not None
         run = cls(parts, run_fingerprint(config))
-        run.checkpointer.seed_segments(restorer.segment_seed, ledger=restorer.ledger_seed)
+        run.checkpointer.seed_segments(
+            restorer.segment_seed, ledger=restorer.ledger_seed, facts=restorer.fact_seed
+        )
         return run
 
     async def snapshot(self) -> Path:
@@ -222,8 +225,8 @@ def test_a_snapshot_that_failed_after_its_segment_was_written_is_retried_under_i
     real = checkpointer_module.write_snapshot_payload
     failures = [True]
 
-    def fails_once(capture: Any, directory: Path, *, segments: Any, ledger: Any) -> int:
-        written = real(capture, directory, segments=segments, ledger=ledger)
+    def fails_once(capture: Any, directory: Path, *, segments: Any, ledger: Any, facts: Any) -> int:
+        written = real(capture, directory, segments=segments, ledger=ledger, facts=facts)
         if failures and failures.pop():
             raise OSError(errno.ENOSPC, "No space left on device")
         return written

@@ -38,6 +38,7 @@ from rollvault.controller.loop.io_failures import (
 from rollvault.controller.loop.pipeline import RunSummary, run
 from rollvault.controller.loop.run_logs import TRAIN_LOG_FILENAME
 from rollvault.controller.snapshots import checkpointer
+from rollvault.controller.snapshots.fact_segments import FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.snapshot_files import RolloutStateCapture
 from rollvault.controller.snapshots.snapshot_retry import BACKOFF_CAP, SnapshotRetry
@@ -98,15 +99,16 @@ class PeriodicWrites:
         *,
         segments: SegmentedWriter | None,
         ledger: LedgerSegmentWriter | None,
+        facts: FactSegmentWriter | None,
     ) -> int:
         if directory.parent.name != "rollout_snapshots":  # a trainer checkpoint's own
-            return self._real(capture, directory, segments=segments, ledger=ledger)
+            return self._real(capture, directory, segments=segments, ledger=ledger, facts=facts)
         fail = self.plan.pop(0) if self.plan else self.then
         self.tried.append((time.monotonic(), fail))
         if fail:
             (directory / "partial.bin").write_bytes(b"x" * 1000)
             raise _full_disk()
-        return self._real(capture, directory, segments=segments, ledger=ledger)
+        return self._real(capture, directory, segments=segments, ledger=ledger, facts=facts)
 
 
 def test_the_wait_doubles_per_failure_up_to_the_cap_and_a_success_resets_it() -> None:

@@ -39,7 +39,11 @@ from rollvault.controller.snapshots.verification import (
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.gates.simulated import SimulatedGate
-from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX, RecordChain
+from rollvault.ledger.ledger_records import (
+    LEDGER_SEGMENT_SUFFIX,
+    RecordChain,
+    decode_ledger_segment,
+)
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 
 
@@ -49,7 +53,7 @@ def _config(tmp_path: Path) -> RunConfig:
 
 def _index(snapshot: Path) -> dict[str, Any]:
     state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-    assert state["schema_version"] == 6
+    assert state["schema_version"] in (6, 7)  # 7: the finalizer maps in the group facts
     index: dict[str, Any] = state["ledger_index"]
     return index
 
@@ -72,11 +76,18 @@ def _groups_in(snapshot: Path, file: str) -> list[str]:
 
 
 def _records_in(snapshot: Path, file: str) -> list[Any]:
-    """The records of a form 2 ledger segment as builtins: ``[base, header, siblings]``."""
-    data = json.loads((segments_dir_for(snapshot) / file).read_bytes())
-    assert data["ledger_segment_format"] == 2
-    records: list[Any] = data["records"]
-    return records
+    """The records of a form 3 ledger segment as builtins: ``[base, header, siblings]``, each
+    sibling ``[generation_index, start, attempts]``."""
+    assert file.endswith(LEDGER_SEGMENT_SUFFIX)
+    form, _bases, records = msgspec.msgpack.decode((segments_dir_for(snapshot) / file).read_bytes())
+    assert form == 3
+    return list(records)
+
+
+def _record_bytes(snapshot: Path, file: str) -> list[bytes]:
+    """Each record's own bytes in a form 3 ledger segment."""
+    data = (segments_dir_for(snapshot) / file).read_bytes()
+    return [bytes(raw) for raw in decode_ledger_segment(data, name=file).records]
 
 
 def _on_disk(snapshot: Path) -> set[str]:
@@ -144,7 +155,8 @@ def test_a_snapshot_writes_the_records_of_changed_groups_only_and_restores_the_l
         assert _groups_in(second, new) == [a, d]  # b and c did not change: not written
         delta, added = _records_in(second, new)
         assert delta[0] == [0, 0] and delta[1] is None  # a's base: whole's first record
-        assert [index for index, _ in delta[2]] == [0]  # only the sibling its seal changed
+        # only the attempt its seal changed: sibling 0's from its first (and only) on
+        assert [(index, start, len(attempts)) for index, start, attempts in delta[2]] == [(0, 0, 1)]
         assert added[0] is None and len(added[2]) == SIBLINGS  # d: a whole record
         assert _index(second)["groups"][1:3] == _index(first)["groups"][1:3]
         assert _restored_ledger(second) == _live_ledger(parts)
@@ -248,7 +260,7 @@ def test_a_restart_s_first_snapshot_rewrites_only_the_groups_the_restart_changed
         (file,) = _ledger_files(after) - restored_files
         (record,) = _records_in(after, file)
         assert record[0] is not None  # a delta: the sealed sibling is not written again
-        assert [index for index, _ in record[2]] == list(range(1, SIBLINGS))
+        assert [patch[0] for patch in record[2]] == list(range(1, SIBLINGS))
         assert sealed in parts.ledger and _restored_ledger(after) == _live_ledger(parts)
         parts.logs.close()
 
@@ -280,7 +292,7 @@ def test_a_missing_or_damaged_ledger_segment_rejects_its_snapshot_and_restore_fa
     if damage == "missing":
         segment.unlink()
     elif damage == "flipped":
-        segment.write_bytes(data.replace(b'"sealed"', b'"failed"', 1))
+        segment.write_bytes(data.replace(b"sealed", b"failed", 1))
     else:
         segment.write_bytes(data[:-7])
     expected = {
@@ -421,7 +433,7 @@ def _chain_of(snapshot: Path, group_id: str) -> RecordChain:
 def test_a_group_is_written_whole_once_its_deltas_outweigh_its_budget_of_whole_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    budget = 0.6  # a seal's delta here is ~0.4x its group's whole bytes: whole at the second
+    budget = 0.6  # a seal's delta here is 0.2-0.3x its group's whole record: whole at the third
     monkeypatch.setattr(ledger_segments, "chain_budget", lambda group_id: budget)
     config = _config(tmp_path)
 
@@ -435,10 +447,7 @@ def test_a_group_is_written_whole_once_its_deltas_outweigh_its_budget_of_whole_b
             await _seal(parts, run.gate, group, index)
             snapshot = await run.snapshot()
             chain = _chain_of(snapshot, group)
-            whole = sum(
-                len(piece)
-                for piece in ledger_segments._Encoded.of(parts.ledger.get_group(group)).pieces
-            )
+            whole = len(ledger_segments._Encoded.of(parts.ledger.get_group(group)).whole())
             assert chain.delta_bytes <= budget * whole  # the bound holds after every snapshot
             lengths.append(len(chain.links))
             assert _restored_ledger(snapshot) == _live_ledger(parts)
@@ -465,13 +474,10 @@ def test_a_read_chain_counts_its_deltas_bytes_as_the_writer_did_for_a_restart_to
         written = run.checkpointer._ledger_writer()._placed[group].delta_bytes
         chain = _chain_of(snapshot, group)
         assert len(chain.links) == 3 and chain.delta_bytes == written > 0
-        encode = msgspec.json.Encoder(order="sorted").encode
-        pieces = 0
-        for file, ordinal in chain.links[:-1]:  # the deltas, as stored
-            _, header, siblings = _records_in(snapshot, file)[ordinal]
-            pieces += len(encode(header)) if header is not None else 0
-            pieces += sum(len(encode(sibling)) for _, sibling in siblings)
-        assert chain.delta_bytes == pieces
+        stored = sum(  # the deltas' records, as stored
+            len(_record_bytes(snapshot, file)[ordinal]) for file, ordinal in chain.links[:-1]
+        )
+        assert chain.delta_bytes == stored
         run.parts.logs.close()
 
     asyncio.run(main())

@@ -1,9 +1,11 @@
 """Incremental snapshots under SIGKILL: at every fault point of a snapshot whose new rows
-go to a new row segment, or whose changed ledger records go to a new ledger segment
-(segment write, index, commit, retention, segment collection).
+go to a new row segment, whose changed ledger records go to a new ledger segment, or
+whose new group facts go to a new fact segment (segment write, index, commit, retention,
+segment collection).
 
 Each case has its own child process (``segments_crash_child.py`` for rows,
-``ledger_segments_crash_child.py`` for the ledger), forked per run from a
+``ledger_segments_crash_child.py`` for the ledger, ``fact_segments_crash_child.py``
+for the group facts), forked per run from a
 process that imported it once (``child_zygote.py``: a fresh Python's imports
 cost more than the child's work). After each kill a fresh process
 must find every committed snapshot whole (each referenced segment present and
@@ -87,6 +89,26 @@ LEDGER = CrashCase(
     ),
 )
 
+FACTS = CrashCase(
+    child=Path(__file__).with_name("fact_segments_crash_child.py"),
+    steps=(
+        "fact_segment.",
+        "atomic_write.",
+        "commit.before_rename",
+        "commit.after_rename",
+        "retention.before_trash_delete",
+        "segment_gc.",
+    ),
+    required=frozenset(
+        {
+            "fact_segment.before_write",
+            "fact_segment.durable",
+            "segment_gc.before_delete",
+            "segment_gc.synced",
+        }
+    ),
+)
+
 
 @dataclass(frozen=True)
 class Child:
@@ -114,7 +136,7 @@ def _template(child: Child, directory: Path) -> Path:
     report: dict[str, Any] = json.loads(child.ok("verify", directory))
     assert report["steps"] == [2, 3] and report["problems"] == {}
     assert report["segments"] == report["referenced"]
-    if case is LEDGER:
+    if case in (LEDGER, FACTS):
         assert len(report["referenced"]) > 1  # the third snapshot references an older segment
     return directory
 
@@ -133,7 +155,7 @@ def _kill_points(child: Child, template: Path, tmp_path: Path) -> list[tuple[str
     return [(name, nth) for name, nth in points if name.startswith(child.case.steps)]
 
 
-@pytest.mark.parametrize("case", [ROWS, LEDGER], ids=str)
+@pytest.mark.parametrize("case", [ROWS, LEDGER, FACTS], ids=str)
 def test_a_kill_at_every_fault_point_of_an_incremental_snapshot_leaves_it_loadable(
     case: CrashCase, tmp_path: Path
 ) -> None:

@@ -32,12 +32,12 @@ from rollvault.controller.snapshots.checkpointer import (
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     REPLACEMENT_RESERVE_FILENAME,
-    REPLAY_BUFFER_METADATA_FILENAME,
-    ReplayBufferFile,
     SnapshotCorruptError,
     advertised_digests,
     checked_bytes,
-    read_recovery_sidecar_file,
+    decode_replay_buffer,
+    read_facts,
+    read_recovery_sidecar_indexed,
     segments_dir_for,
 )
 from rollvault.controller.snapshots.verification import ledger_of, problem_from_error
@@ -362,14 +362,17 @@ def read_snapshot_contents(path: Path) -> SnapshotContents:
     content = _data_plane_metadata(data_plane, segments_dir_for(path))
     _check_file_sizes(content)
     digests = advertised_digests(data_plane, content.user_metadata)
-    recovery = read_recovery_sidecar_file(path / ROLLOUT_RECOVERY_STATE_FILENAME, digests)
     raw = {
         name: checked_bytes(path / name, digest)
         for name, digest in digests.items()
         if name != ROLLOUT_RECOVERY_STATE_FILENAME
     }
+    facts = read_facts(path, raw)  # the fact segments are checked whole, as restore does
+    recovery, _indexed = read_recovery_sidecar_indexed(
+        path / ROLLOUT_RECOVERY_STATE_FILENAME, digests, facts=facts
+    )
     ledger = ledger_of(path / ROLLOUT_RECOVERY_STATE_FILENAME, recovery.ledger_state)
-    replay = _decode(path / REPLAY_BUFFER_METADATA_FILENAME, raw, ReplayBufferFile)
+    replay = decode_replay_buffer(path, raw, facts)
     spares = _decode(path / REPLACEMENT_RESERVE_FILENAME, raw, SparePromptsState)
     rows = content.row_counts
     return SnapshotContents(

@@ -257,8 +257,6 @@ def _references(
     references = []
     for file in sorted(held):
         segment = segments[file]
-        bits = np.zeros(segment.row_count, dtype=bool)
-        bits[held[file]] = True
         references.append(
             SegmentReference(
                 file=file,
@@ -267,10 +265,45 @@ def _references(
                 byte_size=segment.byte_size,
                 row_count=segment.row_count,
                 live_rows=len(held[file]),
-                live=base64.b64encode(np.packbits(bits, bitorder="little").tobytes()).decode(),
+                live=encode_live_bitmap(segment.row_count, held[file]),
             )
         )
     return references
+
+
+def encode_live_bitmap(count: int, held: Sequence[int]) -> str:
+    """Base64 of the bitmap over ``count`` ordinals with ``held`` set (little-endian bit order).
+
+    The form every segment index uses for the entries of a segment a snapshot
+    still holds (rows here; the controller's per-group facts too).
+    """
+    bits = np.zeros(count, dtype=bool)
+    bits[list(held)] = True
+    return base64.b64encode(np.packbits(bits, bitorder="little").tobytes()).decode()
+
+
+def decode_live_bitmap(
+    encoded: str, count: int, live: int, *, noun: str = "row", live_field: str = "live_rows"
+) -> list[bool]:
+    """The bitmap :func:`encode_live_bitmap` wrote, one bool per ordinal.
+
+    Raises ``ValueError`` saying what is wrong: not base64, the wrong length
+    for ``count`` ordinals, bits set beyond them, or not ``live`` bits set
+    (``noun`` names an entry and ``live_field`` the count in the messages).
+    """
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except ValueError as exc:
+        raise ValueError(f"not base64: {exc}") from exc
+    if len(raw) != -(-count // 8):
+        raise ValueError(f"{len(raw)} bytes for {count} {noun}s (expected {-(-count // 8)})")
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
+    if bits[count:].any():
+        raise ValueError(f"bits set beyond {noun} {count}")
+    wanted = bits[:count].astype(bool)
+    if int(wanted.sum()) != live:
+        raise ValueError(f"{int(wanted.sum())} {noun}s set, {live_field} records {live}")
+    return wanted.tolist()
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -302,27 +335,9 @@ def read_segmented_content(directory: Path) -> SegmentedCheckpointContent:
 def live_bitmap(reference: SegmentReference, path: Path, where: str) -> list[bool]:
     """The held ordinals of ``reference`` as one bool per row; a malformed bitmap raises."""
     try:
-        raw = base64.b64decode(reference.live, validate=True)
+        return decode_live_bitmap(reference.live, reference.row_count, reference.live_rows)
     except ValueError as exc:
-        raise DataPlaneCheckpointError(path, f"{where}.live: not base64: {exc}") from exc
-    if len(raw) != -(-reference.row_count // 8):
-        raise DataPlaneCheckpointError(
-            path,
-            f"{where}.live: {len(raw)} bytes for {reference.row_count} rows "
-            f"(expected {-(-reference.row_count // 8)})",
-        )
-    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
-    if bits[reference.row_count :].any():
-        raise DataPlaneCheckpointError(
-            path, f"{where}.live: bits set beyond row {reference.row_count}"
-        )
-    wanted = bits[: reference.row_count].astype(bool)
-    if int(wanted.sum()) != reference.live_rows:
-        raise DataPlaneCheckpointError(
-            path,
-            f"{where}.live: {int(wanted.sum())} rows set, live_rows records {reference.live_rows}",
-        )
-    return wanted.tolist()
+        raise DataPlaneCheckpointError(path, f"{where}.live: {exc}") from exc
 
 
 def _check_segmented_content(content: SegmentedCheckpointContent, path: Path) -> None:

@@ -85,6 +85,8 @@ FAULT_POINTS: Final = frozenset(
         "segment.durable",
         "ledger_segment.before_write",
         "ledger_segment.durable",
+        "fact_segment.before_write",
+        "fact_segment.durable",
         "segment_gc.before_delete",
         "segment_gc.after_delete",
         "segment_gc.synced",

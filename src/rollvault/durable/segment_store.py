@@ -54,6 +54,14 @@ def publish_ledger_segment(path: Path, data: bytes) -> None:
     fault_point("ledger_segment.durable")
 
 
+def publish_fact_segment(path: Path, data: bytes) -> None:
+    """Write the group-facts segment ``path`` durably: as :func:`publish_segment`, own fault points."""
+    _ensure_directory(path.parent)
+    fault_point("fact_segment.before_write")
+    atomic_write_bytes(path, data)
+    fault_point("fact_segment.durable")
+
+
 def _ensure_directory(directory: Path) -> None:
     if not directory.is_dir():
         directory.mkdir()

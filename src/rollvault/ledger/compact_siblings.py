@@ -1,4 +1,4 @@
-"""The compact form a form 2 ledger segment record stores a sibling in.
+"""The compact form a form 2 ledger segment record stores a sibling in, read back.
 
 A version 5 sibling (:class:`~rollvault.ledger.state_schema.SiblingState`)
 names every field of every attempt, null or empty ones included, and a
@@ -19,6 +19,9 @@ result *is* a version 5 state (``msgspec.to_builtins`` names every field).
 Objects, not arrays: an array per attempt saves its field names but needs a
 Python constructor per attempt on restore (measured 13% more read + verify
 CPU at 16k attempts, against 2% this way).
+
+This build writes form 3 (:mod:`rollvault.ledger.packed_groups`) and only
+reads this form (the tests keep its writer, ``tests/support/ledger_form2.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from typing import Annotated, Any
 
 import msgspec
 
-from rollvault.ledger.records import RolloutAttemptRecord, RolloutSiblingRecord
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.state_schema import AttemptState, SiblingState
 from rollvault.ledger.statuses import AttemptFailureKind
@@ -56,66 +58,10 @@ class CompactAttemptState(AttemptState, kw_only=True):
     env_state_revision: _NonNegativeInt = 0
 
 
-class CompactAttempt(CompactAttemptState, omit_defaults=True):
-    """An attempt as written: :class:`AttemptState`'s fields, the empty ones left out.
-
-    A separate class only for ``omit_defaults``: the decoded
-    :class:`CompactAttemptState` must name every field in its builtins form
-    (it *is* a version 5 attempt). ``receipt`` is without its derivable
-    fields (see the module docstring).
-    """
-
-
-class CompactSibling(msgspec.Struct, kw_only=True):
-    """A sibling as written."""
-
-    generation_index: int
-    attempts: list[CompactAttempt]
-
-
 class CompactSiblingState(SiblingState, kw_only=True):
     """A :class:`SiblingState` decoded from its compact form."""
 
     attempts: Annotated[list[CompactAttemptState], msgspec.Meta(min_length=1)]  # type: ignore[assignment]
-
-
-def compact_sibling(group_id: str, sibling: RolloutSiblingRecord) -> CompactSibling:
-    """The compact form of a live sibling; containers shared (encode before it changes)."""
-    prefix = f"{group_id}_g{sibling.generation_index}_a"
-    return CompactSibling(
-        generation_index=sibling.generation_index,
-        attempts=[_compact_attempt(prefix, attempt) for attempt in sibling.attempts],
-    )
-
-
-def _compact_attempt(prefix: str, attempt: RolloutAttemptRecord) -> CompactAttempt:
-    hex_id = attempt.attempt_uuid.hex
-    receipt = attempt.receipt
-    if receipt is not None:
-        gate_id = prefix + hex_id
-        keys = attempt.staging_keys
-        receipt = {
-            name: value
-            for name, value in receipt.items()
-            if not (
-                (name == "gate_rollout_id" and value == gate_id)
-                or (name == "staging_keys" and value == keys)
-            )
-        }
-    return CompactAttempt(
-        attempt_uuid=hex_id,
-        status=attempt.status,
-        receipt=receipt,
-        reward=attempt.reward,
-        mask_sample=attempt.mask_sample,
-        reward_checks=attempt.reward_checks,
-        reward_log_context=attempt.reward_log_context,
-        staging_keys=attempt.staging_keys,
-        failure_reason=attempt.failure_reason,
-        failure_kind=attempt.failure_kind,
-        turn_keys=attempt.turn_keys,
-        env_state_revision=attempt.env_state_revision,
-    )
 
 
 def expand_siblings(group_id: str, siblings: list[CompactSiblingState]) -> None:

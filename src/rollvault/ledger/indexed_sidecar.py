@@ -4,8 +4,9 @@ Version 5 and before write every group of the ledger into the sidecar at every
 snapshot. From version 6 each group's record is written once per change into
 a **ledger segment**, an immutable file of records
 (:mod:`rollvault.ledger.ledger_records`: form 1 holds whole records, a
-version 5 ledger state; form 2, written since, whole or *delta* records, a
-delta holding only the siblings that changed since its base record). The
+version 5 ledger state; forms 2 and 3 whole or *delta* records, a delta
+holding only the siblings (form 3, written now: the attempts) that changed
+since its base record). The
 sidecar itself holds the controller state as before plus an index: the
 segments it references (name, SHA-256, size, record count), every segment
 a live group's chain of records reaches included, and, in ledger order,
@@ -189,3 +190,75 @@ def assemble_indexed_ledger(
     except (TypeError, msgspec.ValidationError) as exc:
         raise LedgerStateError(f"{_WHAT}: {exc}") from exc
     return split_sidecar(typed), chains
+
+
+# -- version 7: the finalizer maps held apart ------------------------------------------
+
+FACTS_APART_SIDECAR_SCHEMA_VERSION: Final = 7
+"""The sidecar file's version when, besides its ledger, its finalizer maps are held apart.
+
+Per canonical group the finalizer's rewards and metrics are written once, by
+the snapshot layer, into its group facts (a canonical group's finalization
+never changes), instead of into every snapshot's sidecar. The file is
+version 6 without ``finalizer_metrics_by_group`` and
+``finalizer_rewards_by_group``; whoever reads it supplies them
+(:func:`decode_facts_apart_sidecar`), and they are then checked as a version
+6 sidecar's are."""
+
+_FINALIZER_MAPS: Final = frozenset({"finalizer_metrics_by_group", "finalizer_rewards_by_group"})
+
+
+class FactsApartSidecarState(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A version 7 ``rollout_recovery.json``: version 6 without the finalizer maps."""
+
+    schema_version: int
+    ledger_index: LedgerIndex
+    batch_shortfall: dict[str, Any]
+    sampler_stamps_target_steps: bool | None
+    reward_settings: CaptureRewardSettings | None
+
+
+def encode_facts_apart_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> bytes:
+    """A version 7 sidecar: ``envelope`` with ``index``, its finalizer maps left out
+    (the caller stores them elsewhere)."""
+    missing = sorted(sidecar_envelope_fields() - envelope.keys())
+    extra = sorted(envelope.keys() - sidecar_envelope_fields())
+    if missing or extra:
+        raise LedgerStateError(
+            f"{_WHAT}: the envelope lacks {missing} / has unknown fields {extra}"
+        )
+    state = {key: value for key, value in envelope.items() if key not in _FINALIZER_MAPS}
+    state.update(schema_version=FACTS_APART_SIDECAR_SCHEMA_VERSION, ledger_index=index)
+    try:
+        return _ENCODER.encode(state)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise LedgerStateError(f"{_WHAT}: not JSON-safe builtins: {exc}") from exc
+
+
+def decode_facts_apart_sidecar(
+    data: bytes,
+    *,
+    finalizer_metrics_by_group: dict[str, Any],
+    finalizer_rewards_by_group: dict[str, Any],
+) -> IndexedSidecarState:
+    """A version 7 sidecar's bytes, strictly decoded, with the finalizer maps the caller
+    read from where they are held; assemble it as a version 6 one
+    (:func:`assemble_indexed_ledger`), which checks the maps too."""
+    try:
+        state = msgspec.json.decode(data, type=FactsApartSidecarState, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise LedgerStateError(f"{_WHAT}: {exc}") from exc
+    if state.schema_version != FACTS_APART_SIDECAR_SCHEMA_VERSION:
+        raise LedgerStateError(
+            f"{_WHAT} $.schema_version: {state.schema_version} is not the version "
+            f"{FACTS_APART_SIDECAR_SCHEMA_VERSION} this decoder reads"
+        )
+    return IndexedSidecarState(
+        schema_version=INDEXED_SIDECAR_SCHEMA_VERSION,
+        ledger_index=state.ledger_index,
+        batch_shortfall=state.batch_shortfall,
+        sampler_stamps_target_steps=state.sampler_stamps_target_steps,
+        finalizer_metrics_by_group=finalizer_metrics_by_group,
+        finalizer_rewards_by_group=finalizer_rewards_by_group,
+        reward_settings=state.reward_settings,
+    )

@@ -1,7 +1,8 @@
 """Ledger segment records: whole or delta, and resolving a group's chain of them.
 
 A ledger segment (sidecar version 6, :mod:`rollvault.ledger.indexed_sidecar`)
-is an immutable file of group records. Two forms are read:
+is an immutable file of group records. Three forms are read; this build
+writes form 3:
 
 - form 1 (the first writer of ledger segments): a version 5 ledger state,
   ``{"schema_version": 5, "groups": [...]}``, each record a whole group;
@@ -16,6 +17,16 @@ is an immutable file of group records. Two forms are read:
   siblings that changed since it (a seal changes one): the group is the
   newest record's header and siblings, the rest taken from the chain of
   bases down to a whole record.
+- form 3 (``*.ledger-segment.msgpack``, msgpack ``[3, bases, records]``):
+  each record is ``[base, header, siblings]`` as in form 2, but its pieces
+  are packed arrays (:mod:`rollvault.ledger.packed_groups`) and a delta holds
+  only the changed *attempts* of a sibling: ``siblings`` lists
+  ``[generation_index, start, attempts]``, the sibling's attempts being its
+  base's before position ``start``, then ``attempts`` (a seal changes one
+  attempt: the sibling's older attempts are not written again). A whole
+  record lists every sibling 0..n-1 from ``start`` 0. A form 3 chain is form
+  3 down to its whole record (the writer starts a chain whole in form 3
+  when a group of an older form changes).
 
 The writer (:mod:`rollvault.controller.snapshots.ledger_segments`) bounds a
 chain by its deltas' bytes and to
@@ -33,47 +44,36 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
-from rollvault.ledger.compact_siblings import (
-    CompactSibling,
-    CompactSiblingState,
-    expand_siblings,
-)
+from rollvault.ledger.compact_siblings import CompactSiblingState, expand_siblings
 from rollvault.ledger.errors import LedgerStateError
+from rollvault.ledger.packed_groups import PackedAttempt, PackedHeader, group_state
 from rollvault.ledger.state_schema import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     GroupHeaderState,
     GroupState,
 )
 
-LEDGER_SEGMENT_FORMAT: Final = 2
-"""The form of the ledger segments this build writes (form 1 is still read)."""
+LEDGER_SEGMENT_FORMAT: Final = 3
+"""The form of the ledger segments this build writes (forms 1 and 2 are still read)."""
+JSON_LEDGER_SEGMENT_FORMAT: Final = 2
+"""The newest form written as JSON (a form 2 segment is read, never written)."""
 MAX_READ_CHAIN: Final = 64
 """Longest chain of records a reader follows (the writer's bound, 32 records, is below)."""
-LEDGER_SEGMENT_SUFFIX: Final = ".ledger-segment.json"
+LEDGER_SEGMENT_SUFFIX: Final = ".ledger-segment.msgpack"
+"""The file suffix of a form 3 segment, what this build writes."""
+JSON_LEDGER_SEGMENT_SUFFIX: Final = ".ledger-segment.json"
+"""The file suffix of a form 1 or 2 segment."""
+LEDGER_SEGMENT_SUFFIXES: Final = (LEDGER_SEGMENT_SUFFIX, JSON_LEDGER_SEGMENT_SUFFIX)
 
-_ENCODER: Final = msgspec.json.Encoder(order="sorted")
+_PACKED_ENCODER: Final = msgspec.msgpack.Encoder()
 _NULL: Final = b"null"
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 LedgerSegmentFileName = Annotated[
     str,
-    msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}\.ledger-segment\.json$"),
+    msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}\.ledger-segment\.(json|msgpack)$"),
 ]
 RecordLink = tuple[str, int]
 """A record: (ledger segment file, ordinal in it)."""
-
-
-class RecordOut(msgspec.Struct, array_like=True, frozen=True):
-    """One form 2 record to write; ``header`` and the siblings already encoded (:func:`encode_piece`)."""
-
-    base: tuple[int, int] | None
-    header: msgspec.Raw | None
-    siblings: list[tuple[int, msgspec.Raw]]
-
-
-class _SegmentOut(msgspec.Struct, frozen=True):
-    ledger_segment_format: int
-    bases: list[str]
-    records: list[RecordOut]
 
 
 class _SegmentIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -85,6 +85,39 @@ class _SegmentIn(msgspec.Struct, forbid_unknown_fields=True):
     ledger_segment_format: int | None = None
     bases: list[LedgerSegmentFileName] | None = None
     records: list[msgspec.Raw] | None = None
+
+
+class PackedRecordOut(msgspec.Struct, array_like=True, frozen=True):
+    """One form 3 record to write, its pieces already packed (:mod:`.packed_groups`)."""
+
+    base: tuple[int, int] | None
+    header: msgspec.Raw | None
+    siblings: list[tuple[int, int, list[msgspec.Raw]]]
+    """``(generation_index, start, attempts)``: the attempts from position ``start`` on."""
+
+
+class _PackedSegmentOut(msgspec.Struct, array_like=True, frozen=True):
+    ledger_segment_format: int
+    bases: list[str]
+    records: list[msgspec.Raw]
+
+
+class _PackedSegmentIn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    ledger_segment_format: int
+    bases: list[LedgerSegmentFileName]
+    records: list[msgspec.Raw]
+
+
+class _PatchIn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    generation_index: _NonNegativeInt
+    start: _NonNegativeInt
+    attempts: list[PackedAttempt]
+
+
+class _PackedRecordIn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    base: tuple[_NonNegativeInt, _NonNegativeInt] | None
+    header: PackedHeader | None
+    siblings: list[_PatchIn]
 
 
 class _RecordIn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
@@ -112,29 +145,35 @@ class RecordChain:
 
     links: tuple[RecordLink, ...]
     deltable: bool
-    """Whether a delta may name the newest as its base (form 2; form 1 records are not)."""
+    """Whether a delta may name the newest as its base (form 3: this build writes no older form)."""
     delta_bytes: int = 0
-    """Bytes of the pieces (header, siblings) of the chain's deltas, all but its whole record.
+    """Bytes of the chain's deltas, all but its whole record: in form 3 the delta records'
+    own bytes (in form 2 the bytes of their pieces: header, siblings).
 
     The writer's bound by bytes counts the same (a restored writer goes on from it)."""
 
 
-def encode_piece(piece: GroupHeaderState | CompactSibling) -> bytes:
-    """The deterministic bytes of a header or sibling, as a form 2 record embeds them."""
-    return _ENCODER.encode(piece)
+def encode_packed_record(record: PackedRecordOut) -> bytes:
+    """The bytes of one form 3 record (a delta's bytes are what a chain's bound counts)."""
+    return _PACKED_ENCODER.encode(record)
 
 
-def encode_ledger_segment_records(bases: Sequence[str], records: Sequence[RecordOut]) -> bytes:
-    """The bytes of a form 2 ledger segment."""
-    return _ENCODER.encode(
-        _SegmentOut(
-            ledger_segment_format=LEDGER_SEGMENT_FORMAT, bases=list(bases), records=list(records)
+def encode_packed_segment(bases: Sequence[str], records: Sequence[bytes]) -> bytes:
+    """The bytes of a form 3 ledger segment of ``records`` (:func:`encode_packed_record`)."""
+    return _PACKED_ENCODER.encode(
+        _PackedSegmentOut(
+            ledger_segment_format=LEDGER_SEGMENT_FORMAT,
+            bases=list(bases),
+            records=[msgspec.Raw(record) for record in records],
         )
     )
 
 
 def decode_ledger_segment(data: bytes, *, name: str) -> SegmentRecords:
-    """A ledger segment of either form, its records undecoded."""
+    """A ledger segment of any form, its records undecoded; its name's suffix says which
+    encoding (msgpack: form 3; JSON: forms 1 and 2)."""
+    if name.endswith(LEDGER_SEGMENT_SUFFIX):
+        return _decode_packed_segment(data, name=name)
     try:
         state = _SEGMENT_DECODER.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -151,18 +190,32 @@ def decode_ledger_segment(data: bytes, *, name: str) -> SegmentRecords:
                 f"{state.schema_version}; segments hold schema {ROLLOUT_RECOVERY_SCHEMA_VERSION}"
             )
         return SegmentRecords(form=1, bases=[], records=state.groups)
-    if state.ledger_segment_format != LEDGER_SEGMENT_FORMAT:
+    if state.ledger_segment_format != JSON_LEDGER_SEGMENT_FORMAT:
         raise LedgerStateError(
             f"ledger segment {name}: $.ledger_segment_format: {state.ledger_segment_format}; "
-            f"this build reads forms 1 and {LEDGER_SEGMENT_FORMAT}"
+            f"this build reads JSON segments of forms 1 and {JSON_LEDGER_SEGMENT_FORMAT} "
+            f"(form {LEDGER_SEGMENT_FORMAT} is msgpack, *{LEDGER_SEGMENT_SUFFIX})"
         )
     if state.bases is None or state.records is None or state.groups is not None:
         raise LedgerStateError(
-            f"ledger segment {name}: $: form {LEDGER_SEGMENT_FORMAT} holds exactly "
+            f"ledger segment {name}: $: form {JSON_LEDGER_SEGMENT_FORMAT} holds exactly "
             "ledger_segment_format, bases and records"
         )
     if state.schema_version is not None:
         raise LedgerStateError(f"ledger segment {name}: $.schema_version: not a form 2 field")
+    return SegmentRecords(form=JSON_LEDGER_SEGMENT_FORMAT, bases=state.bases, records=state.records)
+
+
+def _decode_packed_segment(data: bytes, *, name: str) -> SegmentRecords:
+    try:
+        state = _PACKED_SEGMENT_DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise LedgerStateError(f"ledger segment {name}: {exc}") from exc
+    if state.ledger_segment_format != LEDGER_SEGMENT_FORMAT:
+        raise LedgerStateError(
+            f"ledger segment {name}: $[0] (ledger_segment_format): "
+            f"{state.ledger_segment_format}; a msgpack segment is form {LEDGER_SEGMENT_FORMAT}"
+        )
     return SegmentRecords(form=LEDGER_SEGMENT_FORMAT, bases=state.bases, records=state.records)
 
 
@@ -179,6 +232,9 @@ def resolve_group(
     record reached (a record reached twice is refused). ``where`` names the
     index entry in messages.
     """
+    segment = segments.get(link[0])
+    if segment is not None and segment.form == LEDGER_SEGMENT_FORMAT:
+        return _resolve_packed(link, segments, used, where=where)
     header: msgspec.Raw | None = None
     siblings: dict[int, msgspec.Raw] = {}
     links: list[RecordLink] = []
@@ -188,6 +244,11 @@ def resolve_group(
         _use(file, ordinal, segments, used, links, where=where)
         segment = segments[file]
         raw = segment.records[ordinal]
+        if segment.form == LEDGER_SEGMENT_FORMAT:
+            raise LedgerStateError(
+                f"{where}: the chain reaches {_at(file, ordinal)}, a form "
+                f"{LEDGER_SEGMENT_FORMAT} record, from a form {JSON_LEDGER_SEGMENT_FORMAT} one"
+            )
         if segment.form == 1:
             if links[1:]:
                 raise LedgerStateError(
@@ -231,6 +292,85 @@ def resolve_group(
     decoded = _decode(_SIBLINGS_DECODER, joined, *link, where)
     expand_siblings(fields["group_id"], decoded)
     group = GroupState(**fields, siblings=list(decoded))
+    # Not deltable: this build writes form 3 deltas only, on form 3 records.
+    return group, RecordChain(tuple(links), False, delta_bytes)
+
+
+def _resolve_packed(
+    link: RecordLink,
+    segments: Mapping[str, SegmentRecords],
+    used: set[RecordLink],
+    *,
+    where: str,
+) -> tuple[GroupState, RecordChain]:
+    """:func:`resolve_group` for a form 3 chain.
+
+    Newest record first: each sibling's attempts are known from some
+    position on (``have``: that position and the attempts from it); an older
+    record contributes only the attempts before it, and must reach it (no gap).
+    """
+    header: PackedHeader | None = None
+    have: dict[int, tuple[int, list[PackedAttempt]]] = {}
+    links: list[RecordLink] = []
+    delta_bytes = 0
+    file, ordinal = link
+    while True:
+        _use(file, ordinal, segments, used, links, where=where)
+        segment = segments[file]
+        if segment.form != LEDGER_SEGMENT_FORMAT:
+            raise LedgerStateError(
+                f"{where}: the chain reaches {_at(file, ordinal)}, a form {segment.form} "
+                f"record, from a form {LEDGER_SEGMENT_FORMAT} one"
+            )
+        raw = segment.records[ordinal]
+        record = _decode(_PACKED_RECORD_DECODER, raw, file, ordinal, where)
+        if header is None:
+            header = record.header
+        listed: set[int] = set()
+        for patch in record.siblings:
+            index, start, attempts = patch.generation_index, patch.start, patch.attempts
+            if index in listed:
+                raise LedgerStateError(f"{where}: {_at(file, ordinal)} lists sibling {index} twice")
+            listed.add(index)
+            known = have.get(index)
+            if known is None:
+                have[index] = (start, attempts)
+            elif start < known[0]:
+                position, later = known
+                if start + len(attempts) < position:
+                    raise LedgerStateError(
+                        f"{where}: {_at(file, ordinal)} holds sibling {index}'s attempts "
+                        f"{start}..{start + len(attempts) - 1}, a newer record those from "
+                        f"{position}: attempts in between are missing"
+                    )
+                have[index] = (start, attempts[: position - start] + later)
+        if record.base is None:
+            count = len(record.siblings)
+            if record.header is None or any(
+                patch.generation_index != number or patch.start
+                for number, patch in enumerate(record.siblings)
+            ):
+                raise LedgerStateError(
+                    f"{where}: {_at(file, ordinal)} has no base, so it must hold the header and "
+                    "every sibling 0..n-1 from its first attempt"
+                )
+            break
+        delta_bytes += len(raw)
+        position, base_ordinal = record.base
+        if position >= len(segment.bases):
+            raise LedgerStateError(
+                f"{where}: {_at(file, ordinal)}'s base names segment {position} of "
+                f"{len(segment.bases)} listed in {file}"
+            )
+        file, ordinal = segment.bases[position], base_ordinal
+    extra = sorted(index for index in have if index >= count)
+    if extra:
+        raise LedgerStateError(f"{where}: siblings {extra} of a group of {count} ({link[0]})")
+    empty = [index for index in range(count) if not have[index][1]]
+    if empty:
+        raise LedgerStateError(f"{where}: siblings {empty} have no attempt ({link[0]})")
+    assert header is not None  # a whole record has one
+    group = group_state(header, [(index, have[index][1]) for index in range(count)])
     return group, RecordChain(tuple(links), True, delta_bytes)
 
 
@@ -268,10 +408,16 @@ _RECORD_DECODER: Final = msgspec.json.Decoder(_RecordIn, strict=True)
 _GROUP_DECODER: Final = msgspec.json.Decoder(GroupState, strict=True)
 _HEADER_DECODER: Final = msgspec.json.Decoder(GroupHeaderState, strict=True)
 _SIBLINGS_DECODER: Final = msgspec.json.Decoder(list[CompactSiblingState], strict=True)
+_PACKED_SEGMENT_DECODER: Final = msgspec.msgpack.Decoder(_PackedSegmentIn, strict=True)
+_PACKED_RECORD_DECODER: Final = msgspec.msgpack.Decoder(_PackedRecordIn, strict=True)
 
 
 def _decode(
-    decoder: msgspec.json.Decoder[_T], raw: bytes | msgspec.Raw, file: str, ordinal: int, where: str
+    decoder: msgspec.json.Decoder[_T] | msgspec.msgpack.Decoder[_T],
+    raw: bytes | msgspec.Raw,
+    file: str,
+    ordinal: int,
+    where: str,
 ) -> _T:
     try:
         return decoder.decode(raw)

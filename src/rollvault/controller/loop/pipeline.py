@@ -284,7 +284,9 @@ async def run_pipeline(
                     await restorer.restore()
                     if checkpointer is not None:
                         checkpointer.seed_segments(
-                            restorer.segment_seed, ledger=restorer.ledger_seed
+                            restorer.segment_seed,
+                            ledger=restorer.ledger_seed,
+                            facts=restorer.fact_seed,
                         )
                     await gate.update_weights(parts.trainer_version)
                 pumps = _Pumps(parts, rollout, train, checkpointer, shutdown, grace)

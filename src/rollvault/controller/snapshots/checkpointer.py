@@ -51,12 +51,13 @@ from rollvault.controller.loop.partials import carry_live_partials
 from rollvault.controller.loop.parts import GroupEntry, GroupOrigin, RolloutParts, group_entry
 from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.fact_segments import FactSeed, FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSeed, LedgerSegmentWriter
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_SCHEMA_VERSION,
     ENV_ROLLOUTS_SCHEMA_VERSION,
-    SNAPSHOT_FILES_SCHEMA_VERSION,
+    REPLAY_BUFFER_SCHEMA_VERSION,
     ControllerStateFile,
     EnvRolloutsFile,
     ReplayBufferFile,
@@ -222,7 +223,7 @@ def build_snapshot(
         ),
         recovery_state=recovery,
         replay=ReplayBufferFile(
-            schema_version=SNAPSHOT_FILES_SCHEMA_VERSION,
+            schema_version=REPLAY_BUFFER_SCHEMA_VERSION,
             replay=ReplayIndexState(schema_version=cut.replay.schema_version, entries=entries),
             canonical_attempts={g: list(f.gate_rollout_ids) for g, f in finalized.items()},
         ),
@@ -241,6 +242,7 @@ def build_snapshot(
         ),
         data_plane=cut.data_plane,
         generations_per_group=parts.config.grpo.num_generations_per_prompt,
+        finalized=finalized,
         env_rollouts=EnvRolloutsFile(
             schema_version=ENV_ROLLOUTS_SCHEMA_VERSION,
             episodes=owned_entries(cut.episodes, cut.ledger),
@@ -283,20 +285,41 @@ class Checkpointer:
         self._segment_seed: SegmentSeed | None = None
         self._ledger_segments: LedgerSegmentWriter | None = None
         self._ledger_seed: LedgerSeed | None = None
+        self._fact_segments: FactSegmentWriter | None = None
+        self._fact_seed: FactSeed | None = None
         self._retry = SnapshotRetry(
             interval_s=self._settings.interval_s,
             max_consecutive_failures=self._settings.max_consecutive_failures,
         )
         self.stats = SnapshotStats()
 
-    def seed_segments(self, seed: SegmentSeed | None, *, ledger: LedgerSeed | None = None) -> None:
-        """Let the first snapshot reference the rows (and ledger records) restore loaded.
+    def seed_segments(
+        self,
+        seed: SegmentSeed | None,
+        *,
+        ledger: LedgerSeed | None = None,
+        facts: FactSeed | None = None,
+    ) -> None:
+        """Let the first snapshot reference the rows (and ledger records, group facts)
+        restore loaded.
 
         Used only if that snapshot is among the anchor's (not a trainer
-        checkpoint's own): else the first snapshot writes every row and record.
+        checkpoint's own): else the first snapshot writes every row, record and fact.
         """
         self._segment_seed = seed
         self._ledger_seed = ledger
+        self._fact_seed = facts
+
+    def _fact_writer(self) -> FactSegmentWriter:
+        """The anchor's group-facts writer: a new one (every fact new) when the anchor changed."""
+        root = snapshots_root(self.anchor()) / SEGMENTS_DIRNAME
+        if self._fact_segments is None or self._fact_segments.segments_dir != root:
+            seed, self._fact_seed = self._fact_seed, None
+            seeded = seed is not None and seed.segments_dir == root
+            self._fact_segments = (
+                seed.writer() if seed is not None and seeded else FactSegmentWriter(root)
+            )
+        return self._fact_segments
 
     def _ledger_writer(self) -> LedgerSegmentWriter:
         """The anchor's ledger writer: a new one (every record new) when the anchor changed."""
@@ -357,12 +380,15 @@ class Checkpointer:
             started = time.perf_counter()
             segments = self._segment_writer()
             ledger = self._ledger_writer()
+            facts = self._fact_writer()
             try:
                 path = await asyncio.to_thread(
                     publish_snapshot,
                     self.anchor(),
                     manifest=capture.manifest,
-                    write_payload=functools.partial(self._write_payload, capture, segments, ledger),
+                    write_payload=functools.partial(
+                        self._write_payload, capture, segments, ledger, facts
+                    ),
                     keep_latest_k=self._settings.keep_latest_k,
                 )
             except SnapshotWriteError as error:
@@ -373,7 +399,9 @@ class Checkpointer:
                 segments.committed(segments.last_written)
             if ledger.last_written is not None:
                 ledger.committed(ledger.last_written)
-            await asyncio.to_thread(self._collect_segments, path.parent, segments, ledger)
+            if facts.last_written is not None:
+                facts.committed(facts.last_written)
+            await asyncio.to_thread(self._collect_segments, path.parent, segments, ledger, facts)
             self._retry.succeeded()
             self.stats.write_seconds.append(time.perf_counter() - started)
             self.stats.snapshots += 1
@@ -496,18 +524,20 @@ class Checkpointer:
         capture: RolloutStateCapture,
         segments: SegmentedWriter | None,
         ledger: LedgerSegmentWriter | None,
+        facts: FactSegmentWriter | None,
         directory: Path,
     ) -> None:
         self.stats.bytes_written += write_snapshot_payload(
-            capture, directory, segments=segments, ledger=ledger
+            capture, directory, segments=segments, ledger=ledger, facts=facts
         )
 
     @staticmethod
     def _collect_segments(
-        root: Path, segments: SegmentedWriter, ledger: LedgerSegmentWriter
+        root: Path, segments: SegmentedWriter, ledger: LedgerSegmentWriter, facts: FactSegmentWriter
     ) -> None:
+        keep = segments.base_segments() | ledger.base_segments() | facts.base_segments()
         try:
-            collect_segments(root, also_keep=segments.base_segments() | ledger.base_segments())
+            collect_segments(root, also_keep=keep)
         except OSError as exc:
             # The snapshot stands; what was not deleted is deleted by the next collection.
             _LOG.warning(
@@ -520,7 +550,7 @@ class Checkpointer:
         self._trainer.save_checkpoint(trainer_dir)
         rollout_dir = directory / TRAINER_ROLLOUT_STATE_DIRNAME
         rollout_dir.mkdir()
-        self._write_payload(capture, None, None, rollout_dir)
+        self._write_payload(capture, None, None, None, rollout_dir)
         write_snapshot_manifest(rollout_dir, capture.manifest)
 
     def _prune_journal(self) -> None:

@@ -4,32 +4,35 @@
 one segments directory (the anchor's ``segments/``, beside the row segments).
 It remembers, for the last snapshot it *committed*, where each group's newest
 record is, the chain of records it resolves through
-(:mod:`rollvault.ledger.ledger_records`), a digest of the group's header and
-of each sibling as written, and the token it was written for: the record's
+(:mod:`rollvault.ledger.ledger_records`, form 3), a digest of the group's header and
+of each attempt of each sibling as written (:mod:`rollvault.ledger.packed_groups`),
+and the token it was written for: the record's
 ``siblings`` list. The ledger's copy-on-write capture guarantees that token:
 once a capture shares a record, the ledger copies the whole record (siblings
 list included) before its next change, and only the runtime prompt payload
 (never persisted) is ever set on a shared record's new shell, keeping its
 siblings. So a group whose siblings list is the one remembered has not
 changed since that snapshot, and costs an index entry; every other group is
-encoded sibling by sibling, and only the siblings (and the header) whose
-bytes differ from the remembered digests are written, as a *delta* record
-naming the group's previous record as its base. A seal changes one sibling,
-so it costs that sibling, not the group.
+encoded attempt by attempt, and only the header and the attempts whose bytes
+differ from the remembered digests are written (per sibling, its attempts
+from the first that differs on), as a *delta* record naming the group's
+previous record as its base. A seal changes one attempt, so it costs that
+attempt (~100 bytes), not its sibling's older attempts nor the group.
 
 Chains are bounded by bytes: a group is written whole once its chain's
-deltas since its whole record, this one included, would outweigh
-:func:`chain_budget` times the bytes of the group written whole now (see
+delta records since its whole record, this one included, would outweigh
+:func:`chain_budget` times the bytes of the group's whole record now (see
 there: between 1x and 3x, fixed per group). A whole rewrite so costs at most
 the deltas it ends, and groups changed in lockstep (every seal of a round in
 the same groups) do not all reach it in one snapshot, as they did under a
 bound by count. A group whose chain already holds :data:`MAX_CHAIN` records
 (a backstop: tiny deltas), or reaches a segment being compacted, or whose
 digests are unknown (restored from a form 1 segment), is written whole too,
-so restore follows at most :data:`MAX_CHAIN` records per group. A restored
-writer knows the chains (the restore resolved them, with their deltas'
-bytes) but not the digests: it computes them from the restored records,
-which stay frozen (shared) until the ledger changes them.
+so restore follows at most :data:`MAX_CHAIN` records per group. A group
+restored from a form 1 or 2 segment is written whole (form 3) at its first
+change. A restored writer knows the chains (the restore resolved them, with
+their deltas' bytes) but not the digests: it computes them from the restored
+records, which stay frozen (shared) until the ledger changes them.
 
 Compaction: a referenced segment whose live records (every record a live
 group's chain reaches) fall below ``compact_below`` of its records has the
@@ -63,21 +66,20 @@ from typing import Final
 import msgspec
 
 from rollvault.durable.segment_store import publish_ledger_segment
-from rollvault.ledger.compact_siblings import compact_sibling
 from rollvault.ledger.indexed_sidecar import (
     LedgerIndex,
     LedgerSegmentRef,
     ledger_segment_file_name,
 )
 from rollvault.ledger.ledger_records import (
+    PackedRecordOut,
     RecordChain,
     RecordLink,
-    RecordOut,
-    encode_ledger_segment_records,
-    encode_piece,
+    encode_packed_record,
+    encode_packed_segment,
 )
+from rollvault.ledger.packed_groups import pack_attempt, pack_header
 from rollvault.ledger.records import PromptGroupRecoveryRecord
-from rollvault.ledger.state_convert import group_header_to_state
 
 COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live records once fewer than this fraction of its records are live."""
@@ -112,18 +114,22 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
+_Digests = tuple[bytes, tuple[tuple[bytes, ...], ...]]
+"""The header's digest, then per sibling the digest of each of its attempts."""
+
+
 @dataclass(frozen=True)
 class _Placed:
     token: object
     """The record's siblings list when it was written (see the module docstring)."""
     chain: tuple[RecordLink, ...]
     """Its records, newest first: (segment file, ordinal)."""
-    digests: tuple[bytes, ...] | None
-    """The header's digest, then each sibling's, as written; None: not known (see ``source``)."""
+    digests: _Digests | None
+    """The pieces' digests as written; None: not known (see ``source``)."""
     source: PromptGroupRecoveryRecord | None = None
     """A restored, frozen record the digests are computed from when needed (None: not deltable)."""
     delta_bytes: int = 0
-    """Bytes of the chain's deltas above its whole record (the bound by bytes)."""
+    """Bytes of the chain's delta records above its whole record (the bound by bytes)."""
 
     @property
     def segment(self) -> str:
@@ -133,32 +139,59 @@ class _Placed:
     def ordinal(self) -> int:
         return self.chain[0][1]
 
-    def known_digests(self) -> tuple[bytes, ...] | None:
+    def known_digests(self) -> _Digests | None:
         if self.digests is None and self.source is not None:
             return _Encoded.of(self.source).digests
         return self.digests
 
 
+_Patch = tuple[int, int]
+"""A sibling's changed attempts: (generation index, position of the first that changed)."""
+
+
 @dataclass(frozen=True)
 class _Encoded:
-    """A group encoded piece by piece: its header, then its siblings."""
+    """A group encoded piece by piece: its header, then each sibling's attempts."""
 
-    pieces: tuple[bytes, ...]
-    digests: tuple[bytes, ...]
-
-    def size(self, positions: Sequence[int] | None = None) -> int:
-        """Bytes of the pieces at ``positions`` (0: header); None: of the whole group."""
-        if positions is None:
-            return sum(map(len, self.pieces))
-        return sum(len(self.pieces[i]) for i in positions)
+    header: bytes
+    siblings: tuple[tuple[bytes, ...], ...]
+    digests: _Digests
 
     @classmethod
     def of(cls, record: PromptGroupRecoveryRecord) -> _Encoded:
-        pieces = (
-            encode_piece(group_header_to_state(record)),
-            *(encode_piece(compact_sibling(record.group_id, s)) for s in record.siblings),
+        group_id = record.group_id
+        header = pack_header(record)
+        siblings = tuple(
+            tuple(
+                pack_attempt(f"{group_id}_g{s.generation_index}_a", attempt)
+                for attempt in s.attempts
+            )
+            for s in record.siblings
         )
-        return cls(pieces, tuple(_digest(piece) for piece in pieces))
+        digests = (
+            _digest(header),
+            tuple(tuple(_digest(piece) for piece in attempts) for attempts in siblings),
+        )
+        return cls(header, siblings, digests)
+
+    def record(
+        self, base: tuple[int, int] | None, header: bool, patches: Sequence[_Patch]
+    ) -> bytes:
+        """A form 3 record: ``header`` or not, each patched sibling's attempts from its start."""
+        return encode_packed_record(
+            PackedRecordOut(
+                base=base,
+                header=msgspec.Raw(self.header) if header else None,
+                siblings=[
+                    (index, start, [msgspec.Raw(piece) for piece in self.siblings[index][start:]])
+                    for index, start in patches
+                ],
+            )
+        )
+
+    def whole(self) -> bytes:
+        """The group's whole record."""
+        return self.record(None, True, [(index, 0) for index in range(len(self.siblings))])
 
 
 @dataclass
@@ -166,40 +199,31 @@ class _SegmentBuild:
     """The records of one new segment, placed as they are added."""
 
     file: str
-    records: list[RecordOut] = field(default_factory=list)
+    records: list[bytes] = field(default_factory=list)
     bases: dict[str, int] = field(default_factory=dict)
 
-    def add_whole(self, encoded: _Encoded) -> tuple[RecordLink, ...]:
-        header, *siblings = encoded.pieces
-        return self._add(None, header, list(enumerate(siblings)), ())
+    def base_position(self, base: _Placed) -> tuple[int, int]:
+        """How a record of this segment names ``base`` (its segment listed once added)."""
+        return (self.bases.get(base.segment, len(self.bases)), base.ordinal)
 
-    def add_delta(
-        self, encoded: _Encoded, base: _Placed, changed: list[int]
-    ) -> tuple[RecordLink, ...]:
-        """A delta of ``encoded`` against ``base``; ``changed`` are piece positions (0: header)."""
-        header = encoded.pieces[0] if 0 in changed else None
-        siblings = [(i - 1, encoded.pieces[i]) for i in changed if i]
-        position = self.bases.setdefault(base.segment, len(self.bases))
-        return self._add((position, base.ordinal), header, siblings, base.chain)
-
-    def _add(
-        self,
-        base: tuple[int, int] | None,
-        header: bytes | None,
-        siblings: list[tuple[int, bytes]],
-        below: tuple[RecordLink, ...],
-    ) -> tuple[RecordLink, ...]:
-        self.records.append(
-            RecordOut(
-                base=base,
-                header=None if header is None else msgspec.Raw(header),
-                siblings=[(index, msgspec.Raw(piece)) for index, piece in siblings],
-            )
-        )
-        return ((self.file, len(self.records) - 1), *below)
+    def add(self, record: bytes, base: _Placed | None = None) -> tuple[RecordLink, ...]:
+        """Add an encoded record, a delta on ``base`` (named by :meth:`base_position`) or whole."""
+        self.records.append(record)
+        if base is None:
+            return ((self.file, len(self.records) - 1),)
+        self.bases.setdefault(base.segment, len(self.bases))
+        return ((self.file, len(self.records) - 1), *base.chain)
 
     def encode(self) -> bytes:
-        return encode_ledger_segment_records(list(self.bases), self.records)
+        return encode_packed_segment(list(self.bases), self.records)
+
+
+def _first_change(old: tuple[bytes, ...], new: tuple[bytes, ...]) -> int:
+    """Position of the first attempt of ``new`` that is not ``old``'s (new or changed)."""
+    for position, (a, b) in enumerate(zip(old, new, strict=False)):  # either may be longer
+        if a != b:
+            return position
+    return min(len(old), len(new))
 
 
 def _cold_name(stem: str) -> str:
@@ -295,12 +319,12 @@ class LedgerSegmentWriter:
                     placed[record.group_id] = known
                     continue
                 encoded = _Encoded.of(record)
-                changed = self._changed(known, encoded, record.group_id)
-                if changed is not None:
+                delta = self._delta(known, encoded, fresh, record.group_id)
+                if delta is not None:
                     chain, delta_bytes = known.chain, known.delta_bytes
-                    if changed:
-                        chain = fresh.add_delta(encoded, known, changed)
-                        delta_bytes += encoded.size(changed)
+                    if delta:
+                        chain = fresh.add(delta, known)
+                        delta_bytes += len(delta)
                         deltas += 1
                     # else copied by the ledger, not changed: nothing to write
                     placed[record.group_id] = _Placed(
@@ -313,7 +337,7 @@ class LedgerSegmentWriter:
             if known is not None and known.token is record.siblings:
                 target = cold  # unchanged, rewritten only to leave a sparse segment
                 compacted += 1
-            chain = target.add_whole(encoded)
+            chain = target.add(encoded.whole())
             placed[record.group_id] = _Placed(record.siblings, chain, encoded.digests)
         segments = {
             file: self._segments[file]
@@ -341,19 +365,29 @@ class LedgerSegmentWriter:
         return self.last_written
 
     @staticmethod
-    def _changed(known: _Placed, encoded: _Encoded, group_id: str) -> list[int] | None:
-        """The piece positions (0: header) that differ from ``known``; None: write it whole."""
+    def _delta(
+        known: _Placed, encoded: _Encoded, build: _SegmentBuild, group_id: str
+    ) -> bytes | None:
+        """The delta record of ``encoded`` on ``known`` for ``build``; b"": nothing changed;
+        None: write it whole (see the module docstring)."""
         digests = known.known_digests()
-        if digests is None or len(digests) != len(encoded.digests) or len(known.chain) >= MAX_CHAIN:
+        if digests is None or len(known.chain) >= MAX_CHAIN:
             return None
-        changed = [
-            i for i, (a, b) in enumerate(zip(digests, encoded.digests, strict=True)) if a != b
+        header, siblings = digests
+        new_header, new_siblings = encoded.digests
+        if len(siblings) != len(new_siblings):
+            return None
+        patches = [
+            (index, _first_change(old, new))
+            for index, (old, new) in enumerate(zip(siblings, new_siblings, strict=True))
+            if old != new
         ]
-        if changed and (
-            known.delta_bytes + encoded.size(changed) > chain_budget(group_id) * encoded.size()
-        ):
+        if not patches and header == new_header:
+            return b""
+        delta = encoded.record(build.base_position(known), header != new_header, patches)
+        if known.delta_bytes + len(delta) > chain_budget(group_id) * len(encoded.whole()):
             return None
-        return changed
+        return delta
 
     def _publish(self, build: _SegmentBuild, segments: dict[str, LedgerSegmentRef]) -> int:
         """Write ``build``'s records as its segment, if any; return its bytes."""

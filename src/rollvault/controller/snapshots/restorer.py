@@ -40,6 +40,7 @@ from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import AttemptLogRecord, RestoreLogRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.crash_evidence import crash_evidence
+from rollvault.controller.snapshots.fact_segments import FactSeed
 from rollvault.controller.snapshots.gc_pause import gc_paused_async
 from rollvault.controller.snapshots.journal_replay import (
     JournalReplayCounts,
@@ -160,6 +161,8 @@ class RolloutRestorer:
         """The restored rows' segments, for the checkpointer's first snapshot to reference."""
         self.ledger_seed: LedgerSeed | None = None
         """The restored ledger records' segments, the same way (a version 6 sidecar only)."""
+        self.fact_seed: FactSeed | None = None
+        """The restored group facts' segments, the same way (snapshots with group facts only)."""
         self._records: list[PromptGroupRecoveryRecord] = []
         """The restored ledger's groups (``shared_groups``: read-only, they never change)."""
 
@@ -263,6 +266,9 @@ class RolloutRestorer:
 
     def _restore_groups(self, snapshot: LoadedSnapshot) -> None:
         """Every group's origin, and what the finalizer recorded for the canonical ones."""
+        if snapshot.facts is not None:
+            # The writer compares facts by value: the loaded ones stand for the restored groups.
+            self.fact_seed = FactSeed(segments_dir_for(snapshot.path), snapshot.facts)
         recovery = snapshot.recovery
         self._parts.load_groups(
             snapshot.controller.origins,

@@ -7,8 +7,9 @@ remaining committed snapshot's ``data_plane/metadata.json`` lists (nor the
 writer's base, the newest of them) is deleted
 (:func:`rollvault.durable.segment_store.delete_unreferenced`). Ledger segments
 the same way: one is deleted only when no remaining committed snapshot's
-``rollout_recovery.json`` (version 6: an index of them) lists it. If any
-committed snapshot's index cannot be read, what it references is unknown:
+``rollout_recovery.json`` (version 6: an index of them) lists it, and fact
+segments when no remaining committed snapshot's ``group_facts.json`` does. If
+any committed snapshot's index cannot be read, what it references is unknown:
 nothing is deleted, and a warning says why (retention prunes that snapshot in
 time).
 """
@@ -19,6 +20,12 @@ import logging
 from collections.abc import Set
 from pathlib import Path
 
+from rollvault.controller.snapshots.fact_segments import (
+    FACT_SEGMENT_SUFFIX,
+    GROUP_FACTS_FILENAME,
+    FactsError,
+    referenced_fact_segments,
+)
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, SnapshotCorruptError
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.segmented import referenced_segments
@@ -32,18 +39,42 @@ from rollvault.ledger.indexed_sidecar import (
     decode_ledger_index,
     sidecar_file_version,
 )
-from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX
+from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIXES
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 
 _LOG = logging.getLogger("rollvault.checkpointer")
 
 
 def is_segment_file(name: str) -> bool:
-    """A row or ledger segment, or the temporary a crashed ``atomic_write_bytes`` of one left."""
+    """A row, ledger or fact segment, or the temporary a crashed ``atomic_write_bytes`` of
+    one left."""
     return any(
         name.endswith(suffix) or (name.startswith(".") and f"{suffix}.tmp." in name)
-        for suffix in (SEGMENT_FILE_SUFFIX, LEDGER_SEGMENT_SUFFIX)
+        for suffix in (SEGMENT_FILE_SUFFIX, *LEDGER_SEGMENT_SUFFIXES, FACT_SEGMENT_SUFFIX)
     )
+
+
+def referenced_group_fact_segments(snapshot_dirs: list[Path]) -> set[str]:
+    """Fact segment files any of ``snapshot_dirs`` references (those before group facts: none).
+
+    Raises :class:`SnapshotCorruptError` if an index cannot be read or decoded.
+    """
+    files: set[str] = set()
+    for directory in snapshot_dirs:
+        path = directory / GROUP_FACTS_FILENAME
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            # Written before group facts (or damaged: verification names the missing
+            # file the data plane's metadata advertises): it references no fact segment.
+            continue
+        except OSError as exc:
+            raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
+        try:
+            files |= referenced_fact_segments(path, data)
+        except FactsError as exc:
+            raise SnapshotCorruptError(exc.path, exc.problem) from exc
+    return files
 
 
 def referenced_ledger_segments(snapshot_dirs: list[Path]) -> set[str]:
@@ -85,6 +116,7 @@ def collect_segments(root: Path, *, also_keep: Set[str] = frozenset()) -> list[s
     try:
         referenced = referenced_segments([path / DATA_PLANE_DIRNAME for path in committed])
         referenced |= referenced_ledger_segments(committed)
+        referenced |= referenced_group_fact_segments(committed)
     except (DataPlaneCheckpointError, SnapshotCorruptError) as exc:
         _LOG.warning("kept every segment under %s: %s", root / SEGMENTS_DIRNAME, exc)
         return None

@@ -6,12 +6,25 @@
       manifest.json                  RolloutSnapshotManifest (durable layer)
       rollout_recovery.json          the ledger sidecar (rollvault.ledger.sidecar): since
                                      version 6 an index of the ledger segments
-                                     (../segments/*.ledger-segment.json) holding each
-                                     live group's current record, plus the controller state
-      replay_buffer_metadata.json    canonical groups waiting to train, and their attempts
+                                     (../segments/*.ledger-segment.msgpack, form 3;
+                                     *.ledger-segment.json of forms 1-2 still read)
+                                     holding each live group's current record, plus the
+                                     controller state;
+                                     since version 7 without the finalizer maps (in the
+                                     group facts)
+      replay_buffer_metadata.json    canonical groups waiting to train (before version 2
+                                     also each one's attempts, now in the group facts)
       replacement_reserve.json       spare prompts
-      controller_state.json          sampler and dataloader cursors, group origins, log seq,
-                                     dispatch journal seq, lost groups' interrupted attempts
+      controller_state.json          sampler and dataloader cursors, log seq, dispatch
+                                     journal seq, lost groups' interrupted attempts (before
+                                     version 5 also the group origins and prompt identities,
+                                     now in the group facts)
+      group_facts.json               the index of the group facts (since controller state
+                                     version 5): the fact segments
+                                     (../segments/*.facts-segment.json) holding each group's
+                                     origin and prompt identity and each canonical group's
+                                     finalization (attempt ids, rewards, metrics), written
+                                     once per anchor, and a bitmap of the live ones
       env_rollouts.json              the environment state of every in-flight episode at
                                      its last committed turn (absent before multi-turn
                                      episodes: then no episode is in flight)
@@ -25,10 +38,16 @@
 A snapshot writes only the rows new since the previous snapshot of its anchor
 (:class:`~rollvault.dataplane.segmented.SegmentedWriter`) and the records of
 the groups that changed since then
-(:class:`~rollvault.controller.snapshots.ledger_segments.LedgerSegmentWriter`).
+(:class:`~rollvault.controller.snapshots.ledger_segments.LedgerSegmentWriter`),
+and the per-group facts new since then
+(:class:`~rollvault.controller.snapshots.fact_segments.FactSegmentWriter`).
 Snapshots written before segments keep their rows in ``data_plane/`` itself
 (data-plane format version 1) and still load; so do ledger sidecars of
-version 5 and before, which hold every group themselves.
+version 5 and before, which hold every group themselves, and the files before
+group facts (controller state 4, replay metadata 1, sidecar 6 and before),
+which hold the per-group maps themselves. Whatever the version, a
+:class:`LoadedSnapshot` holds the maps resolved (``controller.origins``,
+``replay.canonical_attempts``, the sidecar's finalizer maps).
 
 Everything is JSON decoded into strict msgspec Structs, or safetensors: never
 pickle. Reading checks every file on its own: each sidecar must match what the
@@ -56,8 +75,16 @@ from rollvault.controller.data.sampler import SamplerState
 from rollvault.controller.data.shortfall import SparePromptsState
 from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.episodes import EpisodeState
-from rollvault.controller.loop.parts import GroupOrigin
+from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
 from rollvault.controller.loop.seal_journal import SealRecord
+from rollvault.controller.snapshots.fact_segments import (
+    GROUP_FACTS_FILENAME,
+    GROUP_FACTS_SCHEMA_VERSION,
+    FactSegmentWriter,
+    FactsError,
+    LoadedFacts,
+    read_group_facts,
+)
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
@@ -68,12 +95,14 @@ from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
+    FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
     LedgerIndex,
     LedgerSegmentRef,
     assemble_indexed_ledger,
+    decode_facts_apart_sidecar,
     decode_indexed_sidecar,
-    encode_indexed_sidecar,
+    encode_facts_apart_sidecar,
 )
 from rollvault.ledger.ledger_records import RecordChain, SegmentRecords, decode_ledger_segment
 from rollvault.ledger.records import PromptGroupRecoveryRecord
@@ -89,15 +118,21 @@ from rollvault.ledger.state_schema import (
 )
 
 SNAPSHOT_FILES_SCHEMA_VERSION: Final = 1
-CONTROLLER_STATE_SCHEMA_VERSION: Final = 4
+CONTROLLER_STATE_SCHEMA_VERSION: Final = 5
 """Version 2 of ``controller_state.json`` adds ``dispatch_journal_seq`` and
 ``lost_interruptions``, version 3 ``seal_journal_seq``, version 4
-``pooled_seals``. Version 1 (every other file's version) is still read: it
-was written before the dispatch journal, so it reflects none of it and no
-interruption is pending; version 2 was written before the seal journal (it
-reflects none of it, seq 0); version 3 before seals were pooled across
-snapshots (none pooled)."""
-SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4})
+``pooled_seals``; version 5 drops ``origins`` and ``prompt_identities``,
+which ``group_facts.json`` indexes since. Version 1 (every other file's
+version) is still read: it was written before the dispatch journal, so it
+reflects none of it and no interruption is pending; version 2 was written
+before the seal journal (it reflects none of it, seq 0); version 3 before
+seals were pooled across snapshots (none pooled); version 4 holds the
+origins itself."""
+SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4, 5})
+REPLAY_BUFFER_SCHEMA_VERSION: Final = 2
+"""Version 2 of ``replay_buffer_metadata.json`` drops ``canonical_attempts``,
+which ``group_facts.json`` indexes since; version 1 holds them itself."""
+SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -139,7 +174,11 @@ class SnapshotCorruptError(SnapshotError):
 
 
 class ReplayBufferFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """Canonical groups waiting to train, as of the snapshot's base train step."""
+    """Canonical groups waiting to train, as of the snapshot's base train step.
+
+    The file's content resolved: version 1 is this exactly; version 2
+    (:class:`_ReplayBufferFileV2`) holds ``canonical_attempts`` in the group facts.
+    """
 
     schema_version: int
     replay: ReplayIndexState
@@ -148,7 +187,12 @@ class ReplayBufferFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, 
 
 
 class ControllerStateFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """Cursors and bookkeeping that no other sidecar owns."""
+    """Cursors and bookkeeping that no other sidecar owns.
+
+    The file's content resolved: version 4 is this exactly; version 5
+    (:class:`_ControllerStateFileV5`) holds ``origins`` and
+    ``prompt_identities`` in the group facts.
+    """
 
     schema_version: int
     sampler: SamplerState
@@ -220,6 +264,26 @@ class _ControllerStateFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=
     seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
 
 
+class _ControllerStateFileV5(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``controller_state.json`` version 5 as it is on disk: the per-group maps apart."""
+
+    schema_version: int
+    sampler: SamplerState
+    dataloader: DataLoaderState
+    log_sequence: int
+    dispatch_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
+    lost_interruptions: list[LostGroupInterruption]
+    seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
+    pooled_seals: list[SealRecord]
+
+
+class _ReplayBufferFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``replay_buffer_metadata.json`` version 2 as it is on disk: the attempt ids apart."""
+
+    schema_version: int
+    replay: ReplayIndexState
+
+
 class _Versioned(msgspec.Struct):
     schema_version: int
 
@@ -248,6 +312,9 @@ class RolloutStateCapture:
     controller: ControllerStateFile
     data_plane: DataPlaneCapture
     generations_per_group: int
+    finalized: Mapping[str, FinalizedGroup]
+    """Per canonical group what the finalizer recorded (frozen, never changed): written
+    into the group facts, with ``controller``'s origins and prompt identities."""
     env_rollouts: EnvRolloutsFile = dataclasses.field(default_factory=empty_env_rollouts)
     ledger_records: tuple[PromptGroupRecoveryRecord, ...] | None = None
     """The live groups' records (shared copy-on-write, never changed), in ledger order:
@@ -275,6 +342,8 @@ class LoadedSnapshot:
     """Where each group's record is in the ledger segments (None: a version 5 sidecar)."""
     ledger_chains: tuple[RecordChain, ...] = ()
     """Per group of ``ledger_index``, the records it was resolved from (seeds the next writer)."""
+    facts: LoadedFacts | None = None
+    """The group facts and where each is (None: the files before them held the maps)."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +374,7 @@ def write_snapshot_payload(
     *,
     segments: SegmentedWriter | None = None,
     ledger: LedgerSegmentWriter | None = None,
+    facts: FactSegmentWriter | None = None,
 ) -> int:
     """Write every file but the manifest into ``directory``; return the bytes written.
 
@@ -314,17 +384,42 @@ def write_snapshot_payload(
     new since its last committed snapshot into :func:`segments_dir_for`
     ``directory`` (call its ``committed`` once this snapshot is); without one,
     every row is written, into a fresh writer's segments. ``ledger`` does the
-    same for the ledger's records (see :attr:`RolloutStateCapture.ledger_records`).
+    same for the ledger's records (see :attr:`RolloutStateCapture.ledger_records`),
+    and ``facts`` for the per-group facts (``group_facts.json`` is their index).
     """
     sidecar, sidecar_version, group_count, ledger_bytes = _recovery_sidecar(
         capture, directory, ledger
     )
+    controller, replay = capture.controller, capture.replay
+    if (controller.schema_version, replay.schema_version) != (
+        CONTROLLER_STATE_SCHEMA_VERSION,
+        REPLAY_BUFFER_SCHEMA_VERSION,
+    ):
+        raise ValueError(
+            f"{directory}: only the current controller state and replay metadata versions "
+            f"are written, not {controller.schema_version} and {replay.schema_version}"
+        )
+    fact_writer = facts if facts is not None else FactSegmentWriter(segments_dir_for(directory))
+    if fact_writer.segments_dir != segments_dir_for(directory):
+        raise ValueError(
+            f"{directory}: its fact segments belong in {segments_dir_for(directory)}, "
+            f"the writer writes {fact_writer.segments_dir}"
+        )
+    pending_facts = fact_writer.write(
+        controller.origins,
+        controller.prompt_identities,
+        capture.finalized,
+        stem=_segment_stem(directory),
+    )
     files = {
         ROLLOUT_RECOVERY_STATE_FILENAME: sidecar,
-        REPLAY_BUFFER_METADATA_FILENAME: _ENCODER.encode(capture.replay),
+        REPLAY_BUFFER_METADATA_FILENAME: _ENCODER.encode(
+            _ReplayBufferFileV2(schema_version=replay.schema_version, replay=replay.replay)
+        ),
         REPLACEMENT_RESERVE_FILENAME: _ENCODER.encode(capture.spares),
-        CONTROLLER_STATE_FILENAME: _ENCODER.encode(capture.controller),
+        CONTROLLER_STATE_FILENAME: _ENCODER.encode(_on_disk_controller_state(controller)),
         ENV_ROLLOUTS_FILENAME: _ENCODER.encode(capture.env_rollouts),
+        GROUP_FACTS_FILENAME: _ENCODER.encode(pending_facts.index),
     }
     counts = {
         ROLLOUT_RECOVERY_STATE_FILENAME: (sidecar_version, group_count),
@@ -341,6 +436,7 @@ def write_snapshot_payload(
             capture.env_rollouts.schema_version,
             len(capture.env_rollouts.episodes),
         ),
+        GROUP_FACTS_FILENAME: (GROUP_FACTS_SCHEMA_VERSION, pending_facts.index.live_facts),
     }
     digests: dict[str, Any] = {}
     for name, data in files.items():
@@ -362,7 +458,26 @@ def write_snapshot_payload(
         {SIDECARS_METADATA_KEY: digests},
         stem=_segment_stem(directory),
     )
-    return pending.info.bytes_written + ledger_bytes + sum(len(data) for data in files.values())
+    return (
+        pending.info.bytes_written
+        + ledger_bytes
+        + pending_facts.info.segment_bytes
+        + sum(len(data) for data in files.values())
+    )
+
+
+def _on_disk_controller_state(state: ControllerStateFile) -> _ControllerStateFileV5:
+    """The controller state as version 5 stores it: the per-group maps go to the group facts."""
+    return _ControllerStateFileV5(
+        schema_version=state.schema_version,
+        sampler=state.sampler,
+        dataloader=state.dataloader,
+        log_sequence=state.log_sequence,
+        dispatch_journal_seq=state.dispatch_journal_seq,
+        lost_interruptions=state.lost_interruptions,
+        seal_journal_seq=state.seal_journal_seq,
+        pooled_seals=state.pooled_seals,
+    )
 
 
 def _recovery_sidecar(
@@ -381,8 +496,9 @@ def _recovery_sidecar(
             f"the writer writes {writer.segments_dir}"
         )
     pending = writer.write(records, stem=_segment_stem(directory))
-    data = encode_indexed_sidecar(capture.recovery_state, pending.index)
-    return data, INDEXED_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
+    # The finalizer maps are in the group facts, written once per canonical group.
+    data = encode_facts_apart_sidecar(capture.recovery_state, pending.index)
+    return data, FACTS_APART_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
 
 
 def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> LoadedSnapshot:
@@ -396,26 +512,28 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
     segments = _read_data_plane(path / DATA_PLANE_DIRNAME, segments_dir_for(path))
     data_plane = segments.checkpoint
     digests = advertised_digests(path / DATA_PLANE_DIRNAME, data_plane.user_metadata)
-    recovery, indexed = read_recovery_sidecar_indexed(
-        path / ROLLOUT_RECOVERY_STATE_FILENAME, digests
-    )
     raw = {
         name: checked_bytes(path / name, digest)
         for name, digest in digests.items()
         if name != ROLLOUT_RECOVERY_STATE_FILENAME
     }
+    facts = read_facts(path, raw)
+    recovery, indexed = read_recovery_sidecar_indexed(
+        path / ROLLOUT_RECOVERY_STATE_FILENAME, digests, facts=facts
+    )
     snapshot = LoadedSnapshot(
         path=path,
         manifest=manifest,
         recovery=recovery,
-        replay=_decode(path, REPLAY_BUFFER_METADATA_FILENAME, raw, ReplayBufferFile),
+        replay=decode_replay_buffer(path, raw, facts),
         spares=_decode(path, REPLACEMENT_RESERVE_FILENAME, raw, SparePromptsState),
-        controller=_decode_controller_state(path, raw),
+        controller=_decode_controller_state(path, raw, facts),
         data_plane=data_plane,
         env_rollouts=decode_env_rollouts(path, raw),
         segments=segments if segments.segments else None,
         ledger_index=None if indexed is None else indexed.index,
         ledger_chains=() if indexed is None else indexed.chains,
+        facts=facts,
     )
     _check_counts(snapshot, digests)
     return snapshot
@@ -450,14 +568,48 @@ def advertised_digests(
         raise SnapshotCorruptError(
             directory / "metadata.json", f"user_metadata.{SIDECARS_METADATA_KEY}: {exc}"
         ) from exc
-    # env_rollouts.json came later: a snapshot written before it advertises none.
-    if set(digests) - {ENV_ROLLOUTS_FILENAME} != expected:
+    # env_rollouts.json and group_facts.json came later: a snapshot before them advertises none.
+    if set(digests) - {ENV_ROLLOUTS_FILENAME, GROUP_FACTS_FILENAME} != expected:
         raise SnapshotCorruptError(
             directory / "metadata.json",
             f"advertises sidecars {sorted(digests)}, expected {sorted(expected)} "
-            f"(and {ENV_ROLLOUTS_FILENAME})",
+            f"(and {ENV_ROLLOUTS_FILENAME}, {GROUP_FACTS_FILENAME})",
         )
     return digests
+
+
+def read_facts(path: Path, raw: Mapping[str, bytes]) -> LoadedFacts | None:
+    """The group facts of the snapshot at ``path`` (``raw``: its checked sidecar bytes).
+
+    None when it has no ``group_facts.json`` (written before them). Every
+    referenced fact segment is read and checked whole; a bad index or segment
+    raises :class:`SnapshotCorruptError` naming it.
+    """
+    data = raw.get(GROUP_FACTS_FILENAME)
+    if data is None:
+        return None
+    try:
+        return read_group_facts(path / GROUP_FACTS_FILENAME, data, segments_dir_for(path))
+    except FactsError as exc:
+        raise SnapshotCorruptError(exc.path, exc.problem) from exc
+
+
+def _facts_for_sidecar(
+    path: Path, digests: Mapping[str, SidecarDigest], facts: LoadedFacts | None
+) -> LoadedFacts:
+    """The group facts a version 7 sidecar at ``path`` needs: ``facts``, or read beside it."""
+    if facts is None:
+        digest = digests.get(GROUP_FACTS_FILENAME)
+        if digest is not None:
+            data = checked_bytes(path.parent / GROUP_FACTS_FILENAME, digest)
+            facts = read_facts(path.parent, {GROUP_FACTS_FILENAME: data})
+    if facts is None:
+        raise SnapshotCorruptError(
+            path,
+            f"schema {FACTS_APART_SIDECAR_SCHEMA_VERSION} keeps its finalizer maps in "
+            f"{GROUP_FACTS_FILENAME}, which data_plane/metadata.json does not advertise",
+        )
+    return facts
 
 
 def checked_bytes(path: Path, digest: SidecarDigest) -> bytes:
@@ -483,7 +635,7 @@ class IndexedLedger:
 
 
 _LAST_DECODED: dict[
-    tuple[str, int, int], tuple[ParsedRolloutRecoveryState, IndexedLedger | None]
+    tuple[str, int, int, str], tuple[ParsedRolloutRecoveryState, IndexedLedger | None]
 ] = {}
 """The last ledger sidecar this process decoded, by SHA-256 and advertised schema and count.
 
@@ -511,20 +663,30 @@ def read_recovery_sidecar_file(
 
 
 def read_recovery_sidecar_indexed(
-    path: Path, digests: Mapping[str, SidecarDigest]
+    path: Path, digests: Mapping[str, SidecarDigest], *, facts: LoadedFacts | None = None
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
-    """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6 sidecar."""
+    """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6
+    or 7 sidecar. ``facts``: the snapshot's group facts if already read (version 7 takes
+    its finalizer maps from them; else they are read beside it)."""
     digest = digests.get(path.name)
     if digest is None:
         raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
     data = checked_bytes(path, digest)
-    key = (digest.sha256, digest.schema_version, digest.group_count)
+    facts_digest = digests.get(GROUP_FACTS_FILENAME)
+    key = (
+        digest.sha256,
+        digest.schema_version,
+        digest.group_count,
+        "" if facts_digest is None else facts_digest.sha256,
+    )
     # The SHA-256 covers the index, and the index the segments' SHA-256s: equal keys
-    # mean equal records.
+    # mean equal records (and equal finalizer maps: the group facts' index is in the key).
     cached = _LAST_DECODED.pop(key, None)
     if cached is None:
         if digest.schema_version == INDEXED_SIDECAR_SCHEMA_VERSION:
             cached = _decode_indexed(path, data)
+        elif digest.schema_version == FACTS_APART_SIDECAR_SCHEMA_VERSION:
+            cached = _decode_indexed(path, data, _facts_for_sidecar(path, digests, facts))
         else:
             cached = (decode_recovery_sidecar(path, data, digest), None)
         _LAST_DECODED.clear()
@@ -539,10 +701,20 @@ def read_recovery_sidecar_indexed(
     return cached
 
 
-def _decode_indexed(path: Path, data: bytes) -> tuple[ParsedRolloutRecoveryState, IndexedLedger]:
-    """A version 6 sidecar and its ledger segments (beside the snapshot), checked."""
+def _decode_indexed(
+    path: Path, data: bytes, facts: LoadedFacts | None = None
+) -> tuple[ParsedRolloutRecoveryState, IndexedLedger]:
+    """A version 6 sidecar, or a version 7 one with the finalizer maps of ``facts``, and
+    its ledger segments (beside the snapshot), checked."""
     try:
-        state = decode_indexed_sidecar(data)
+        if facts is None:
+            state = decode_indexed_sidecar(data)
+        else:
+            state = decode_facts_apart_sidecar(
+                data,
+                finalizer_metrics_by_group=facts.metrics(),
+                finalizer_rewards_by_group=facts.rewards(),
+            )
     except LedgerError as exc:
         raise SnapshotCorruptError(path, str(exc)) from exc
     records = {
@@ -605,7 +777,10 @@ def decode_recovery_sidecar(
     """
     expected_version = digest.schema_version
     if expected_version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS:
-        readable = SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS | {INDEXED_SIDECAR_SCHEMA_VERSION}
+        readable = SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS | {
+            INDEXED_SIDECAR_SCHEMA_VERSION,
+            FACTS_APART_SIDECAR_SCHEMA_VERSION,
+        }
         supported = ", ".join(map(str, sorted(readable)))
         raise SnapshotCorruptError(
             path,
@@ -655,18 +830,30 @@ def _decode(path: Path, name: str, raw: dict[str, bytes], kind: type[Any]) -> An
     return decoded
 
 
-def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerStateFile:
-    """``controller_state.json`` of a supported version, as the current version."""
+def _decode_controller_state(
+    path: Path, raw: Mapping[str, bytes], facts: LoadedFacts | None = None
+) -> ControllerStateFile:
+    """``controller_state.json`` of a supported version, resolved: version 5's origins and
+    prompt identities from ``facts`` (the snapshot's group facts), which only it has."""
     data = raw[CONTROLLER_STATE_FILENAME]
+    file = path / CONTROLLER_STATE_FILENAME
     try:
         version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
         if version not in SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS:
             supported = ", ".join(map(str, sorted(SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS)))
             raise SnapshotCorruptError(
-                path / CONTROLLER_STATE_FILENAME,
-                f"unsupported schema_version {version} (supported: {supported})",
+                file, f"unsupported schema_version {version} (supported: {supported})"
             )
+        _require_facts_with(file, version, CONTROLLER_STATE_SCHEMA_VERSION, facts)
         if version == CONTROLLER_STATE_SCHEMA_VERSION:
+            v5 = msgspec.json.decode(data, type=_ControllerStateFileV5, strict=True)
+            assert facts is not None  # _require_facts_with
+            return ControllerStateFile(
+                **msgspec.structs.asdict(v5),
+                origins=facts.origins,
+                prompt_identities=facts.prompt_identities,
+            )
+        if version == 4:
             return msgspec.json.decode(data, type=ControllerStateFile, strict=True)
         if version == 3:
             v3 = msgspec.json.decode(data, type=_ControllerStateFileV3, strict=True)
@@ -688,6 +875,53 @@ def _decode_controller_state(path: Path, raw: dict[str, bytes]) -> ControllerSta
     )
 
 
+def _require_facts_with(
+    file: Path, version: int, first_apart: int, facts: LoadedFacts | None
+) -> None:
+    """Versions from ``first_apart`` on keep their per-group maps in the group facts, the
+    ones before hold them: a snapshot has group facts exactly when its files are the new."""
+    if version >= first_apart and facts is None:
+        raise SnapshotCorruptError(
+            file,
+            f"schema_version {version} keeps its per-group maps in {GROUP_FACTS_FILENAME}, "
+            "which data_plane/metadata.json does not advertise",
+        )
+    if version < first_apart and facts is not None:
+        raise SnapshotCorruptError(
+            file,
+            f"schema_version {version} holds its per-group maps itself, but "
+            f"data_plane/metadata.json advertises {GROUP_FACTS_FILENAME} too",
+        )
+
+
+def decode_replay_buffer(
+    path: Path, raw: Mapping[str, bytes], facts: LoadedFacts | None
+) -> ReplayBufferFile:
+    """``replay_buffer_metadata.json`` of a supported version, resolved: version 2's
+    canonical attempts from ``facts`` (the snapshot's group facts)."""
+    data = raw[REPLAY_BUFFER_METADATA_FILENAME]
+    file = path / REPLAY_BUFFER_METADATA_FILENAME
+    try:
+        version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
+        if version not in SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS:
+            supported = ", ".join(map(str, sorted(SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS)))
+            raise SnapshotCorruptError(
+                file, f"unsupported schema_version {version} (supported: {supported})"
+            )
+        _require_facts_with(file, version, REPLAY_BUFFER_SCHEMA_VERSION, facts)
+        if version == 1:
+            return msgspec.json.decode(data, type=ReplayBufferFile, strict=True)
+        v2 = msgspec.json.decode(data, type=_ReplayBufferFileV2, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SnapshotCorruptError(file, str(exc)) from exc
+    assert facts is not None  # _require_facts_with
+    return ReplayBufferFile(
+        schema_version=v2.schema_version,
+        replay=v2.replay,
+        canonical_attempts=facts.canonical_attempts(),
+    )
+
+
 def decode_env_rollouts(path: Path, raw: Mapping[str, bytes]) -> EnvRolloutsFile:
     """``env_rollouts.json`` checked and decoded; an older snapshot without it has none."""
     if ENV_ROLLOUTS_FILENAME not in raw:
@@ -706,8 +940,12 @@ def decode_env_rollouts(path: Path, raw: Mapping[str, bytes]) -> EnvRolloutsFile
 
 
 def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -> None:
-    # The sidecar's count is checked by read_recovery_sidecar_file.
-    actual = {
+    # The sidecar's count is checked by read_recovery_sidecar_file. The group facts first:
+    # the other files' counts come from them, and a bad index is their cause.
+    actual = {}
+    if snapshot.facts is not None:
+        actual[GROUP_FACTS_FILENAME] = snapshot.facts.index.live_facts
+    actual |= {
         REPLAY_BUFFER_METADATA_FILENAME: len(snapshot.replay.replay.entries),
         REPLACEMENT_RESERVE_FILENAME: len(snapshot.spares.prompts),
         CONTROLLER_STATE_FILENAME: len(snapshot.controller.origins),
@@ -716,8 +954,10 @@ def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -
         actual[ENV_ROLLOUTS_FILENAME] = len(snapshot.env_rollouts.episodes)
     for name, count in actual.items():
         if count != digests[name].group_count:
+            # The group facts' count is of live facts (an origin, a finalization), not groups.
+            what = "live facts" if name == GROUP_FACTS_FILENAME else "groups"
             raise SnapshotCorruptError(
                 snapshot.path / name,
-                f"holds {count} groups; data_plane/metadata.json advertises "
+                f"holds {count} {what}; data_plane/metadata.json advertises "
                 f"{digests[name].group_count}",
             )

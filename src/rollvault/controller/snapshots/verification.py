@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME
 from rollvault.controller.snapshots.gc_pause import cyclic_gc_paused
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
@@ -291,9 +292,15 @@ def _sidecar_checksum_problems(path: Path) -> list[SnapshotProblem]:
     return problems
 
 
+def _facts_file(snapshot: LoadedSnapshot, older: str) -> Path:
+    """The file that holds the per-group maps: the group facts' index, or ``older`` (the
+    file that held them before group facts)."""
+    return snapshot.path / (GROUP_FACTS_FILENAME if snapshot.facts is not None else older)
+
+
 def _origin_problems(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     origins = snapshot.controller.origins
-    path = snapshot.path / CONTROLLER_STATE_FILENAME
+    path = _facts_file(snapshot, CONTROLLER_STATE_FILENAME)
     problems = [
         SnapshotProblem(ProblemKind.INCONSISTENT, path, f"no origin for ledger group {group_id!r}")
         for group_id in (group["group_id"] for group in snapshot.recovery.ledger_state["groups"])
@@ -325,7 +332,7 @@ def _group_size_problems(snapshot: LoadedSnapshot, expected: int | None) -> list
     problems += [
         SnapshotProblem(
             ProblemKind.INCONSISTENT,
-            snapshot.path / REPLAY_BUFFER_METADATA_FILENAME,
+            _facts_file(snapshot, REPLAY_BUFFER_METADATA_FILENAME),
             f"canonical group {group_id!r} lists {len(attempts)} attempts; "
             f"the run makes {expected} per prompt",
         )
@@ -438,7 +445,9 @@ def _canonical_group_problems(
     path = snapshot.path / REPLAY_BUFFER_METADATA_FILENAME
     problems = [
         SnapshotProblem(
-            ProblemKind.INCONSISTENT, path, f"canonical group {entry.group_id!r} lists no attempts"
+            ProblemKind.INCONSISTENT,
+            _facts_file(snapshot, REPLAY_BUFFER_METADATA_FILENAME),
+            f"canonical group {entry.group_id!r} lists no attempts",
         )
         for entry in snapshot.replay.replay.entries
         if entry.group_id not in snapshot.replay.canonical_attempts

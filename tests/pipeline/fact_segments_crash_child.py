@@ -1,0 +1,170 @@
+"""Child process of the fact-segment crash tests: snapshots whose group facts live in segments.
+
+Run as ``python fact_segments_crash_child.py <mode> <checkpoint_dir>``; the
+test starts it with ``ROLLVAULT_FAULT_KILL_AT``/``ROLLVAULT_FAULT_TRACE`` set
+(see rollvault.durable.faults).
+
+The facts at step ``s`` are two groups per step ``t`` in ``s - 1..s`` (dataset
+indices ``2t`` and ``2t + 1``): each has its origin, and those of ``t < s``
+are finalized; so every step adds two origins, finalizes two groups and drops
+the two oldest (their facts die, and segments go sparse, are compacted and
+collected). A step restores the newest committed snapshot's facts (seeding
+the fact writer, as a restarted run does), moves one step on, and publishes
+a snapshot as the checkpointer does: the new facts into a fact segment, the
+index as ``group_facts.json`` (the step is the manifest's dispatch index), an
+empty data plane (what segment retention reads), commit, retention (keep 2),
+then segment collection.
+
+Modes:
+  commit   one step as above (the first one starts from step 0)
+  verify   print a JSON report: every committed snapshot's facts read and checked
+           against its step, the fact segments on disk and referenced
+  recover  verify, commit one step, verify again; print both reports
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
+from rollvault.controller.snapshots.fact_segments import (
+    FACT_SEGMENT_SUFFIX,
+    GROUP_FACTS_FILENAME,
+    FactSeed,
+    FactSegmentWriter,
+    FactsError,
+    LoadedFacts,
+    read_group_facts,
+)
+from rollvault.controller.snapshots.segment_retention import (
+    collect_segments,
+    referenced_group_fact_segments,
+)
+from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, segments_dir_for
+from rollvault.cut import DataPlaneMutationCut
+from rollvault.dataplane import EmbeddedDataPlane
+from rollvault.dataplane.segmented import SegmentedWriter
+from rollvault.durable.errors import SnapshotError
+from rollvault.durable.layout import BOOTSTRAP_DIRNAME
+from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
+from rollvault.durable.publish import publish_snapshot
+from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
+from rollvault.ledger.reward_penalties import FinalizedReward
+
+KEEP_LATEST_K = 2
+
+
+def manifest_for(step: int) -> RolloutSnapshotManifest:
+    return RolloutSnapshotManifest(
+        schema_version=3,
+        base_train_step=0,
+        trainer_version=0,
+        current_epoch=0,
+        sampler_dispatch_index=step,
+        mutation_version=step,
+        rolled_back_train_group_count=0,
+        bootstrap_fingerprint=None,
+        next_nemo_gym_task_index=None,
+    )
+
+
+def finalization(idx: int) -> FinalizedGroup:
+    return FinalizedGroup.of(
+        rewards=[FinalizedReward(raw_reward=float(idx), reward=idx / 2, masked=False)],
+        metrics={"reward_mean": idx / 2},
+        gate_rollout_ids=[f"g{idx}_g0_a{idx:032x}"],
+    )
+
+
+def expected(step: int) -> tuple[dict[str, GroupOrigin], dict[str, str], dict[str, FinalizedGroup]]:
+    """The origins, prompt identities and finalizations a snapshot of ``step`` holds."""
+    steps = range(max(1, step - 1), step + 1)
+    indices = [idx for t in steps for idx in (2 * t, 2 * t + 1)]
+    origins = {f"g{idx}": GroupOrigin(epoch=0, dataset_idx=idx) for idx in indices}
+    identities = {f"g{idx}": f"{idx:064x}" for idx in indices}
+    finalized = {f"g{idx}": finalization(idx) for idx in indices if idx // 2 < step}
+    return origins, identities, finalized
+
+
+def read(snapshot: Path) -> tuple[int, LoadedFacts]:
+    """The snapshot's step and its facts, checked as restore checks them."""
+    step = read_snapshot_manifest(snapshot).sampler_dispatch_index
+    path = snapshot / GROUP_FACTS_FILENAME
+    return step, read_group_facts(path, path.read_bytes(), segments_dir_for(snapshot))
+
+
+def commit(checkpoint_dir: Path) -> None:
+    anchor = checkpoint_dir / BOOTSTRAP_DIRNAME
+    anchor.mkdir(parents=True, exist_ok=True)
+    root = snapshots_root(anchor)
+    committed = committed_snapshot_paths(root)
+    writer = FactSegmentWriter(segments_dir_for(root / "snapshot_0"))
+    step = 0
+    if committed:
+        step, loaded = read(committed[-1])
+        writer = FactSeed(writer.segments_dir, loaded).writer()
+    step += 1
+    origins, identities, finalized = expected(step)
+    rows = EmbeddedDataPlane(DataPlaneMutationCut()).capture()  # no rows: retention reads it
+
+    def payload(tmp: Path) -> None:
+        SegmentedWriter(writer.segments_dir).write(
+            tmp / DATA_PLANE_DIRNAME, rows, {}, stem=tmp.name[13:]
+        )
+        pending = writer.write(origins, identities, finalized, stem=tmp.name[13:])
+        (tmp / GROUP_FACTS_FILENAME).write_bytes(msgspec.json.encode(pending.index))
+
+    publish_snapshot(
+        anchor, manifest=manifest_for(step), write_payload=payload, keep_latest_k=KEEP_LATEST_K
+    )
+    assert writer.last_written is not None
+    writer.committed(writer.last_written)
+    collect_segments(root, also_keep=writer.base_segments())
+
+
+def verify(checkpoint_dir: Path) -> dict[str, Any]:
+    root = snapshots_root(checkpoint_dir / BOOTSTRAP_DIRNAME)
+    problems: dict[str, str] = {}
+    steps = []
+    for path in committed_snapshot_paths(root):
+        try:
+            step, facts = read(path)
+        except (FactsError, SnapshotError, OSError) as exc:
+            problems[path.name] = str(exc)
+            continue
+        steps.append(step)
+        found = (facts.origins, facts.prompt_identities, facts.finalized)
+        if found != expected(step):
+            problems[path.name] = f"step {step} holds {found}"
+    segments_dir = segments_dir_for(root / "snapshot_0")
+    on_disk = sorted(p.name for p in segments_dir.iterdir()) if segments_dir.is_dir() else []
+    return {
+        "steps": steps,
+        "problems": problems,
+        "segments": [name for name in on_disk if name.endswith(FACT_SEGMENT_SUFFIX)],
+        "all_files": on_disk,
+        "referenced": sorted(referenced_group_fact_segments(committed_snapshot_paths(root))),
+    }
+
+
+def main() -> None:
+    mode, checkpoint_dir = sys.argv[1], Path(sys.argv[2])
+    if mode == "commit":
+        commit(checkpoint_dir)
+    elif mode == "verify":
+        print(json.dumps(verify(checkpoint_dir)))
+    elif mode == "recover":
+        before = verify(checkpoint_dir)
+        commit(checkpoint_dir)
+        print(json.dumps({"before": before, "after": verify(checkpoint_dir)}))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main()

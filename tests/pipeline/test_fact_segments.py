@@ -1,0 +1,422 @@
+"""The per-group facts written once (issue 16): each group's origin and prompt identity and
+each canonical group's finalization go once per anchor into fact segments that
+``group_facts.json`` indexes. A snapshot writes only facts new since the one before, a
+restart's first snapshot writes only what the restart added, the restored maps are the
+run's, retention keeps exactly what kept snapshots reference, a missing or damaged fact
+segment or index rejects its snapshot (restore falls back), sparse and small segments are
+merged away, and snapshots of the files before group facts still load."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from pipeline_helpers import dataset_of, small_config
+from snapshot_versions import advertise_sidecar, facts_to_inline
+from test_group_entries import _reserve
+from test_incremental_snapshots import SIBLINGS, Run
+
+from rollvault.checkpoint_tools.inventory import SnapshotKind, read_snapshot_entry
+from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.capacity import ReplayCapacity
+from rollvault.controller.loop.finalizer import Finalizer
+from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin, RolloutParts
+from rollvault.controller.loop.pipeline import build_parts
+from rollvault.controller.snapshots import fact_segments
+from rollvault.controller.snapshots.fact_segments import (
+    FACT_SEGMENT_SUFFIX,
+    GROUP_FACTS_FILENAME,
+    FactSeed,
+    FactSegmentWriter,
+    read_group_facts,
+)
+from rollvault.controller.snapshots.restorer import RolloutRestorer
+from rollvault.controller.snapshots.resume import (
+    ResumeSource,
+    prepare_checkpoint_dir,
+    run_fingerprint,
+)
+from rollvault.controller.snapshots.segment_retention import collect_segments
+from rollvault.controller.snapshots.snapshot_files import (
+    CONTROLLER_STATE_FILENAME,
+    DATA_PLANE_DIRNAME,
+    REPLAY_BUFFER_METADATA_FILENAME,
+    SIDECARS_METADATA_KEY,
+    LoadedSnapshot,
+    read_snapshot_files,
+    segments_dir_for,
+)
+from rollvault.controller.snapshots.verification import (
+    ProblemKind,
+    VerificationLevel,
+    verify_snapshot,
+)
+from rollvault.dataplane.checkpoint_format import decode_envelope, replace_user_metadata
+from rollvault.dataplane.segmented import encode_live_bitmap
+from rollvault.durable.manifest_schema import read_snapshot_manifest
+from rollvault.ledger.reward_penalties import FinalizedReward
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
+from rollvault.training.recording import RecordingTrainer
+
+
+def _config(tmp_path: Path) -> RunConfig:
+    return small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
+
+
+def _index(snapshot: Path) -> dict[str, Any]:
+    index: dict[str, Any] = json.loads((snapshot / GROUP_FACTS_FILENAME).read_bytes())
+    return index
+
+
+def _fact_files(snapshot: Path) -> set[str]:
+    return {ref["file"] for ref in _index(snapshot)["segments"]}
+
+
+def _facts_in(snapshot: Path, file: str) -> list[tuple[str, str]]:
+    """(kind, group id) of each fact of the segment ``file``."""
+    data = json.loads((segments_dir_for(snapshot) / file).read_bytes())
+    return [(fact["kind"], fact["group_id"]) for fact in data["facts"]]
+
+
+def _on_disk(snapshot: Path) -> set[str]:
+    return {
+        p.name for p in segments_dir_for(snapshot).iterdir() if p.name.endswith(FACT_SEGMENT_SUFFIX)
+    }
+
+
+def _loaded(snapshot: Path) -> LoadedSnapshot:
+    return read_snapshot_files(snapshot, read_snapshot_manifest(snapshot))
+
+
+def _maps(snapshot: LoadedSnapshot) -> dict[str, Any]:
+    """The per-group maps a snapshot gives restore, whatever files hold them."""
+    return {
+        "origins": snapshot.controller.origins,
+        "identities": snapshot.controller.prompt_identities,
+        "attempts": snapshot.replay.canonical_attempts,
+        "rewards": snapshot.recovery.finalizer_rewards_by_group,
+        "metrics": snapshot.recovery.finalizer_metrics_by_group,
+    }
+
+
+def _live_maps(parts: RolloutParts) -> dict[str, Any]:
+    finalized = {g: e.finalized for g, e in parts.groups.items() if e.finalized is not None}
+    return {
+        "origins": {g: e.origin for g, e in parts.groups.items()},
+        "identities": {
+            g: parts.dataset.identity(e.origin.dataset_idx) for g, e in parts.groups.items()
+        },
+        "attempts": {g: list(f.gate_rollout_ids) for g, f in finalized.items()},
+        "rewards": {g: list(f.rewards) for g, f in finalized.items()},
+        "metrics": {g: f.metrics_dict() for g, f in finalized.items()},
+    }
+
+
+def test_each_snapshot_writes_only_the_facts_new_since_the_one_before(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = Run.fresh(config)
+        parts = run.parts
+        finalizer = Finalizer(parts, end_weight_version={})
+        a, b = [await _reserve(parts, sealed=SIBLINGS, gate=run.gate) for _ in range(2)]
+        await finalizer.finalize(a)
+        first = await run.snapshot()
+        (whole,) = _fact_files(first)
+        assert sorted(_facts_in(first, whole)) == sorted(
+            [("origin", a), ("origin", b), ("finalized", a)]
+        )
+        assert _maps(_loaded(first)) == _live_maps(parts)
+        controller = json.loads((first / CONTROLLER_STATE_FILENAME).read_bytes())
+        replay = json.loads((first / REPLAY_BUFFER_METADATA_FILENAME).read_bytes())
+        sidecar = json.loads((first / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+        assert (controller["schema_version"], replay["schema_version"]) == (5, 2)
+        assert "origins" not in controller and "canonical_attempts" not in replay
+        assert sidecar["schema_version"] == 7 and "finalizer_rewards_by_group" not in sidecar
+        await finalizer.finalize(b)
+        c = await _reserve(parts, sealed=0, gate=run.gate)
+        second = await run.snapshot()
+        (new,) = _fact_files(second) - {whole}
+        assert _facts_in(second, new) == [("origin", c), ("finalized", b)]  # nothing else again
+        assert whole in _fact_files(second)
+        assert _maps(_loaded(second)) == _live_maps(parts)
+        await _reserve(parts, sealed=1, gate=run.gate)  # sealing changes no fact
+        third = await run.snapshot()
+        assert len(_fact_files(third) - _fact_files(second)) == 1
+        parts.logs.close()
+        for snapshot in (second, third):
+            verification = verify_snapshot(
+                snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+            )
+            assert verification.ok, verification.problems
+        # keep_latest_k=2: the first snapshot is gone, its segment is not (still referenced).
+        assert _on_disk(third) == _fact_files(second) | _fact_files(third)
+        assert whole in _on_disk(third)
+
+    asyncio.run(main())
+
+
+def test_a_restart_s_first_snapshot_writes_only_the_facts_the_restart_added(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def write() -> None:
+        run = Run.fresh(config)
+        finalizer = Finalizer(run.parts, end_weight_version={})
+        await finalizer.finalize(await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate))
+        await _reserve(run.parts, sealed=1, gate=run.gate)
+        await run.snapshot()
+        run.parts.logs.close()
+
+    asyncio.run(write())
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    restored = _fact_files(source.snapshot.path)
+
+    async def restart() -> None:
+        run = await Run.restored(config, source)
+        parts = run.parts
+        after = await run.snapshot()  # the restart changed the ledger, no fact
+        assert _fact_files(after) == restored
+        added = await _reserve(parts, sealed=0, gate=run.gate)
+        again = await run.snapshot()
+        (new,) = _fact_files(again) - restored
+        assert _facts_in(again, new) == [("origin", added)]
+        assert _maps(_loaded(again)) == _live_maps(parts)
+        parts.logs.close()
+
+    asyncio.run(restart())
+
+
+def _two_snapshots(config: RunConfig) -> tuple[Path, Path]:
+    async def write() -> tuple[Path, Path]:
+        run = Run.fresh(config)
+        finalizer = Finalizer(run.parts, end_weight_version={})
+        await finalizer.finalize(await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate))
+        older = await run.snapshot()
+        await finalizer.finalize(await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate))
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return older, newest
+
+    return asyncio.run(write())
+
+
+@pytest.mark.parametrize("damage", ["missing", "flipped", "truncated"])
+def test_a_missing_or_damaged_fact_segment_rejects_its_snapshot_and_restore_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    config = _config(tmp_path)
+    older, newest = _two_snapshots(config)
+    (only_newest,) = _fact_files(newest) - _fact_files(older)
+    segment = segments_dir_for(newest) / only_newest
+    data = segment.read_bytes()
+    if damage == "missing":
+        segment.unlink()
+    elif damage == "flipped":
+        segment.write_bytes(data.replace(b"_g0_a", b"_g0_b", 1))
+    else:
+        segment.write_bytes(data[:-7])
+    expected = {
+        "missing": "missing fact segment",
+        "flipped": "SHA-256",
+        "truncated": "truncated or overwritten",
+    }[damage]
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.kind is ProblemKind.DAMAGED and problem.path == segment
+    assert expected in problem.problem
+    with caplog.at_level(logging.WARNING):
+        source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == older
+    assert str(segment) in caplog.text
+    # `rollvault inspect` lists the snapshot with the damaged segment named, and the older
+    # one as whole.
+    entry = read_snapshot_entry(newest, SnapshotKind.ROLLOUT_SNAPSHOT, now=0.0)
+    assert entry.damage is not None and entry.damage.path == str(segment)
+    assert expected in entry.damage.problem
+    whole = read_snapshot_entry(older, SnapshotKind.ROLLOUT_SNAPSHOT, now=0.0)
+    assert whole.damage is None and whole.contents is not None
+    assert whole.contents.canonical_groups == 1
+
+
+def _rewrite_index(snapshot: Path, index: dict[str, Any]) -> str:
+    """Write ``index`` as the snapshot's ``group_facts.json``, advertised anew, and return
+    the one problem a restorable verification finds."""
+    data = msgspec.json.encode(index)
+    (snapshot / GROUP_FACTS_FILENAME).write_bytes(data)
+    metadata_path = snapshot / DATA_PLANE_DIRNAME / "metadata.json"
+    _version, content = decode_envelope(metadata_path.read_bytes(), metadata_path)
+    user_metadata = json.loads(content)["user_metadata"]
+    advertised = user_metadata[SIDECARS_METADATA_KEY][GROUP_FACTS_FILENAME]
+    advertised["sha256"] = hashlib.sha256(data).hexdigest()
+    metadata_path.write_bytes(
+        replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
+    )
+    verification = verify_snapshot(
+        snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    return f"{problem.path.name}: {problem.problem}"
+
+
+def test_an_index_whose_bitmap_or_liveness_is_wrong_is_rejected_naming_the_entry(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    index = _index(newest)
+    index["segments"][0]["live_facts"] += 1
+    problem = _rewrite_index(newest, index)
+    assert problem.startswith(f"{GROUP_FACTS_FILENAME}: $.segments[0].live: ")
+    assert "live_facts records" in problem
+    index["segments"][0]["live_facts"] -= 1
+    # Well formed, but nothing of the first segment live: its groups lose their facts.
+    first = index["segments"][0]
+    first.update(live_facts=0, live=encode_live_bitmap(first["fact_count"], []))
+    problem = _rewrite_index(newest, index)
+    assert problem.startswith(f"{GROUP_FACTS_FILENAME}: holds ")  # not the count advertised
+    assert " live facts; " in problem
+    assert "data_plane/metadata.json advertises" in problem
+
+
+def test_a_version_7_sidecar_without_group_facts_is_rejected(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    facts_to_inline(newest)  # the files before group facts: no group_facts.json
+    advertise_sidecar(newest, schema_version=7)  # yet the sidecar claims version 7
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.kind is ProblemKind.DAMAGED
+    assert problem.path.name == ROLLOUT_RECOVERY_STATE_FILENAME
+
+
+def test_a_snapshot_of_the_files_before_group_facts_still_restores(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    older, newest = _two_snapshots(config)
+    expected = _maps(_loaded(newest))
+    facts_to_inline(newest)  # as the previous writer: controller 4, replay 1, sidecar 6
+    assert not (newest / GROUP_FACTS_FILENAME).exists()
+    controller = json.loads((newest / CONTROLLER_STATE_FILENAME).read_bytes())
+    assert controller["schema_version"] == 4 and controller["origins"]
+    loaded = _loaded(newest)
+    assert loaded.facts is None and _maps(loaded) == expected
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+    )
+    assert verification.ok, verification.problems
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == newest
+
+    async def restart() -> None:
+        run = await _restored_unseeded(config, source)
+        after = await run.snapshot()  # no facts to seed from: every fact written once
+        (file,) = _fact_files(after)
+        assert len(_facts_in(after, file)) == 2 + 2  # two origins, two finalizations
+        assert _maps(_loaded(after)) == expected
+        run.parts.logs.close()
+
+    asyncio.run(restart())
+    # Retention reads both forms: the older snapshot's fact segments stay, the rest go.
+    collect_segments(newest.parent)
+    kept = _fact_files(newest.parent / sorted(p.name for p in newest.parent.glob("snapshot_*"))[-1])
+    assert _on_disk(newest) == kept
+
+
+async def _restored_unseeded(config: RunConfig, source: ResumeSource) -> Run:
+    """A restart from a snapshot without group facts: rows and ledger seeded, facts not."""
+    parts = build_parts(config, dataset=dataset_of(config))
+    restorer = RolloutRestorer(
+        parts,
+        trainer=RecordingTrainer(),
+        buffer_capacity=ReplayCapacity(config.rollout.max_buffered_rollouts),
+        resume=source,
+    )
+    await restorer.restore()
+    assert restorer.fact_seed is None
+    run = Run(parts, run_fingerprint(config))
+    run.checkpointer.seed_segments(restorer.segment_seed, ledger=restorer.ledger_seed)
+    return run
+
+
+# -- the writer on its own ------------------------------------------------------------
+
+
+def _origins(ids: range) -> dict[str, GroupOrigin]:
+    return {f"g{i}": GroupOrigin(epoch=0, dataset_idx=i) for i in ids}
+
+
+def _finalized(i: int) -> FinalizedGroup:
+    return FinalizedGroup.of(
+        rewards=[FinalizedReward(raw_reward=1.0, reward=0.5, masked=False)],
+        metrics={"reward_mean": 0.5},
+        gate_rollout_ids=[f"g{i}_g0_a{i:032x}"],
+    )
+
+
+def _write(writer: FactSegmentWriter, origins: dict[str, GroupOrigin], stem: str) -> Any:
+    pending = writer.write(origins, {}, {}, stem=stem)
+    writer.committed(pending)
+    return pending
+
+
+def test_a_sparse_fact_segment_has_its_live_facts_rewritten_and_drops_out(tmp_path: Path) -> None:
+    writer = FactSegmentWriter(tmp_path)
+    first = _write(writer, _origins(range(4)), "000001")
+    assert first.info.new_facts == 4 and first.info.referenced == (
+        f"000001-facts{FACT_SEGMENT_SUFFIX}",
+    )
+    kept = _write(writer, _origins(range(2, 5)), "000002")  # 2 of 4 live: not below half
+    assert kept.info.new_facts == 1 and len(kept.info.referenced) == 2
+    sparse = _write(writer, _origins(range(3, 5)), "000003")  # 1 of 4 live: rewritten
+    assert (sparse.info.new_facts, sparse.info.compacted_facts) == (1, 1)
+    assert f"000001-facts{FACT_SEGMENT_SUFFIX}" not in sparse.info.referenced
+
+
+def test_beyond_the_bound_the_smallest_fact_segments_are_merged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fact_segments, "MAX_REFERENCED", 4)
+    writer = FactSegmentWriter(tmp_path)
+    referenced = []
+    for step in range(1, 12):  # one new group per snapshot, none ever dies
+        pending = _write(writer, _origins(range(step)), f"{step:06d}")
+        referenced.append(len(pending.info.referenced))
+    assert max(referenced) <= 4 + 1 and referenced[-1] < 11
+    path = tmp_path / "index.json"
+    data = msgspec.json.encode(pending.index)
+    assert read_group_facts(path, data, tmp_path).origins == _origins(range(11))
+
+
+def test_a_seeded_writer_writes_nothing_for_the_facts_it_was_seeded_with(tmp_path: Path) -> None:
+    writer = FactSegmentWriter(tmp_path)
+    origins = _origins(range(3))
+    identities = {g: f"{i:064x}" for i, g in enumerate(origins)}
+    finalized = {"g1": _finalized(1)}
+    pending = writer.write(origins, identities, finalized, stem="000001")
+    writer.committed(pending)
+    loaded = read_group_facts(tmp_path / "i.json", msgspec.json.encode(pending.index), tmp_path)
+    assert (loaded.origins, loaded.prompt_identities, loaded.finalized) == (
+        origins,
+        identities,
+        finalized,
+    )
+    seeded = FactSeed(tmp_path, loaded).writer()
+    # Equal values, not the same objects (as after a restore): nothing is written.
+    again = seeded.write(_origins(range(3)), dict(identities), {"g1": _finalized(1)}, stem="2")
+    assert again.info.new_facts == 0 and again.index == pending.index
+    changed = seeded.write(_origins(range(3)), identities, {"g1": _finalized(2)}, stem="000003")
+    assert changed.info.new_facts == 1  # a group finalized again differently: written anew

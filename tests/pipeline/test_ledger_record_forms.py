@@ -1,0 +1,507 @@
+"""The ledger segment's record forms (issue 16): form 3 (msgpack, packed pieces, deltas of a
+sibling's changed attempts) round-trips any group exactly, whole or as a delta; a seal costs a
+small record; crafted form 3 records are refused with a named error; snapshots whose ledger is
+in form 2 segments still restore, and their groups are written whole in form 3 when they
+change."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import string
+import uuid
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pipeline_helpers import dataset_of, small_config
+from snapshot_versions import ledger_segments_to_form_2
+from test_group_entries import _reserve
+from test_incremental_snapshots import SIBLINGS, Run
+from test_ledger_segments import _ledger_files, _live_ledger, _records_in, _restored_ledger, _seal
+
+from rollvault.controller.snapshots import ledger_segments
+from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
+from rollvault.ledger.errors import LedgerStateError
+from rollvault.ledger.ledger_records import (
+    LEDGER_SEGMENT_SUFFIX,
+    PackedRecordOut,
+    SegmentRecords,
+    decode_ledger_segment,
+    encode_packed_record,
+    encode_packed_segment,
+    resolve_group,
+)
+from rollvault.ledger.packed_groups import PackedAttempt, PackedHeader, pack_attempt, pack_header
+from rollvault.ledger.records import (
+    PromptGroupRecoveryRecord,
+    PromptRef,
+    RolloutAttemptRecord,
+    RolloutSiblingRecord,
+)
+from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+from rollvault.ledger.state_convert import group_to_state
+from rollvault.ledger.state_schema import AttemptState, GroupHeaderState
+from rollvault.ledger.statuses import (
+    AttemptFailureKind,
+    PromptGroupPhase,
+    PromptGroupStatus,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
+
+_UUID = uuid.UUID(int=1)
+
+# -- random groups ---------------------------------------------------------------------------
+
+_text = st.text(max_size=8)
+_name = st.text(alphabet=string.ascii_letters + string.digits + "_-", min_size=1, max_size=12)
+_floats = st.floats(allow_nan=False)  # NaN != NaN: equality could not say "the same"
+# msgpack holds 64-bit ints (a receipt's are token counts and versions)
+_json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), _floats, _text
+)
+
+
+@st.composite
+def _staging_keys(draw: st.DrawFn, gate_id: str) -> list[str]:
+    if draw(st.booleans()):  # the derived ones, as every gate writes them
+        return [f"{gate_id}/{k}" for k in range(draw(st.integers(0, 3)))]
+    return draw(st.lists(_text, max_size=3))
+
+
+@st.composite
+def _row_digest(draw: st.DrawFn) -> Any:
+    digest = draw(
+        st.one_of(
+            st.binary(min_size=1, max_size=32).map(bytes.hex),  # what gates write
+            _text,  # anything else, kept as it is
+        )
+    )
+    row: dict[str, Any] = {"length": draw(st.integers(-2, 10_000)), "digest": digest}
+    if draw(st.integers(0, 9)) == 0:
+        row["extra"] = 1
+    return row
+
+
+@st.composite
+def _receipt(draw: st.DrawFn, gate_id: str, keys: list[str]) -> dict[str, Any] | None:
+    kind = draw(st.sampled_from(["none", "gate", "other"]))
+    if kind == "none":
+        return None
+    if kind == "other":  # not a receipt the packed form holds: stored as its dict
+        return draw(st.dictionaries(_text, _json_scalars, max_size=3))
+    receipt: dict[str, Any] = {
+        "gate_rollout_id": gate_id if draw(st.integers(0, 5)) else "other",
+        "staging_keys": list(keys) if draw(st.integers(0, 5)) else ["x"],
+    }
+    optional = {
+        "row_digests": st.lists(_row_digest(), max_size=2),
+        "reward": st.one_of(_floats, st.integers(-3, 3)),
+        "weight_version": st.integers(-1, 5),
+        "worker_id": _text,
+    }
+    for field, values in optional.items():
+        if draw(st.booleans()):
+            receipt[field] = draw(
+                st.one_of(st.none(), values) if field != "row_digests" else values
+            )
+    return receipt
+
+
+@st.composite
+def _attempt(draw: st.DrawFn, prefix: str) -> RolloutAttemptRecord:
+    attempt_uuid = draw(st.uuids())
+    gate_id = prefix + attempt_uuid.hex
+    keys = draw(_staging_keys(gate_id))
+    optional = st.one_of
+    return RolloutAttemptRecord(
+        attempt_uuid=attempt_uuid,
+        status=draw(st.sampled_from(RolloutAttemptStatus)),
+        receipt=draw(_receipt(gate_id, keys)),
+        reward=draw(optional(st.none(), _floats)),
+        mask_sample=draw(optional(st.none(), st.booleans())),
+        reward_checks=draw(
+            optional(
+                st.none(),
+                st.builds(
+                    RewardChecks,
+                    overlong=st.booleans(),
+                    format_ok=st.booleans(),
+                    finite_logprobs=st.booleans(),
+                ),
+            )
+        ),
+        reward_log_context=draw(
+            optional(
+                st.none(),
+                st.builds(
+                    RewardLogContext, response_length=st.integers(-1, 9999), stop_reason=_text
+                ),
+            )
+        ),
+        staging_keys=keys,
+        failure_reason=draw(optional(st.none(), _text)),
+        failure_kind=draw(optional(st.none(), st.sampled_from(AttemptFailureKind))),
+        turn_keys=draw(st.lists(_text.filter(bool), max_size=2)),
+        env_state_revision=draw(st.integers(0, 5)),
+    )
+
+
+@st.composite
+def _group(draw: st.DrawFn) -> PromptGroupRecoveryRecord:
+    group_id = draw(_name)
+    siblings = [
+        RolloutSiblingRecord(
+            generation_index=index,
+            attempts=draw(st.lists(_attempt(f"{group_id}_g{index}_a"), min_size=1, max_size=3)),
+        )
+        for index in range(draw(st.integers(1, 3)))
+    ]
+    return PromptGroupRecoveryRecord(
+        group_id=group_id,
+        admission_id=draw(_name),
+        prompt_id=draw(_name),
+        prompt_ref=PromptRef(sample_id=draw(_name), task_name=draw(st.one_of(st.none(), _text))),
+        task_source=draw(st.one_of(st.none(), _text)),
+        recovery_granularity=draw(st.sampled_from(RecoveryGranularity)),
+        expected_generations=len(siblings),
+        target_step=draw(st.one_of(st.none(), st.integers(0, 9))),
+        start_weight_version=draw(st.integers(0, 9)),
+        siblings=siblings,
+        phase=draw(st.sampled_from(PromptGroupPhase)),
+        status=draw(st.sampled_from(PromptGroupStatus)),
+    )
+
+
+@st.composite
+def _changed(draw: st.DrawFn, before: PromptGroupRecoveryRecord) -> PromptGroupRecoveryRecord:
+    """``before`` after some changes: attempts replaced, appended or dropped, a new header."""
+    group_id = before.group_id
+    siblings = []
+    for sibling in before.siblings:
+        attempts = list(sibling.attempts)
+        prefix = f"{group_id}_g{sibling.generation_index}_a"
+        action = draw(st.sampled_from(["keep", "replace_last", "append", "drop_last"]))
+        if action == "replace_last":
+            attempts[-1] = draw(_attempt(prefix))
+        elif action == "append":
+            attempts += draw(st.lists(_attempt(prefix), min_size=1, max_size=2))
+        elif action == "drop_last" and len(attempts) > 1:
+            attempts.pop()
+        siblings.append(
+            RolloutSiblingRecord(generation_index=sibling.generation_index, attempts=attempts)
+        )
+    status = draw(st.sampled_from(PromptGroupStatus))
+    return msgspec.structs.replace(before, siblings=siblings, status=status)
+
+
+def _read_back(directory: Path, pending: ledger_segments.PendingLedger) -> Any:
+    """The newest group of ``pending``'s index, read back from the files on disk."""
+    segments = {
+        ref.file: decode_ledger_segment((directory / ref.file).read_bytes(), name=ref.file)
+        for ref in pending.index.segments
+    }
+    ((position, ordinal),) = pending.index.groups
+    link = (pending.index.segments[position].file, ordinal)
+    return resolve_group(link, segments, set(), where="test")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_group_round_trips_exactly_whole_and_as_a_delta_on_its_previous_record(
+    data: st.DataObject, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    before = data.draw(_group())
+    after = data.draw(_changed(before))
+    directory = tmp_path_factory.mktemp("segments")
+    writer = LedgerSegmentWriter(directory)
+    with mock.patch.object(ledger_segments, "chain_budget", lambda group_id: 1e9):
+        first = writer.write([before], stem="000001")
+        writer.committed(first)
+        second = writer.write([after], stem="000002")
+    group, chain = _read_back(directory, first)
+    assert msgspec.to_builtins(group) == msgspec.to_builtins(group_to_state(before))
+    assert len(chain.links) == 1 and chain.deltable
+    group, chain = _read_back(directory, second)
+    assert msgspec.to_builtins(group) == msgspec.to_builtins(group_to_state(after))
+    if second.info.new_records:  # a delta on the whole record
+        assert second.info.delta_records == 1 and len(chain.links) == 2
+        assert 0 < chain.delta_bytes < second.info.segment_bytes
+    else:  # nothing changed: nothing written
+        assert len(chain.links) == 1 and chain.delta_bytes == 0
+
+
+# -- bytes -----------------------------------------------------------------------------------
+
+
+def test_the_packed_pieces_have_the_version_5_fields() -> None:
+    """A field added to the version 5 attempt or header and forgotten here fails."""
+    packed = [f.name for f in msgspec.structs.fields(PackedAttempt)]
+    assert sorted(packed) == sorted(AttemptState.__struct_fields__)
+    assert PackedHeader.__struct_fields__ == GroupHeaderState.__struct_fields__
+    # The empty fields come last, where the writer leaves them out: an unsealed attempt is
+    # its UUID and status.
+    dispatched = RolloutAttemptRecord(attempt_uuid=_UUID, status=RolloutAttemptStatus.DISPATCHED)
+    assert msgspec.msgpack.decode(pack_attempt("g_g0_a", dispatched)) == [
+        _UUID.bytes,
+        "dispatched",
+    ]
+
+
+def test_a_seal_s_delta_record_holds_only_the_sealed_attempt(tmp_path: Path) -> None:
+    """A seal costs ~100 bytes here (form 2: the whole sibling as JSON, ~500-900)."""
+    config = small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
+
+    async def main() -> None:
+        run = Run.fresh(config)
+        parts = run.parts
+        group = await _reserve(parts, sealed=1, gate=run.gate)
+        files = _ledger_files(await run.snapshot())
+        await _seal(parts, run.gate, group, 1)
+        snapshot = await run.snapshot()
+        (file,) = _ledger_files(snapshot) - files
+        assert file.endswith(LEDGER_SEGMENT_SUFFIX)
+        (record,) = _records_in(snapshot, file)
+        base, header, ((index, start, (attempt,)),) = record
+        assert base is not None and header is None and (index, start) == (1, 0)
+        assert attempt[1] == "sealed" and len(attempt[0]) == 16  # its UUID's raw bytes
+        data = (ledger_segments_dir(snapshot) / file).read_bytes()
+        (raw,) = decode_ledger_segment(data, name=file).records
+        assert len(raw) <= 140, len(raw)
+        assert _restored_ledger(snapshot) == _live_ledger(parts)
+        parts.logs.close()
+
+    asyncio.run(main())
+
+
+def ledger_segments_dir(snapshot: Path) -> Path:
+    return snapshot.parent / "segments"
+
+
+# -- crafted records -------------------------------------------------------------------------
+
+
+def _group_record(siblings: int = 2) -> PromptGroupRecoveryRecord:
+    return PromptGroupRecoveryRecord(
+        group_id="g",
+        admission_id="a",
+        prompt_id="p",
+        prompt_ref=PromptRef(sample_id="p"),
+        task_source=None,
+        recovery_granularity=RecoveryGranularity.SIBLING,
+        expected_generations=siblings,
+        target_step=0,
+        start_weight_version=0,
+        siblings=[
+            RolloutSiblingRecord(
+                generation_index=index,
+                attempts=[
+                    RolloutAttemptRecord(
+                        attempt_uuid=uuid.UUID(int=index + 1),
+                        status=RolloutAttemptStatus.RESERVED,
+                    )
+                ],
+            )
+            for index in range(siblings)
+        ],
+        phase=PromptGroupPhase.ADMITTED,
+        status=PromptGroupStatus.GENERATING,
+    )
+
+
+def _pieces(record: PromptGroupRecoveryRecord) -> tuple[msgspec.Raw, list[list[msgspec.Raw]]]:
+    header = msgspec.Raw(pack_header(record))
+    siblings = [
+        [msgspec.Raw(pack_attempt(f"g_g{s.generation_index}_a", a)) for a in s.attempts]
+        for s in record.siblings
+    ]
+    return header, siblings
+
+
+def _resolve(
+    records: list[PackedRecordOut | bytes],
+    *,
+    name: str = "s.ledger-segment.msgpack",
+    others: dict[str, SegmentRecords] | None = None,
+) -> Any:
+    """Resolve the last of ``records``, one form 3 segment (its own base list: itself)."""
+    encoded = [r if isinstance(r, bytes) else encode_packed_record(r) for r in records]
+    segment = decode_ledger_segment(encode_packed_segment([name], encoded), name=name)
+    segments = {name: segment, **(others or {})}
+    return resolve_group((name, len(records) - 1), segments, set(), where="$.entry")
+
+
+def _whole() -> PackedRecordOut:
+    header, siblings = _pieces(_group_record())
+    return PackedRecordOut(
+        base=None, header=header, siblings=[(i, 0, attempts) for i, attempts in enumerate(siblings)]
+    )
+
+
+def test_a_well_formed_chain_resolves() -> None:
+    header, siblings = _pieces(_group_record())
+    delta = PackedRecordOut(base=(0, 0), header=None, siblings=[(1, 1, siblings[0])])
+    group, chain = _resolve([_whole(), delta])
+    assert [len(s.attempts) for s in group.siblings] == [1, 2]
+    assert chain.delta_bytes == len(encode_packed_record(delta))
+
+
+@pytest.mark.parametrize(
+    ("crafted", "message"),
+    [
+        ("gap", "attempts in between are missing"),
+        ("twice", "lists sibling 1 twice"),
+        ("whole_from_1", "must hold the header and every sibling 0..n-1 from its first attempt"),
+        ("whole_no_header", "must hold the header"),
+        ("extra_sibling", "siblings [2] of a group of 2"),
+        ("emptied", "siblings [1] have no attempt"),
+        ("short_uuid", "Expected `bytes` of length >= 16"),
+        ("unknown_status", "Invalid enum value 'lost'"),
+        ("extra_field", "Expected `array` of at most length 12"),
+        ("negative_start", "Expected `int` >= 0"),
+        ("empty_group_id", "Expected `str` of length >= 1"),
+    ],
+)
+def test_a_crafted_form_3_record_is_refused_naming_what_is_wrong(
+    crafted: str, message: str
+) -> None:
+    record = _group_record()
+    header, siblings = _pieces(record)
+    whole = _whole()
+    raw_attempt = siblings[0][0]
+    bad: PackedRecordOut | bytes
+    if crafted == "gap":
+        bad = PackedRecordOut(base=(0, 0), header=None, siblings=[(1, 2, [raw_attempt])])
+    elif crafted == "twice":
+        bad = PackedRecordOut(
+            base=(0, 0), header=None, siblings=[(1, 1, [raw_attempt]), (1, 1, [raw_attempt])]
+        )
+    elif crafted == "whole_from_1":
+        bad = PackedRecordOut(
+            base=None, header=header, siblings=[(0, 0, siblings[0]), (1, 1, siblings[1])]
+        )
+    elif crafted == "whole_no_header":
+        bad = msgspec.structs.replace(whole, header=None)
+    elif crafted == "extra_sibling":
+        bad = PackedRecordOut(base=(0, 0), header=None, siblings=[(2, 0, [raw_attempt])])
+    elif crafted == "emptied":
+        bad = PackedRecordOut(base=(0, 0), header=None, siblings=[(1, 0, [])])
+    else:
+        attempt: list[Any] = [_UUID.bytes, "reserved"]
+        fields: list[Any] = [None, header, [[0, 0, [attempt]], [1, 0, siblings[1]]]]
+        if crafted == "short_uuid":
+            attempt[0] = b"\x01" * 15
+        elif crafted == "unknown_status":
+            attempt[1] = "lost"
+        elif crafted == "extra_field":
+            attempt += [None, None, None, None, None, 0, None, None, [], 0, "more"]
+        elif crafted == "negative_start":
+            fields[2][0][1] = -1
+        elif crafted == "empty_group_id":
+            fields[1] = msgspec.msgpack.decode(header)
+            fields[1][0] = ""
+        bad = msgspec.msgpack.encode(fields)
+        with pytest.raises(LedgerStateError, match=re.escape(message)) as refused:
+            _resolve([bad])
+        assert "ledger segment s.ledger-segment.msgpack record 0 ($.entry)" in str(refused.value)
+        return
+    with pytest.raises(LedgerStateError, match=re.escape(message)) as refused:
+        _resolve([whole, bad])
+    assert "$.entry" in str(refused.value)
+
+
+def test_a_form_3_chain_reaching_a_json_segment_is_refused() -> None:
+    form_2 = decode_ledger_segment(
+        json.dumps(
+            {"ledger_segment_format": 2, "bases": [], "records": [[None, None, []]]}
+        ).encode(),
+        name="old.ledger-segment.json",
+    )
+    delta = PackedRecordOut(base=(0, 0), header=None, siblings=[])
+    encoded = encode_packed_segment(["old.ledger-segment.json"], [encode_packed_record(delta)])
+    segment = decode_ledger_segment(encoded, name="s.ledger-segment.msgpack")
+    with pytest.raises(LedgerStateError, match="a form 2 record, from a form 3 one"):
+        resolve_group(
+            ("s.ledger-segment.msgpack", 0),
+            {"s.ledger-segment.msgpack": segment, "old.ledger-segment.json": form_2},
+            set(),
+            where="$.entry",
+        )
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (msgspec.msgpack.encode([2, [], []]), "a msgpack segment is form 3"),
+        (msgspec.msgpack.encode({"ledger_segment_format": 3}), "Expected `array`, got `object`"),
+        (b'{"ledger_segment_format": 3, "bases": [], "records": []}', "got `int`"),
+        (msgspec.msgpack.encode([3, ["../x.ledger-segment.msgpack"], []]), "matching regex"),
+    ],
+)
+def test_a_form_3_segment_of_another_shape_is_refused(data: bytes, message: str) -> None:
+    with pytest.raises(LedgerStateError, match=message) as refused:
+        decode_ledger_segment(data, name="s.ledger-segment.msgpack")
+    assert "ledger segment s.ledger-segment.msgpack" in str(refused.value)
+
+
+def test_a_json_segment_claiming_form_3_is_refused() -> None:
+    data = b'{"ledger_segment_format": 3, "bases": [], "records": []}'
+    with pytest.raises(LedgerStateError, match=r"form 3 is msgpack, \*.ledger-segment.msgpack"):
+        decode_ledger_segment(data, name="s.ledger-segment.json")
+
+
+# -- form 2 snapshots ------------------------------------------------------------------------
+
+
+def test_a_snapshot_of_form_2_ledger_segments_restores_and_its_groups_change_whole_first(
+    tmp_path: Path,
+) -> None:
+    config = small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
+
+    async def write() -> tuple[str, str, dict[str, Any]]:
+        run = Run.fresh(config)
+        flying = await _reserve(run.parts, sealed=1, gate=run.gate)
+        await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate)
+        waiting = await _reserve(run.parts, sealed=SIBLINGS - 1, gate=run.gate)
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return flying, waiting, _restored_ledger(newest)
+
+    flying, waiting, expected = asyncio.run(write())
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    form_2 = ledger_segments_to_form_2(source.snapshot.path)  # as the writer before form 3
+    assert _restored_ledger(source.snapshot.path) == expected  # a form 2 delta included
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+
+    async def restart() -> None:
+        run = await Run.restored(config, source)
+        parts = run.parts
+        after = await run.snapshot()
+        (file,) = _ledger_files(after) - {form_2}
+        assert file.endswith(LEDGER_SEGMENT_SUFFIX)
+        records = _records_in(after, file)
+        # the restart interrupted both groups' dispatched attempts: each rewritten, whole
+        assert len(records) == 2 and all(record[0] is None for record in records)
+        assert _restored_ledger(after) == _live_ledger(parts)
+        async with parts.cut.mutation():  # its interrupted sibling's fresh attempt
+            parts.ledger.mark_group_dispatched(parts.cut, waiting)
+        await _seal(parts, run.gate, waiting, SIBLINGS - 1)  # now a form 3 delta on it
+        newest = await run.snapshot()
+        # (the form 2 segment, 1 of its 4 records live now, is compacted into a cold one)
+        (changed,) = [f for f in _ledger_files(newest) - _ledger_files(after) if "-cold" not in f]
+        (delta,) = _records_in(newest, changed)
+        assert delta[0] is not None
+        assert _restored_ledger(newest) == _live_ledger(parts)
+        parts.logs.close()
+
+    asyncio.run(restart())
+    assert flying != waiting
