@@ -138,6 +138,7 @@ def bench_config(root: Path, args: argparse.Namespace) -> RunConfig:
             f"logging.log_dir={root / 'logs'}",
             f"checkpointing.checkpoint_dir={root / 'checkpoints'}",
             "logging.progress=false",
+            *getattr(args, "set", []),
         ],
     )
 
@@ -791,6 +792,14 @@ def main() -> None:
     parser.add_argument("--finalize-per-round", type=int, default=8)
     parser.add_argument("--ledger-inline", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep --dir (to profile a restore)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="DOTPATH=VALUE",
+        help="override the run's config (repeatable), e.g. the rows' length: "
+        "gate.simulated.median_response_tokens=512",
+    )
     args = parser.parse_args()
     if args.dir.exists():
         raise SystemExit(f"{args.dir} exists; remove it or pass another --dir")
