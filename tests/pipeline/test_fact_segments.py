@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from pipeline_helpers import dataset_of, small_config
+from segment_damage import DAMAGES, assert_restore_falls_back, damage_segment
 from snapshot_versions import advertise_sidecar, facts_to_inline
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
@@ -209,7 +209,7 @@ def _two_snapshots(config: RunConfig) -> tuple[Path, Path]:
     return asyncio.run(write())
 
 
-@pytest.mark.parametrize("damage", ["missing", "flipped", "truncated"])
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_a_missing_or_damaged_fact_segment_rejects_its_snapshot_and_restore_falls_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
@@ -217,29 +217,10 @@ def test_a_missing_or_damaged_fact_segment_rejects_its_snapshot_and_restore_fall
     older, newest = _two_snapshots(config)
     (only_newest,) = _fact_files(newest) - _fact_files(older)
     segment = segments_dir_for(newest) / only_newest
-    data = segment.read_bytes()
-    if damage == "missing":
-        segment.unlink()
-    elif damage == "flipped":
-        segment.write_bytes(data.replace(b"_g0_a", b"_g0_b", 1))
-    else:
-        segment.write_bytes(data[:-7])
-    expected = {
-        "missing": "missing fact segment",
-        "flipped": "SHA-256",
-        "truncated": "truncated or overwritten",
-    }[damage]
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    expected = damage_segment(segment, damage, flip=(b"_g0_a", b"_g0_b"), kind="fact")
+    assert_restore_falls_back(
+        config, older=older, newest=newest, segment=segment, expected=expected, caplog=caplog
     )
-    (problem,) = verification.problems
-    assert problem.kind is ProblemKind.DAMAGED and problem.path == segment
-    assert expected in problem.problem
-    with caplog.at_level(logging.WARNING):
-        source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    assert source.snapshot.path == older
-    assert str(segment) in caplog.text
     # `rollvault inspect` lists the snapshot with the damaged segment named, and the older
     # one as whole.
     entry = read_snapshot_entry(newest, SnapshotKind.ROLLOUT_SNAPSHOT, now=0.0)

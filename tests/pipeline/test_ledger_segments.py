@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 from pipeline_helpers import dataset_of, small_config
+from segment_damage import DAMAGES, assert_restore_falls_back, damage_segment
 from snapshot_versions import inline_snapshot_to_v5, ledger_segments_to_form_1, rewrite_sidecar
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
@@ -32,7 +33,6 @@ from rollvault.controller.snapshots.snapshot_files import (
     segments_dir_for,
 )
 from rollvault.controller.snapshots.verification import (
-    ProblemKind,
     VerificationLevel,
     verify_snapshot,
 )
@@ -280,7 +280,7 @@ def _two_snapshots(config: RunConfig) -> tuple[Path, Path]:
     return asyncio.run(write())
 
 
-@pytest.mark.parametrize("damage", ["missing", "flipped", "truncated"])
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_a_missing_or_damaged_ledger_segment_rejects_its_snapshot_and_restore_falls_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
@@ -288,29 +288,10 @@ def test_a_missing_or_damaged_ledger_segment_rejects_its_snapshot_and_restore_fa
     older, newest = _two_snapshots(config)
     (only_newest,) = _ledger_files(newest) - _ledger_files(older)
     segment = segments_dir_for(newest) / only_newest
-    data = segment.read_bytes()
-    if damage == "missing":
-        segment.unlink()
-    elif damage == "flipped":
-        segment.write_bytes(data.replace(b"sealed", b"failed", 1))
-    else:
-        segment.write_bytes(data[:-7])
-    expected = {
-        "missing": "missing ledger segment",
-        "flipped": "SHA-256",
-        "truncated": "truncated or overwritten",
-    }[damage]
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    expected = damage_segment(segment, damage, flip=(b"sealed", b"failed"), kind="ledger")
+    assert_restore_falls_back(
+        config, older=older, newest=newest, segment=segment, expected=expected, caplog=caplog
     )
-    (problem,) = verification.problems
-    assert problem.kind is ProblemKind.DAMAGED and problem.path == segment
-    assert expected in problem.problem
-    with caplog.at_level(logging.WARNING):
-        source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    assert source.snapshot.path == older
-    assert str(segment) in caplog.text
 
 
 def _sidecar_problem(snapshot: Path, state: dict[str, Any]) -> str:
