@@ -62,14 +62,11 @@ def referenced_group_fact_segments(snapshot_dirs: list[Path]) -> set[str]:
     files: set[str] = set()
     for directory in snapshot_dirs:
         path = directory / GROUP_FACTS_FILENAME
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            # Written before group facts (or damaged: verification names the missing
-            # file the data plane's metadata advertises): it references no fact segment.
+        # Absent: written before group facts (or damaged: verification names the missing
+        # file the data plane's metadata advertises): it references no fact segment.
+        data = _read_if_present(path)
+        if data is None:
             continue
-        except OSError as exc:
-            raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
         try:
             files |= referenced_fact_segments(path, data)
         except FactsError as exc:
@@ -86,14 +83,11 @@ def referenced_ledger_segments(snapshot_dirs: list[Path]) -> set[str]:
     files: set[str] = set()
     for directory in snapshot_dirs:
         path = directory / ROLLOUT_RECOVERY_STATE_FILENAME
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            # Without its sidecar the snapshot can never be restored (verification
-            # names the missing file), so no segment is needed for it.
+        # Absent: without its sidecar the snapshot can never be restored (verification
+        # names the missing file), so no segment is needed for it.
+        data = _read_if_present(path)
+        if data is None:
             continue
-        except OSError as exc:
-            raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
         version = sidecar_file_version(data)
         if version is None:
             raise SnapshotCorruptError(path, "no schema_version (not a ledger sidecar)")
@@ -104,6 +98,17 @@ def referenced_ledger_segments(snapshot_dirs: list[Path]) -> set[str]:
         except LedgerError as exc:
             raise SnapshotCorruptError(path, str(exc)) from exc
     return files
+
+
+def _read_if_present(path: Path) -> bytes | None:
+    """``path``'s bytes, None if it does not exist; raises :class:`SnapshotCorruptError` if
+    it cannot be read."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
 
 
 def collect_segments(root: Path, *, also_keep: Set[str] = frozenset()) -> list[str] | None:
