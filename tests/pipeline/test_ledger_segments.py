@@ -452,7 +452,8 @@ def test_a_read_chain_counts_its_deltas_bytes_as_the_writer_did_for_a_restart_to
         for index in range(2):
             await _seal(run.parts, run.gate, group, index)
             snapshot = await run.snapshot()
-        written = run.checkpointer._ledger_writer()._placed[group].delta_bytes
+        writer = run.checkpointer._ledger.for_segments(segments_dir_for(snapshot))
+        written = writer._placed[group].delta_bytes
         chain = _chain_of(snapshot, group)
         assert len(chain.links) == 3 and chain.delta_bytes == written > 0
         stored = sum(  # the deltas' records, as stored

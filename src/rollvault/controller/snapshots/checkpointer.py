@@ -51,6 +51,7 @@ from rollvault.controller.loop.partials import carry_live_partials
 from rollvault.controller.loop.parts import GroupEntry, GroupOrigin, RolloutParts, group_entry
 from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.loop.trainer import Trainer
+from rollvault.controller.snapshots.anchor_writer import AnchorWriter
 from rollvault.controller.snapshots.fact_segments import FactSeed, FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSeed, LedgerSegmentWriter
 from rollvault.controller.snapshots.segment_retention import collect_segments
@@ -281,12 +282,9 @@ class Checkpointer:
         self._last_version: int | None = None
         self._identities = PromptIdentities()
         self._committed_journal_seq = 0
-        self._segments: SegmentedWriter | None = None
-        self._segment_seed: SegmentSeed | None = None
-        self._ledger_segments: LedgerSegmentWriter | None = None
-        self._ledger_seed: LedgerSeed | None = None
-        self._fact_segments: FactSegmentWriter | None = None
-        self._fact_seed: FactSeed | None = None
+        self._rows = AnchorWriter(SegmentedWriter)
+        self._ledger = AnchorWriter(LedgerSegmentWriter)
+        self._facts = AnchorWriter(FactSegmentWriter)
         self._retry = SnapshotRetry(
             interval_s=self._settings.interval_s,
             max_consecutive_failures=self._settings.max_consecutive_failures,
@@ -306,40 +304,9 @@ class Checkpointer:
         Used only if that snapshot is among the anchor's (not a trainer
         checkpoint's own): else the first snapshot writes every row, record and fact.
         """
-        self._segment_seed = seed
-        self._ledger_seed = ledger
-        self._fact_seed = facts
-
-    def _fact_writer(self) -> FactSegmentWriter:
-        """The anchor's group-facts writer: a new one (every fact new) when the anchor changed."""
-        root = snapshots_root(self.anchor()) / SEGMENTS_DIRNAME
-        if self._fact_segments is None or self._fact_segments.segments_dir != root:
-            seed, self._fact_seed = self._fact_seed, None
-            seeded = seed is not None and seed.segments_dir == root
-            self._fact_segments = (
-                seed.writer() if seed is not None and seeded else FactSegmentWriter(root)
-            )
-        return self._fact_segments
-
-    def _ledger_writer(self) -> LedgerSegmentWriter:
-        """The anchor's ledger writer: a new one (every record new) when the anchor changed."""
-        root = snapshots_root(self.anchor()) / SEGMENTS_DIRNAME
-        if self._ledger_segments is None or self._ledger_segments.segments_dir != root:
-            seed, self._ledger_seed = self._ledger_seed, None
-            seeded = seed is not None and seed.segments_dir == root
-            self._ledger_segments = (
-                seed.writer() if seed is not None and seeded else LedgerSegmentWriter(root)
-            )
-        return self._ledger_segments
-
-    def _segment_writer(self) -> SegmentedWriter:
-        """The anchor's writer: a new one (every row new) when the anchor changed."""
-        root = snapshots_root(self.anchor()) / SEGMENTS_DIRNAME
-        if self._segments is None or self._segments.segments_dir != root:
-            seed, self._segment_seed = self._segment_seed, None
-            seeded = seed is not None and seed.segments_dir == root
-            self._segments = seed.writer() if seed is not None and seeded else SegmentedWriter(root)
-        return self._segments
+        self._rows.seed(seed)
+        self._ledger.seed(ledger)
+        self._facts.seed(facts)
 
     def anchor(self) -> Path:
         """The directory whose ``rollout_snapshots/`` takes the next snapshot."""
@@ -378,9 +345,10 @@ class Checkpointer:
                 return None
             capture = await self._capture(base_step=None)
             started = time.perf_counter()
-            segments = self._segment_writer()
-            ledger = self._ledger_writer()
-            facts = self._fact_writer()
+            root = snapshots_root(self.anchor()) / SEGMENTS_DIRNAME
+            segments = self._rows.for_segments(root)
+            ledger = self._ledger.for_segments(root)
+            facts = self._facts.for_segments(root)
             try:
                 path = await asyncio.to_thread(
                     publish_snapshot,
