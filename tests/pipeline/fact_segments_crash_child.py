@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from segment_crash_support import KEEP_LATEST_K, files_in, manifest_for
 
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
 from rollvault.controller.snapshots.fact_segments import (
@@ -51,26 +52,10 @@ from rollvault.dataplane import EmbeddedDataPlane
 from rollvault.dataplane.segmented import SegmentedWriter
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
-from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
+from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.ledger.reward_penalties import FinalizedReward
-
-KEEP_LATEST_K = 2
-
-
-def manifest_for(step: int) -> RolloutSnapshotManifest:
-    return RolloutSnapshotManifest(
-        schema_version=3,
-        base_train_step=0,
-        trainer_version=0,
-        current_epoch=0,
-        sampler_dispatch_index=step,
-        mutation_version=step,
-        rolled_back_train_group_count=0,
-        bootstrap_fingerprint=None,
-        next_nemo_gym_task_index=None,
-    )
 
 
 def finalization(idx: int) -> FinalizedGroup:
@@ -142,7 +127,7 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
         if found != expected(step):
             problems[path.name] = f"step {step} holds {found}"
     segments_dir = segments_dir_for(root / "snapshot_0")
-    on_disk = sorted(p.name for p in segments_dir.iterdir()) if segments_dir.is_dir() else []
+    on_disk = files_in(segments_dir)
     return {
         "steps": steps,
         "problems": problems,

@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from segment_crash_support import KEEP_LATEST_K, files_in, manifest_for
+
 from rollvault.controller.snapshots.ledger_segments import LedgerSeed, LedgerSegmentWriter
 from rollvault.controller.snapshots.segment_retention import (
     collect_segments,
@@ -44,7 +46,6 @@ from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane import EmbeddedDataPlane
 from rollvault.dataplane.segmented import SegmentedWriter
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
-from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.ledger.errors import LedgerError
@@ -61,22 +62,6 @@ from rollvault.ledger.sidecar import (
     ParsedRolloutRecoveryState,
     build_sidecar_envelope,
 )
-
-KEEP_LATEST_K = 2
-
-
-def manifest_for(step: int) -> RolloutSnapshotManifest:
-    return RolloutSnapshotManifest(
-        schema_version=3,
-        base_train_step=0,
-        trainer_version=0,
-        current_epoch=0,
-        sampler_dispatch_index=step,
-        mutation_version=step,
-        rolled_back_train_group_count=0,
-        bootstrap_fingerprint=None,
-        next_nemo_gym_task_index=None,
-    )
 
 
 def read(
@@ -184,7 +169,7 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
         if found != expected(step):
             problems[path.name] = f"step {step} holds {found}"
     segments_dir = segments_dir_for(root / "snapshot_0")
-    on_disk = sorted(p.name for p in segments_dir.iterdir()) if segments_dir.is_dir() else []
+    on_disk = files_in(segments_dir)
     return {
         "steps": steps,
         "problems": problems,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from segment_crash_support import KEEP_LATEST_K, files_in, manifest_for
 
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, segments_dir_for
@@ -36,11 +37,9 @@ from rollvault.dataplane import STAGING_PARTITION, DataPlaneCheckpointError, Emb
 from rollvault.dataplane.segmented import SegmentedWriter, read_segmented, referenced_segments
 from rollvault.dataplane.segments import segment_files
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
-from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 
-KEEP_LATEST_K = 2
 ROWS_PER_STEP = 4
 
 
@@ -55,20 +54,6 @@ def row(index: int) -> Row:
 
 def window(step: int) -> range:
     return range(max(0, ROWS_PER_STEP * (step - 2)), ROWS_PER_STEP * step)
-
-
-def manifest_for(step: int) -> RolloutSnapshotManifest:
-    return RolloutSnapshotManifest(
-        schema_version=3,
-        base_train_step=0,
-        trainer_version=0,
-        current_epoch=0,
-        sampler_dispatch_index=step,
-        mutation_version=step,
-        rolled_back_train_group_count=0,
-        bootstrap_fingerprint=None,
-        next_nemo_gym_task_index=None,
-    )
 
 
 def root_of(checkpoint_dir: Path) -> Path:
@@ -140,9 +125,7 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
         "steps": steps,
         "problems": problems,
         "segments": segment_files(segments_dir),
-        "all_files": sorted(p.name for p in segments_dir.iterdir())
-        if segments_dir.is_dir()
-        else [],
+        "all_files": files_in(segments_dir),
         "referenced": sorted(referenced),
     }
 
