@@ -23,6 +23,7 @@ unreferenced ones still present, for the next collection.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Set
 from pathlib import Path
 
@@ -60,6 +61,40 @@ def publish_fact_segment(path: Path, data: bytes) -> None:
     fault_point("fact_segment.before_write")
     atomic_write_bytes(path, data)
     fault_point("fact_segment.durable")
+
+
+class RecordedSegmentError(Exception):
+    """A segment is missing, or not the one an index recorded (size, SHA-256)."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def read_recorded_segment(
+    path: Path, *, what: str, byte_size: int, sha256: str, recorded_in: str
+) -> bytes:
+    """The bytes of the segment ``path``, refused unless they are the ones ``recorded_in``
+    recorded (``what`` names the segment's kind in the message: "ledger segment")."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise RecordedSegmentError(path, f"missing {what}") from exc
+    except OSError as exc:
+        raise RecordedSegmentError(path, f"cannot read: {exc.strerror or exc}") from exc
+    if len(data) != byte_size:
+        raise RecordedSegmentError(
+            path,
+            f"size is {len(data)} bytes, {recorded_in} records {byte_size} "
+            "(truncated or overwritten)",
+        )
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256:
+        raise RecordedSegmentError(
+            path, f"SHA-256 {actual} does not match {sha256} in {recorded_in}"
+        )
+    return data
 
 
 def _ensure_directory(directory: Path) -> None:

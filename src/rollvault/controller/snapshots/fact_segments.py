@@ -56,7 +56,11 @@ import msgspec
 
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
 from rollvault.dataplane.segmented import decode_live_bitmap, encode_live_bitmap
-from rollvault.durable.segment_store import publish_fact_segment
+from rollvault.durable.segment_store import (
+    RecordedSegmentError,
+    publish_fact_segment,
+    read_recorded_segment,
+)
 from rollvault.ledger.reward_penalties import FinalizedReward
 
 GROUP_FACTS_FILENAME: Final = "group_facts.json"
@@ -392,22 +396,15 @@ def decode_group_facts_file(path: Path, data: bytes) -> GroupFactsFile:
 def read_fact_segment(path: Path, ref: FactSegmentRef) -> list[Fact]:
     """The facts of the segment ``path``, refused unless it is what ``ref`` records."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise FactsError(path, "missing fact segment") from exc
-    except OSError as exc:
-        raise FactsError(path, f"cannot read: {exc.strerror or exc}") from exc
-    if len(data) != ref.byte_size:
-        raise FactsError(
+        data = read_recorded_segment(
             path,
-            f"size is {len(data)} bytes, {GROUP_FACTS_FILENAME} records {ref.byte_size} "
-            "(truncated or overwritten)",
+            what="fact segment",
+            byte_size=ref.byte_size,
+            sha256=ref.sha256,
+            recorded_in=GROUP_FACTS_FILENAME,
         )
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != ref.sha256:
-        raise FactsError(
-            path, f"SHA-256 {actual} does not match {ref.sha256} in {GROUP_FACTS_FILENAME}"
-        )
+    except RecordedSegmentError as exc:
+        raise FactsError(exc.path, exc.problem) from exc
     try:
         segment = msgspec.json.decode(data, type=FactSegment, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

@@ -93,6 +93,7 @@ from rollvault.dataplane.segmented import LoadedSegmented, SegmentedWriter, read
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest
+from rollvault.durable.segment_store import RecordedSegmentError, read_recorded_segment
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
@@ -737,23 +738,15 @@ def read_ledger_segment(path: Path, ref: LedgerSegmentRef) -> SegmentRecords:
     another number of records.
     """
     try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise SnapshotCorruptError(path, "missing ledger segment") from exc
-    except OSError as exc:
-        raise SnapshotCorruptError(path, f"cannot read: {exc.strerror or exc}") from exc
-    if len(data) != ref.byte_size:
-        raise SnapshotCorruptError(
+        data = read_recorded_segment(
             path,
-            f"size is {len(data)} bytes, {ROLLOUT_RECOVERY_STATE_FILENAME} records "
-            f"{ref.byte_size} (truncated or overwritten)",
+            what="ledger segment",
+            byte_size=ref.byte_size,
+            sha256=ref.sha256,
+            recorded_in=ROLLOUT_RECOVERY_STATE_FILENAME,
         )
-    actual = _sha256(data)
-    if actual != ref.sha256:
-        raise SnapshotCorruptError(
-            path,
-            f"SHA-256 {actual} does not match {ref.sha256} in {ROLLOUT_RECOVERY_STATE_FILENAME}",
-        )
+    except RecordedSegmentError as exc:
+        raise SnapshotCorruptError(exc.path, exc.problem) from exc
     try:
         groups = decode_ledger_segment(data, name=path.name)
     except LedgerError as exc:
