@@ -62,7 +62,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -831,12 +831,7 @@ def _decode_controller_state(
     data = raw[CONTROLLER_STATE_FILENAME]
     file = path / CONTROLLER_STATE_FILENAME
     try:
-        version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
-        if version not in SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS:
-            supported = ", ".join(map(str, sorted(SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS)))
-            raise SnapshotCorruptError(
-                file, f"unsupported schema_version {version} (supported: {supported})"
-            )
+        version = _supported_version(file, data, SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS)
         _require_facts_with(file, version, CONTROLLER_STATE_SCHEMA_VERSION, facts)
         if version == CONTROLLER_STATE_SCHEMA_VERSION:
             v5 = msgspec.json.decode(data, type=_ControllerStateFileV5, strict=True)
@@ -887,6 +882,18 @@ def _require_facts_with(
         )
 
 
+def _supported_version(file: Path, data: bytes, supported: Set[int]) -> int:
+    """The ``schema_version`` of a versioned file's bytes, refused unless in ``supported``
+    (raises msgspec's errors for bytes that are not such a file)."""
+    version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
+    if version not in supported:
+        listed = ", ".join(map(str, sorted(supported)))
+        raise SnapshotCorruptError(
+            file, f"unsupported schema_version {version} (supported: {listed})"
+        )
+    return version
+
+
 def decode_replay_buffer(
     path: Path, raw: Mapping[str, bytes], facts: LoadedFacts | None
 ) -> ReplayBufferFile:
@@ -895,12 +902,7 @@ def decode_replay_buffer(
     data = raw[REPLAY_BUFFER_METADATA_FILENAME]
     file = path / REPLAY_BUFFER_METADATA_FILENAME
     try:
-        version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
-        if version not in SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS:
-            supported = ", ".join(map(str, sorted(SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS)))
-            raise SnapshotCorruptError(
-                file, f"unsupported schema_version {version} (supported: {supported})"
-            )
+        version = _supported_version(file, data, SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS)
         _require_facts_with(file, version, REPLAY_BUFFER_SCHEMA_VERSION, facts)
         if version == 1:
             return msgspec.json.decode(data, type=ReplayBufferFile, strict=True)
