@@ -20,7 +20,9 @@ from rollvault.controller.loop.journal_rows import (
     encode_rows,
 )
 from rollvault.controller.loop.seal_journal import (
+    MAX_HELD_FINALIZATIONS,
     SEAL_JOURNAL_DIRNAME,
+    FinalizeBatchRecord,
     FinalizeRecord,
     JournalEncodeError,
     JournalEntry,
@@ -199,9 +201,9 @@ def test_finalize_and_step_records_ride_on_the_next_seal_s_group(tmp_path: Path)
     journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
     writer = journal._writer
     try:
-        finalized = journal.finalized("g0", target_step=3, gate_rollout_ids=["a"])
+        journal.finalized("g0", target_step=3, gate_rollout_ids=["a"])
         step = journal.step(4, ["g0"])
-        assert finalized is not None and step == finalized + 1
+        assert step == 1  # the held finalization went just before it, as record 0
         # Neither opens a group commit of its own (the lazy interval is far longer).
         assert not writer.wait_durable(step, timeout=0.2)
         seal = journal.seal(_seal())
@@ -427,3 +429,92 @@ def test_a_batch_with_a_row_the_journal_cannot_store_stops_the_journal_and_keeps
         journal.close()
     records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
     assert [r.entry for r in records] == [seal.journaled() for seal in good]
+
+
+def _finalize(number: int) -> FinalizeRecord:
+    return FinalizeRecord(
+        group_id=f"g{number}", target_step=number, gate_rollout_ids=[f"a{number}", f"b{number}"]
+    )
+
+
+def _finalize_all(journal: SealJournal, records: list[FinalizeRecord]) -> None:
+    for record in records:
+        journal.finalized(
+            record.group_id,
+            target_step=record.target_step,
+            gate_rollout_ids=record.gate_rollout_ids,
+        )
+
+
+def test_finalizations_are_held_and_go_as_one_record_before_the_next_one(
+    tmp_path: Path,
+) -> None:
+    finalized = [_finalize(number) for number in range(5)]
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        _finalize_all(journal, finalized[:3])
+        assert journal.next_seq == 0  # held: nothing handed to the writer yet
+        assert journal.seal(_seal()) == 1  # after the three, as record 0
+        _finalize_all(journal, finalized[3:])
+        assert journal.step(2, ["g3", "g4"]) == 3
+        assert journal.metrics()["journal/finalizations"] == 5
+    finally:
+        journal.close()
+    replay = read_journal(tmp_path / SEAL_JOURNAL_DIRNAME)
+    assert len(replay.records) == 4
+    envelope = msgspec.msgpack.decode(replay.records[0].payload, type=JournalEnvelope)
+    assert isinstance(envelope.entry, FinalizeBatchRecord) and envelope.schema_version == 4
+    records = decode_replay(replay)
+    # Replay sees each finalization as a record of its own, in the order they were applied.
+    assert [r.entry for r in records] == [
+        *finalized[:3],
+        _seal(),
+        *finalized[3:],
+        StepRecord(trainer_version=2, group_ids=["g3", "g4"]),
+    ]
+    assert [r.seq for r in records] == [0, 0, 0, 1, 2, 2, 3]
+
+
+def test_held_finalizations_are_written_at_the_close(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    _finalize_all(journal, [_finalize(0)])
+    asyncio.run(journal.aclose())
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert [r.entry for r in records] == [_finalize(0)]
+
+
+def test_a_full_hold_is_appended_without_waiting_for_another_record(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        _finalize_all(journal, [_finalize(n) for n in range(MAX_HELD_FINALIZATIONS - 1)])
+        assert journal.next_seq == 0
+        _finalize_all(journal, [_finalize(MAX_HELD_FINALIZATIONS - 1)])
+        assert journal.next_seq == 1
+    finally:
+        journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert len(records) == MAX_HELD_FINALIZATIONS and {r.seq for r in records} == {0}
+
+
+def test_a_finalize_batch_is_read_only_at_its_own_version_and_never_empty() -> None:
+    batch = FinalizeBatchRecord(finalizations=[_finalize(0), _finalize(1)])
+    assert decode_entry(encode_entry(batch), where="here") == batch
+    old = msgspec.msgpack.encode(JournalEnvelope(schema_version=1, entry=batch))
+    with pytest.raises(SealJournalRecordError, match="version 1 for a FinalizeBatchRecord.*4"):
+        decode_entry(old, where="here")
+    with pytest.raises(SealJournalRecordError, match="here: a finalizes record holds no"):
+        FinalizeBatchRecord(finalizations=[]).expanded(where="here")
+
+
+def test_held_finalizations_that_cannot_be_encoded_stop_the_journal(tmp_path: Path) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        journal.finalized("g\ud800", target_step=None, gate_rollout_ids=["a"])  # no UTF-8
+        assert journal.step(1, []) is None  # nothing after the missing record
+        assert isinstance(journal.failure, JournalEncodeError)
+        assert "1 finalization(s) from g" in str(journal.failure)
+        journal.finalized("g2", target_step=None, gate_rollout_ids=["a"])
+        assert journal.metrics()["journal/finalizations"] == 1  # refused once stopped
+    finally:
+        journal.close()
+    assert read_journal(tmp_path / SEAL_JOURNAL_DIRNAME).records == []

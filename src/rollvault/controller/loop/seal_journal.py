@@ -24,6 +24,12 @@ again, :mod:`~rollvault.controller.snapshots.journal_replay`), no caller waits
 for them, and the journal stays a prefix in sequence order, so a lazy record
 never lets a later seal become durable before it. This saves the ``fsync``
 each of them started (about two per train step on the GRPO recipe).
+Finalizations are not even handed over one by one: the journal holds them
+and appends them as one record (:class:`FinalizeBatchRecord`) just before its
+next record, so they still stand in the order they were applied; the train
+step's record bounds their wait to a step. One held when a snapshot takes
+:attr:`SealJournal.next_seq` gets a seq at or above it, which replay treats
+as any record there (it may or may not be reflected: it is only counted).
 
 Consistency with snapshots: a snapshot records :attr:`SealJournal.next_seq`
 taken inside the cut (``controller_state.json``'s ``seal_journal_seq``).
@@ -88,6 +94,13 @@ SEAL_BATCH_RECORD_SCHEMA_VERSION: Final = 3
 """The envelope version of a ``seals`` record (a generation batch's seals in one record,
 rows in columns): a rollvault that reads only the earlier versions refuses it by its
 version, naming it."""
+FINALIZE_BATCH_RECORD_SCHEMA_VERSION: Final = 4
+"""The envelope version of a ``finalizes`` record (the finalizations since the journal's
+previous record, in one record): refused by its version, naming it, by a rollvault that
+reads only the earlier versions."""
+MAX_HELD_FINALIZATIONS: Final = 1024
+"""Most finalizations the journal holds before it appends them without waiting for the
+next record (a bound on the record's size and on what a kill loses of the counts)."""
 _LOG = logging.getLogger("rollvault.journal")
 _ENCODE_ERRORS: Final = (msgspec.EncodeError, KeyError, TypeError, ValueError, OverflowError)
 """What packing or encoding a record may raise: a row or a value the journal cannot store."""
@@ -221,9 +234,31 @@ class SealBatchRecord(
         return seals
 
 
+class FinalizeBatchRecord(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="finalizes"
+):
+    """The groups finalized since the journal's previous record, in the order they were.
+
+    The finalizer publishes a group at a time (16 per train step on the GRPO
+    recipe): a record each cost the event loop an encode and a hand-over to the
+    writer each, for records that replay only counts. The journal holds them
+    and appends them as one record just before its next record (a seal batch, a
+    step, a partial), at a rotation and at the close: the journal's order is the
+    order the changes were applied in, as before.
+    """
+
+    finalizations: list[FinalizeRecord]
+
+    def expanded(self, *, where: str) -> list[FinalizeRecord]:
+        """The finalizations, as records of their own would hold them."""
+        if not self.finalizations:
+            raise SealJournalRecordError(f"{where}: a finalizes record holds no finalization")
+        return self.finalizations
+
+
 ReplayEntry = SealRecord | FinalizeRecord | StepRecord | PartialRecord
-"""What a replay applies: a batch record is expanded into its seals (:func:`decode_replay`)."""
-JournalEntry = ReplayEntry | SealBatchRecord
+"""What a replay applies: a batch record is expanded into its entries (:func:`decode_replay`)."""
+JournalEntry = ReplayEntry | SealBatchRecord | FinalizeBatchRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +339,8 @@ def _schema_version(entry: JournalEntry) -> int:
         return PARTIAL_RECORD_SCHEMA_VERSION
     if isinstance(entry, SealBatchRecord):
         return SEAL_BATCH_RECORD_SCHEMA_VERSION
+    if isinstance(entry, FinalizeBatchRecord):
+        return FINALIZE_BATCH_RECORD_SCHEMA_VERSION
     return SEAL_JOURNAL_SCHEMA_VERSION
 
 
@@ -334,8 +371,8 @@ def decode_entry(payload: bytes, *, where: str) -> JournalEntry:
 def decode_replay(replay: JournalReplay) -> list[DecodedRecord]:
     """Every verified record of ``replay``, decoded, in order (raises on a bad one).
 
-    A batch record gives its seals in order, each a record of its own with the
-    batch's seq and place on disk.
+    A batch record gives its seals (or finalizations) in order, each a record of
+    its own with the batch's seq and place on disk.
     """
     decoded: list[DecodedRecord] = []
     for scan in replay.segments:
@@ -343,7 +380,11 @@ def decode_replay(replay: JournalReplay) -> list[DecodedRecord]:
         for record in scan.records:
             where = f"{scan.path} at byte {offset} (record {record.seq})"
             entry = decode_entry(record.payload, where=where)
-            entries = entry.expanded(where=where) if isinstance(entry, SealBatchRecord) else [entry]
+            entries: Sequence[ReplayEntry] = (
+                entry.expanded(where=where)
+                if isinstance(entry, SealBatchRecord | FinalizeBatchRecord)
+                else [entry]
+            )
             decoded.extend(DecodedRecord(record.seq, one, scan.path, offset) for one in entries)
             offset += RECORD_HEADER_BYTES + len(record.payload)
     return decoded
@@ -374,6 +415,9 @@ class SealJournal:
         self._seal_seqs: deque[tuple[int, int]] = deque()
         """(seq, seals it holds) of each seal record not yet counted as kept."""
         self._seals_kept = 0
+        self._held_finalizations: list[FinalizeRecord] = []
+        """Finalizations not yet appended: they go just before the next record (see
+        :class:`FinalizeBatchRecord`)."""
         self.failure: JournalWriteError | None = None
         """Why the journal stopped taking records (None: it takes them)."""
 
@@ -440,13 +484,19 @@ class SealJournal:
 
     def finalized(
         self, group_id: str, *, target_step: int | None, gate_rollout_ids: list[str]
-    ) -> int | None:
-        """Journal a published group."""
-        entry = FinalizeRecord(
-            group_id=group_id, target_step=target_step, gate_rollout_ids=list(gate_rollout_ids)
+    ) -> None:
+        """Journal a published group: held, and appended just before the journal's next
+        record (at the latest the train step's), at a rotation or at the close."""
+        if self.failure is not None:
+            return
+        self._held_finalizations.append(
+            FinalizeRecord(
+                group_id=group_id, target_step=target_step, gate_rollout_ids=list(gate_rollout_ids)
+            )
         )
         self.counters.finalizations_journaled += 1
-        return self._append(entry, lazy=True)  # rides on the next group: see the module doc
+        if len(self._held_finalizations) >= MAX_HELD_FINALIZATIONS:
+            self._append_all([], lazy=True)
 
     def step(self, trainer_version: int, group_ids: list[str]) -> int | None:
         """Journal a train step boundary."""
@@ -496,16 +546,39 @@ class SealJournal:
         """
         if self.failure is not None:
             return None
+        held = self._held_payloads()
+        if held is None:
+            return None
         try:
             # Encoded here, on the event loop, right after the records were built (warm,
             # and they die at once instead of living in the queue for a commit interval,
             # where the collector would walk them); the writer thread gets bytes.
-            return self._writer.append_many(payloads, lazy=lazy)
+            seqs = self._writer.append_many([*held, *payloads], lazy=lazy)
         except ValueError as error:  # a record larger than a record may be
             self._stopped(JournalEncodeError(str(error)))
             return None
         except JournalWriteError as error:
             self._stopped(error)
+            return None
+        return range(seqs.start + len(held), seqs.stop)
+
+    def _held_payloads(self) -> list[bytes] | None:
+        """The held finalizations as one record's payload (none held: no payload); None
+        once the journal has stopped (they could not be encoded)."""
+        held = self._held_finalizations
+        if not held:
+            return []
+        self._held_finalizations = []
+        entry = held[0] if len(held) == 1 else FinalizeBatchRecord(finalizations=held)
+        try:
+            return [encode_entry(entry)]
+        except _ENCODE_ERRORS as exc:
+            self._stopped(
+                JournalEncodeError(
+                    f"journal {self._writer.directory}: {len(held)} finalization(s) from "
+                    f"{held[0].group_id} could not be encoded: {exc!r}"
+                )
+            )
             return None
 
     def _stopped(self, error: JournalWriteError) -> None:
@@ -554,13 +627,15 @@ class SealJournal:
         }
 
     def close(self) -> None:
-        """Flush what is queued and stop the writer thread.
+        """Append the held finalizations, flush what is queued and stop the writer thread
+        (from the thread that journals, or once it journals no more: :meth:`aclose`).
 
         A writer that failed does not fail the close, for the reason a failed
         append does not fail the run (:meth:`_append`): the failure is logged
         once, and whatever ended the run (a full disk stops it through the
         snapshots) is what the run reports.
         """
+        self._append_all([], lazy=True)
         try:
             self._writer.close()
         except JournalWriteError as error:
@@ -568,4 +643,6 @@ class SealJournal:
                 self._stopped(error)
 
     async def aclose(self) -> None:
+        # The held finalizations are the event loop's: queued here, not on the thread.
+        self._append_all([], lazy=True)
         await asyncio.to_thread(self.close)
