@@ -79,6 +79,8 @@ import torch
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.parts import RolloutParts
+from rollvault.controller.loop.rollout_pump import RolloutPump
+from rollvault.controller.loop.seal_journal import SealJournal
 from rollvault.controller.snapshots import checkpointer as checkpointer_module
 from rollvault.durable.journal_writer import JournalWriter
 from rollvault.recipes.async_grpo import prepare
@@ -140,6 +142,57 @@ class WriterCpu:
         return wrapper
 
 
+class JournalLoopCpu:
+    """Thread CPU seconds of the seal journal's own calls on the event loop: building each
+    seal's record (``RolloutPump._staged_seal``) and handing records over (packing,
+    encoding and queueing: ``SealJournal.seal_many``, ``finalized``, ``step``,
+    ``partial``). The rest of the journal's cost to the loop is indirect (the writer
+    thread's GIL and core): the loop's CPU per step against the none arm's shows it."""
+
+    HANDED_OVER = ("seal_many", "finalized", "step", "partial")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._originals: dict[str, Any] = {}
+
+    def install(self) -> None:
+        for name in self.HANDED_OVER:
+            self._originals[name] = getattr(SealJournal, name)
+            setattr(SealJournal, name, self._timed(self._originals[name]))
+        self._originals["_staged_seal"] = RolloutPump._staged_seal
+        RolloutPump._staged_seal = self._timed_async(  # type: ignore[method-assign]
+            RolloutPump._staged_seal
+        )
+
+    def remove(self) -> None:
+        for name in self.HANDED_OVER:
+            setattr(SealJournal, name, self._originals[name])
+        RolloutPump._staged_seal = self._originals["_staged_seal"]  # type: ignore[method-assign]
+
+    def _timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds += time.thread_time() - start
+
+        return wrapper
+
+    def _timed_async(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        # The record is built without suspending when the gate handed the rows over (the
+        # recipe's case); a read back from the data plane would count the loop's other
+        # work done meanwhile.
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return await function(*args, **kwargs)
+            finally:
+                self.seconds += time.thread_time() - start
+
+        return wrapper
+
+
 TIMED_STEPS = ("build_snapshot", "publish_snapshot")
 """The checkpointer's two worker-thread steps of a snapshot, after the cut: build
 the sidecar from the capture, then encode, write and commit the files."""
@@ -160,6 +213,9 @@ class RunResult:
     """CPU time of the event loop's thread alone per step."""
     writer_cpu_ms_per_step: float = 0.0
     """CPU time of the seal journal's writer thread per step (0: no journal)."""
+    journal_loop_cpu_ms_per_step: float = 0.0
+    """CPU time of the seal journal's own calls on the event loop per step
+    (:class:`JournalLoopCpu`; 0: no journal)."""
     children_peak_mib: dict[int, float] = field(default_factory=dict)
     """Per child process (the generation worker, multiprocessing's resource tracker)."""
     rewards: list[float] = field(default_factory=list)
@@ -304,6 +360,8 @@ def run_arm(
     writer_cpu = WriterCpu(cProfile.Profile() if profile is not None else None)
     original_run = JournalWriter._run
     JournalWriter._run = writer_cpu.wrap(original_run)  # type: ignore[method-assign,assignment]
+    journal_loop_cpu = JournalLoopCpu()
+    journal_loop_cpu.install()
     profiler = cProfile.Profile() if profile is not None else None
     try:
         if profiler is not None:
@@ -316,6 +374,7 @@ def run_arm(
         # until the script ended and was summed in every later run's children peak.
         setup.close()
         JournalWriter._run = original_run  # type: ignore[method-assign]
+        journal_loop_cpu.remove()
         for name, function in originals.items():
             setattr(checkpointer_module, name, function)
     if profiler is not None and profile is not None:
@@ -333,6 +392,7 @@ def run_arm(
     result.loop_cpu_ms_per_step = 1000 * (l1 - l0) / (len(marks) - 1)
     # The writer runs from the run's start to its end: per step of the whole run.
     result.writer_cpu_ms_per_step = 1000 * writer_cpu.seconds / len(marks)
+    result.journal_loop_cpu_ms_per_step = 1000 * journal_loop_cpu.seconds / len(marks)
     result.snapshots_written = summary.snapshots_written
     result.load_average = (load_start, os.getloadavg()[0])
     return result
@@ -415,7 +475,8 @@ def main() -> int:
                     f"{result.tokens_per_s:7.0f} tokens/s "
                     f"{result.controller_cpu_ms_per_step:5.1f} ms CPU/step (loop "
                     f"{result.loop_cpu_ms_per_step:5.1f}, journal writer "
-                    f"{result.writer_cpu_ms_per_step:4.1f}) over "
+                    f"{result.writer_cpu_ms_per_step:4.1f}, journal on the loop "
+                    f"{result.journal_loop_cpu_ms_per_step:4.2f}) over "
                     f"{result.seconds:5.1f}s, "
                     f"{result.snapshots_written} snapshots, load {result.load_average[0]:.1f}"
                     f"-{result.load_average[1]:.1f}, peak RSS parent "
@@ -471,11 +532,12 @@ def _summarise(results: list[RunResult], rounds: int) -> dict[str, list]:
             statistics.median(r.controller_cpu_ms_per_step for r in mine),
             statistics.median(r.loop_cpu_ms_per_step for r in mine),
             statistics.median(r.writer_cpu_ms_per_step for r in mine),
+            statistics.median(r.journal_loop_cpu_ms_per_step for r in mine),
         )
         lines.append(
             f"median {arm:9s}: {medians[arm][0]:5.2f} steps/s {medians[arm][1]:7.0f} tokens/s "
             f"{medians[arm][2]:5.1f} ms controller CPU/step (event loop {medians[arm][3]:5.1f}, "
-            f"journal writer {medians[arm][4]:4.1f})"
+            f"journal writer {medians[arm][4]:4.1f}, journal on the loop {medians[arm][5]:4.2f})"
         )
     for name in TIMED_STEPS:
         times = [r.snapshot_times[name] for r in results if r.arm == "snapshots"]
