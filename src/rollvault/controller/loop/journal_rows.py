@@ -137,9 +137,14 @@ def decode_row(row: Mapping[str, JournalValue], *, where: str) -> Row:
 
 def pack_rows(rows: Sequence[RowView]) -> list[RowBlock]:
     """``rows`` in columns: one block per set of fields (a batch usually has one)."""
+    fields = list(map(tuple, rows))
     by_fields: dict[tuple[str, ...], list[int]] = {}
-    for position, row in enumerate(rows):
-        by_fields.setdefault(tuple(row), []).append(position)
+    if fields and fields.count(fields[0]) == len(fields):
+        # The usual batch: every row has the same fields (compared in C, not per row).
+        by_fields[fields[0]] = list(range(len(fields)))
+    else:
+        for position, names in enumerate(fields):
+            by_fields.setdefault(names, []).append(position)
     blocks = []
     for names, positions in by_fields.items():
         block_rows = [rows[position] for position in positions]
