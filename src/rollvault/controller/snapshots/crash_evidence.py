@@ -94,9 +94,9 @@ def crash_evidence(
             if journaled is None:
                 # Nothing dispatched since the snapshot (most siblings): only the
                 # current attempt can be in flight, and its UUID is at hand.
-                if (
-                    current.status is RolloutAttemptStatus.DISPATCHED
-                    and current.attempt_uuid.hex not in tail.returned
+                if current.status is RolloutAttemptStatus.DISPATCHED and not (
+                    # A UUID's hex is a Python property: none computed when nothing returned.
+                    tail.returned and current.attempt_uuid.hex in tail.returned
                 ):
                     interrupted.append(
                         InterruptedAttempt(
