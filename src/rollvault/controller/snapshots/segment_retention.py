@@ -20,8 +20,8 @@ import logging
 from collections.abc import Set
 from pathlib import Path
 
+from rollvault.controller.snapshots.fact_forms import FACT_SEGMENT_SUFFIXES
 from rollvault.controller.snapshots.fact_segments import (
-    FACT_SEGMENT_SUFFIX,
     GROUP_FACTS_FILENAME,
     FactsError,
     referenced_fact_segments,
@@ -50,7 +50,7 @@ def is_segment_file(name: str) -> bool:
     one left."""
     return any(
         name.endswith(suffix) or (name.startswith(".") and f"{suffix}.tmp." in name)
-        for suffix in (SEGMENT_FILE_SUFFIX, *LEDGER_SEGMENT_SUFFIXES, FACT_SEGMENT_SUFFIX)
+        for suffix in (SEGMENT_FILE_SUFFIX, *LEDGER_SEGMENT_SUFFIXES, *FACT_SEGMENT_SUFFIXES)
     )
 
 

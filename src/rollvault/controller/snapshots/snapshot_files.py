@@ -13,7 +13,9 @@
                                      since version 7 without the finalizer maps (in the
                                      group facts)
       replay_buffer_metadata.json    canonical groups waiting to train (before version 2
-                                     also each one's attempts, now in the group facts)
+                                     also each one's attempts, now in the group facts);
+                                     since version 3 only their order, each entry a
+                                     replay fact of the group facts
       replacement_reserve.json       spare prompts
       controller_state.json          sampler and dataloader cursors, log seq, dispatch
                                      journal seq, lost groups' interrupted attempts (before
@@ -21,10 +23,13 @@
                                      now in the group facts)
       group_facts.json               the index of the group facts (since controller state
                                      version 5): the fact segments
-                                     (../segments/*.facts-segment.json) holding each group's
-                                     origin and prompt identity and each canonical group's
-                                     finalization (attempt ids, rewards, metrics), written
-                                     once per anchor, and a bitmap of the live ones
+                                     (../segments/*.facts-segment.msgpack, form 2;
+                                     *.facts-segment.json of form 1 still read) holding each
+                                     group's origin and prompt identity, each canonical
+                                     group's finalization (attempt ids, rewards, metrics)
+                                     and (index version 2) each waiting group's replay
+                                     entry, written once per anchor, and a bitmap of the
+                                     live ones
       env_rollouts.json              the environment state of every in-flight episode at
                                      its last committed turn (absent before multi-turn
                                      episodes: then no episode is in flight)
@@ -84,6 +89,7 @@ from rollvault.controller.snapshots.fact_segments import (
     FactsError,
     LoadedFacts,
     read_group_facts,
+    replay_in_order,
 )
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.dataplane.capture import DataPlaneCapture
@@ -130,10 +136,14 @@ before the seal journal (it reflects none of it, seq 0); version 3 before
 seals were pooled across snapshots (none pooled); version 4 holds the
 origins itself."""
 SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4, 5})
-REPLAY_BUFFER_SCHEMA_VERSION: Final = 2
+REPLAY_BUFFER_SCHEMA_VERSION: Final = 3
 """Version 2 of ``replay_buffer_metadata.json`` drops ``canonical_attempts``,
-which ``group_facts.json`` indexes since; version 1 holds them itself."""
-SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS: Final = frozenset({1, 2})
+which ``group_facts.json`` indexes since; version 1 holds them itself. Version
+3 drops the entries too (~160 bytes per waiting group, rewritten at every
+snapshot): each is a replay fact of the group facts (index version 2), written
+once, and the file holds their order (:class:`_ReplayBufferFileV3`)."""
+SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
+_FIRST_REPLAY_WITH_FACTS: Final = 2
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -285,6 +295,18 @@ class _ReplayBufferFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     replay: ReplayIndexState
 
 
+class _ReplayBufferFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``replay_buffer_metadata.json`` version 3 as it is on disk: the entries in the group
+    facts, their order here."""
+
+    schema_version: int
+    index_schema_version: int
+    """The replay index's own ``schema_version`` (``ReplayIndexState``)."""
+    order: list[tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=1)]]]
+    """The entries in the index's order, as runs ``(first, count)`` of positions among the
+    live replay facts (:func:`~.fact_segments.replay_order_runs`)."""
+
+
 class _Versioned(msgspec.Struct):
     schema_version: int
 
@@ -411,11 +433,16 @@ def write_snapshot_payload(
         controller.prompt_identities,
         capture.finalized,
         stem=_segment_stem(directory),
+        replay=replay.replay.entries,
     )
     files = {
         ROLLOUT_RECOVERY_STATE_FILENAME: sidecar,
         REPLAY_BUFFER_METADATA_FILENAME: _ENCODER.encode(
-            _ReplayBufferFileV2(schema_version=replay.schema_version, replay=replay.replay)
+            _ReplayBufferFileV3(
+                schema_version=replay.schema_version,
+                index_schema_version=replay.replay.schema_version,
+                order=pending_facts.replay_order,
+            )
         ),
         REPLACEMENT_RESERVE_FILENAME: _ENCODER.encode(capture.spares),
         CONTROLLER_STATE_FILENAME: _ENCODER.encode(_on_disk_controller_state(controller)),
@@ -519,6 +546,7 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
         if name != ROLLOUT_RECOVERY_STATE_FILENAME
     }
     facts = read_facts(path, raw)
+    _check_facts_count(path, facts, digests)
     recovery, indexed = read_recovery_sidecar_indexed(
         path / ROLLOUT_RECOVERY_STATE_FILENAME, digests, facts=facts
     )
@@ -898,21 +926,34 @@ def decode_replay_buffer(
     path: Path, raw: Mapping[str, bytes], facts: LoadedFacts | None
 ) -> ReplayBufferFile:
     """``replay_buffer_metadata.json`` of a supported version, resolved: version 2's
-    canonical attempts from ``facts`` (the snapshot's group facts)."""
+    canonical attempts, and version 3's entries too, from ``facts`` (the snapshot's group
+    facts)."""
     data = raw[REPLAY_BUFFER_METADATA_FILENAME]
     file = path / REPLAY_BUFFER_METADATA_FILENAME
     try:
         version = _supported_version(file, data, SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS)
-        _require_facts_with(file, version, REPLAY_BUFFER_SCHEMA_VERSION, facts)
+        _require_facts_with(file, version, _FIRST_REPLAY_WITH_FACTS, facts)
         if version == 1:
             return msgspec.json.decode(data, type=ReplayBufferFile, strict=True)
-        v2 = msgspec.json.decode(data, type=_ReplayBufferFileV2, strict=True)
+        if version == 2:
+            v2 = msgspec.json.decode(data, type=_ReplayBufferFileV2, strict=True)
+            replay = v2.replay
+        else:
+            v3 = msgspec.json.decode(data, type=_ReplayBufferFileV3, strict=True)
+            assert facts is not None  # _require_facts_with
+            try:
+                entries = replay_in_order(file, facts, v3.order)
+            except FactsError as exc:
+                raise SnapshotCorruptError(exc.path, exc.problem) from exc
+            replay = ReplayIndexState(
+                schema_version=v3.index_schema_version, entries=tuple(entries)
+            )
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SnapshotCorruptError(file, str(exc)) from exc
     assert facts is not None  # _require_facts_with
     return ReplayBufferFile(
-        schema_version=v2.schema_version,
-        replay=v2.replay,
+        schema_version=version,
+        replay=replay,
         canonical_attempts=facts.canonical_attempts(),
     )
 
@@ -934,13 +975,27 @@ def decode_env_rollouts(path: Path, raw: Mapping[str, bytes]) -> EnvRolloutsFile
     return decoded
 
 
+def _check_facts_count(
+    path: Path, facts: LoadedFacts | None, digests: Mapping[str, SidecarDigest]
+) -> None:
+    """The group facts' count, before any file resolved from them is decoded: the other
+    files' counts (and version 3 replay metadata's order) come from them, and a bad index
+    is their cause."""
+    if facts is None:
+        return
+    advertised = digests[GROUP_FACTS_FILENAME].group_count
+    if facts.index.live_facts != advertised:
+        raise SnapshotCorruptError(
+            path / GROUP_FACTS_FILENAME,
+            f"holds {facts.index.live_facts} live facts; data_plane/metadata.json advertises "
+            f"{advertised}",
+        )
+
+
 def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -> None:
-    # The sidecar's count is checked by read_recovery_sidecar_file. The group facts first:
-    # the other files' counts come from them, and a bad index is their cause.
-    actual = {}
-    if snapshot.facts is not None:
-        actual[GROUP_FACTS_FILENAME] = snapshot.facts.index.live_facts
-    actual |= {
+    # The sidecar's count is checked by read_recovery_sidecar_file, the group facts' by
+    # _check_facts_count.
+    actual = {
         REPLAY_BUFFER_METADATA_FILENAME: len(snapshot.replay.replay.entries),
         REPLACEMENT_RESERVE_FILENAME: len(snapshot.spares.prompts),
         CONTROLLER_STATE_FILENAME: len(snapshot.controller.origins),
@@ -949,10 +1004,8 @@ def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -
         actual[ENV_ROLLOUTS_FILENAME] = len(snapshot.env_rollouts.episodes)
     for name, count in actual.items():
         if count != digests[name].group_count:
-            # The group facts' count is of live facts (an origin, a finalization), not groups.
-            what = "live facts" if name == GROUP_FACTS_FILENAME else "groups"
             raise SnapshotCorruptError(
                 snapshot.path / name,
-                f"holds {count} {what}; data_plane/metadata.json advertises "
+                f"holds {count} groups; data_plane/metadata.json advertises "
                 f"{digests[name].group_count}",
             )
