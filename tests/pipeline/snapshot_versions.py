@@ -48,6 +48,7 @@ from rollvault.dataplane.segmented import encode_live_bitmap
 from rollvault.ledger.indexed_sidecar import (
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
+    RUNS_SIDECAR_SCHEMA_VERSION,
     assemble_indexed_sidecar,
     decode_indexed_sidecar,
 )
@@ -133,13 +134,34 @@ def _user_metadata(metadata_path: Path) -> dict[str, Any]:
     return user_metadata
 
 
+def sidecar_as_version_7(state: dict[str, Any]) -> dict[str, Any]:
+    """A sidecar (builtins); a version 8 one as version 7: its index's runs as the pairs
+    they stand for (any other version as it is)."""
+    if state["schema_version"] != RUNS_SIDECAR_SCHEMA_VERSION:
+        return state
+    index = state["ledger_index"]
+    groups = [
+        [segment, ordinal]
+        for segment, first, count in index["runs"]
+        for ordinal in range(first, first + count)
+    ]
+    ledger_index = {"segments": index["segments"], "groups": groups}
+    return dict(state, schema_version=FACTS_APART_SIDECAR_SCHEMA_VERSION, ledger_index=ledger_index)
+
+
+def read_sidecar_json(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's sidecar as builtins, a version 8 one as version 7."""
+    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    return sidecar_as_version_7(state)
+
+
 def read_sidecar(snapshot: Path) -> dict[str, Any]:
     """The snapshot's sidecar as builtins, undecoded; a version 6 one as version 5 (inline).
 
     :func:`rewrite_sidecar` of the result is what the writer before ledger
     segments wrote: every group in the sidecar itself.
     """
-    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(snapshot)
     if state["schema_version"] == FACTS_APART_SIDECAR_SCHEMA_VERSION:
         state = sidecar_with_finalizer_maps(state, group_facts(snapshot))
     if state["schema_version"] == INDEXED_SIDECAR_SCHEMA_VERSION:
@@ -173,9 +195,9 @@ def facts_to_inline(snapshot: Path) -> None:
     """
     facts = group_facts(snapshot)
     encode = msgspec.json.Encoder(order="sorted").encode
-    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(snapshot)
     if state["schema_version"] != FACTS_APART_SIDECAR_SCHEMA_VERSION:
-        raise ValueError(f"expected a version 7 sidecar, got {state['schema_version']}")
+        raise ValueError(f"expected a version 7 or 8 sidecar, got {state['schema_version']}")
     rewrite_sidecar(snapshot, sidecar_with_finalizer_maps(state, facts))
     controller = json.loads((snapshot / CONTROLLER_STATE_FILENAME).read_bytes())
     controller.update(
@@ -350,7 +372,7 @@ def ledger_segments_to_form_1(snapshot: Path) -> str:
     only that one; returns its name. The segments the snapshot referenced
     before stay on disk (retention's business).
     """
-    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(snapshot)
     groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
     data = msgspec.json.Encoder(order="sorted").encode({"schema_version": V5, "groups": groups})
     name = f"{snapshot.name}-form1.ledger-segment.json"
@@ -374,7 +396,7 @@ def ledger_segments_to_form_2(snapshot: Path) -> str:
     a form 2 chain is read too. The segments the snapshot referenced before
     stay on disk (retention's business).
     """
-    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(snapshot)
     groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
     records = records_from_state(
         msgspec.convert({"schema_version": V5, "groups": groups}, LedgerState)

@@ -36,7 +36,7 @@ from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
     INDEXED_SIDECAR_SCHEMA_VERSION,
-    decode_ledger_index,
+    referenced_ledger_segment_files,
     sidecar_file_version,
 )
 from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIXES
@@ -94,7 +94,7 @@ def referenced_ledger_segments(snapshot_dirs: list[Path]) -> set[str]:
         if version < INDEXED_SIDECAR_SCHEMA_VERSION:
             continue
         try:
-            files |= {ref.file for ref in decode_ledger_index(data).segments}
+            files |= referenced_ledger_segment_files(data)
         except LedgerError as exc:
             raise SnapshotCorruptError(path, str(exc)) from exc
     return files

@@ -11,7 +11,8 @@
                                      holding each live group's current record, plus the
                                      controller state;
                                      since version 7 without the finalizer maps (in the
-                                     group facts)
+                                     group facts); since version 8 the index's groups
+                                     as runs of consecutive records
       replay_buffer_metadata.json    canonical groups waiting to train (before version 2
                                      also each one's attempts, now in the group facts);
                                      since version 3 only their order, each entry a
@@ -104,12 +105,14 @@ from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
+    RUNS_SIDECAR_SCHEMA_VERSION,
     LedgerIndex,
     LedgerSegmentRef,
     assemble_indexed_ledger,
     decode_facts_apart_sidecar,
     decode_indexed_sidecar,
-    encode_facts_apart_sidecar,
+    decode_runs_sidecar,
+    encode_runs_sidecar,
 )
 from rollvault.ledger.ledger_records import RecordChain, SegmentRecords, decode_ledger_segment
 from rollvault.ledger.records import PromptGroupRecoveryRecord
@@ -144,6 +147,11 @@ snapshot): each is a replay fact of the group facts (index version 2), written
 once, and the file holds their order (:class:`_ReplayBufferFileV3`)."""
 SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
 _FIRST_REPLAY_WITH_FACTS: Final = 2
+_FACTS_APART_SIDECAR_VERSIONS: Final = frozenset(
+    {FACTS_APART_SIDECAR_SCHEMA_VERSION, RUNS_SIDECAR_SCHEMA_VERSION}
+)
+"""Ledger sidecar versions whose finalizer maps are in the group facts (8: the index's
+groups as runs, :data:`~rollvault.ledger.indexed_sidecar.RUNS_SIDECAR_SCHEMA_VERSION`)."""
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -524,9 +532,10 @@ def _recovery_sidecar(
             f"the writer writes {writer.segments_dir}"
         )
     pending = writer.write(records, stem=_segment_stem(directory))
-    # The finalizer maps are in the group facts, written once per canonical group.
-    data = encode_facts_apart_sidecar(capture.recovery_state, pending.index)
-    return data, FACTS_APART_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
+    # The finalizer maps are in the group facts, written once per canonical group, and
+    # the index's groups are runs (version 8).
+    data = encode_runs_sidecar(capture.recovery_state, pending.index)
+    return data, RUNS_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
 
 
 def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> LoadedSnapshot:
@@ -624,9 +633,10 @@ def read_facts(path: Path, raw: Mapping[str, bytes]) -> LoadedFacts | None:
 
 
 def _facts_for_sidecar(
-    path: Path, digests: Mapping[str, SidecarDigest], facts: LoadedFacts | None
+    path: Path, digests: Mapping[str, SidecarDigest], facts: LoadedFacts | None, version: int
 ) -> LoadedFacts:
-    """The group facts a version 7 sidecar at ``path`` needs: ``facts``, or read beside it."""
+    """The group facts a version 7 or 8 sidecar at ``path`` needs: ``facts``, or read beside
+    it."""
     if facts is None:
         digest = digests.get(GROUP_FACTS_FILENAME)
         if digest is not None:
@@ -635,7 +645,7 @@ def _facts_for_sidecar(
     if facts is None:
         raise SnapshotCorruptError(
             path,
-            f"schema {FACTS_APART_SIDECAR_SCHEMA_VERSION} keeps its finalizer maps in "
+            f"schema {version} keeps its finalizer maps in "
             f"{GROUP_FACTS_FILENAME}, which data_plane/metadata.json does not advertise",
         )
     return facts
@@ -694,9 +704,9 @@ def read_recovery_sidecar_file(
 def read_recovery_sidecar_indexed(
     path: Path, digests: Mapping[str, SidecarDigest], *, facts: LoadedFacts | None = None
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
-    """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6
-    or 7 sidecar. ``facts``: the snapshot's group facts if already read (version 7 takes
-    its finalizer maps from them; else they are read beside it)."""
+    """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6,
+    7 or 8 sidecar. ``facts``: the snapshot's group facts if already read (versions 7 and
+    8 take their finalizer maps from them; else they are read beside it)."""
     digest = digests.get(path.name)
     if digest is None:
         raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
@@ -714,8 +724,13 @@ def read_recovery_sidecar_indexed(
     if cached is None:
         if digest.schema_version == INDEXED_SIDECAR_SCHEMA_VERSION:
             cached = _decode_indexed(path, data)
-        elif digest.schema_version == FACTS_APART_SIDECAR_SCHEMA_VERSION:
-            cached = _decode_indexed(path, data, _facts_for_sidecar(path, digests, facts))
+        elif digest.schema_version in _FACTS_APART_SIDECAR_VERSIONS:
+            cached = _decode_indexed(
+                path,
+                data,
+                _facts_for_sidecar(path, digests, facts, digest.schema_version),
+                version=digest.schema_version,
+            )
         else:
             cached = (decode_recovery_sidecar(path, data, digest), None)
         _LAST_DECODED.clear()
@@ -731,15 +746,24 @@ def read_recovery_sidecar_indexed(
 
 
 def _decode_indexed(
-    path: Path, data: bytes, facts: LoadedFacts | None = None
+    path: Path,
+    data: bytes,
+    facts: LoadedFacts | None = None,
+    *,
+    version: int = INDEXED_SIDECAR_SCHEMA_VERSION,
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger]:
-    """A version 6 sidecar, or a version 7 one with the finalizer maps of ``facts``, and
-    its ledger segments (beside the snapshot), checked."""
+    """A version 6 sidecar, or a version 7 or 8 one with the finalizer maps of ``facts``,
+    and its ledger segments (beside the snapshot), checked."""
     try:
         if facts is None:
             state = decode_indexed_sidecar(data)
         else:
-            state = decode_facts_apart_sidecar(
+            decode = (
+                decode_runs_sidecar
+                if version == RUNS_SIDECAR_SCHEMA_VERSION
+                else decode_facts_apart_sidecar
+            )
+            state = decode(
                 data,
                 finalizer_metrics_by_group=facts.metrics(),
                 finalizer_rewards_by_group=facts.rewards(),
@@ -800,7 +824,7 @@ def decode_recovery_sidecar(
     if expected_version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS:
         readable = SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS | {
             INDEXED_SIDECAR_SCHEMA_VERSION,
-            FACTS_APART_SIDECAR_SCHEMA_VERSION,
+            *_FACTS_APART_SIDECAR_VERSIONS,
         }
         supported = ", ".join(map(str, sorted(readable)))
         raise SnapshotCorruptError(
