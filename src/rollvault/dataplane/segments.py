@@ -14,7 +14,12 @@ group; a row's *ordinal* is its position over all groups. Per group ``g``:
   (int32) their byte lengths;
 - per field ``i``: ``"{g}/{i}/data"`` the arrays concatenated and
   ``"{g}/{i}/lengths"`` (int32) their lengths, or ``"{g}/{i}/values"`` the
-  scalars (int64, float64 or bool).
+  scalars (int64, float64 or bool). Since version 2, an array field whose
+  rows have the lengths of an earlier array field's rows has no lengths
+  tensor: the group's ``shared_lengths`` lists it as ``[i, j]``, and field
+  ``j``'s lengths are its. A token row's arrays (ids, logprobs, mask, weight
+  versions, advantages) are one length each: 4 bytes per row per field that
+  version 1 wrote again (~5 KB of a ~600 KB snapshot's rows, issue 16).
 
 The safetensors ``__metadata__`` holds ``rollvault_segment``, a JSON
 :class:`SegmentHeader`: version, partition, and each group's row count and
@@ -50,7 +55,9 @@ from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowArray, RowDtype, RowValue, RowView, row_dtype
 from rollvault.durable.segment_store import publish_segment
 
-SEGMENT_SCHEMA_VERSION: Final = 1
+SEGMENT_SCHEMA_VERSION: Final = 2
+"""The version written: 2 shares equal lengths tensors between array fields; 1 is still read."""
+SUPPORTED_SEGMENT_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 SEGMENT_METADATA_KEY: Final = "rollvault_segment"
 SEGMENT_FILE_SUFFIX: Final = ".segment.safetensors"
 _MAX_LENGTH: Final = 2**31 - 1
@@ -82,11 +89,20 @@ class FieldSpec(msgspec.Struct, array_like=True, forbid_unknown_fields=True, fro
     dtype: RowDtype
 
 
-class SchemaGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class SchemaGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """Rows of one schema: how many, and their fields in row order."""
 
     rows: NonNegativeInt
     fields: list[FieldSpec]
+    shared_lengths: list[tuple[NonNegativeInt, NonNegativeInt]] = msgspec.field(
+        default_factory=list
+    )
+    """Version 2: ``(field, earlier field)``, an array field whose lengths tensor is the
+    earlier array field's own (version 1 has none)."""
+
+    def lengths_source(self) -> dict[int, int]:
+        """Per array field sharing lengths, the field whose lengths tensor it reads."""
+        return dict(self.shared_lengths)
 
 
 class SegmentHeader(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -178,8 +194,15 @@ def _dtype_reader(shape: _Shape) -> Callable[[RowView], tuple[object, ...]]:
     return lambda row: tuple(map(dtype, values(row)))
 
 
-def encode_segment(partition: str, rows: Mapping[str, RowView]) -> tuple[bytes, tuple[str, ...]]:
-    """The bytes of a segment holding ``rows``, and its keys in ordinal order."""
+def encode_segment(
+    partition: str, rows: Mapping[str, RowView], *, version: int = SEGMENT_SCHEMA_VERSION
+) -> tuple[bytes, tuple[str, ...]]:
+    """The bytes of a segment holding ``rows``, and its keys in ordinal order.
+
+    ``version`` 1 writes every lengths tensor, as the writer before version 2 did
+    (for tests of older segments)."""
+    if version not in SUPPORTED_SEGMENT_SCHEMA_VERSIONS:
+        raise ValueError(f"no segment schema_version {version}")
     by_schema: dict[tuple[FieldSpec, ...], list[str]] = {}
     schemas = _Schemas()
     for key in sorted(rows):
@@ -188,23 +211,29 @@ def encode_segment(partition: str, rows: Mapping[str, RowView]) -> tuple[bytes, 
     groups = []
     ordered: list[str] = []
     for index, (schema, keys) in enumerate(by_schema.items()):
-        groups.append(SchemaGroup(rows=len(keys), fields=list(schema)))
         ordered += keys
         encoded_keys = [key.encode("utf-8") for key in keys]
         tensors[f"{index}/keys"] = np.frombuffer(b"".join(encoded_keys), dtype=np.uint8)
         tensors[f"{index}/key_lengths"] = _lengths([len(key) for key in encoded_keys])
+        own_lengths: dict[tuple[int, ...], int] = {}
+        shared: list[tuple[int, int]] = []
         for position, spec in enumerate(schema):
             values = [rows[key][spec.name] for key in keys]
             prefix = f"{index}/{position}"
             if spec.kind is FieldKind.ARRAY:
                 arrays: list[RowArray] = values  # type: ignore[assignment]
                 tensors[f"{prefix}/data"] = np.concatenate(arrays)
-                tensors[f"{prefix}/lengths"] = _lengths([array.shape[0] for array in arrays])
+                lengths = tuple(array.shape[0] for array in arrays)
+                source = own_lengths.get(lengths) if version >= 2 else None
+                if source is None:
+                    own_lengths[lengths] = position
+                    tensors[f"{prefix}/lengths"] = _lengths(list(lengths))
+                else:
+                    shared.append((position, source))
             else:
                 tensors[f"{prefix}/values"] = np.array(values, dtype=spec.dtype.value)
-    header = SegmentHeader(
-        schema_version=SEGMENT_SCHEMA_VERSION, partition=partition, groups=groups
-    )
+        groups.append(SchemaGroup(rows=len(keys), fields=list(schema), shared_lengths=shared))
+    header = SegmentHeader(schema_version=version, partition=partition, groups=groups)
     metadata = {SEGMENT_METADATA_KEY: msgspec.json.encode(header).decode()}
     return safetensors.numpy.save(tensors, metadata=metadata), tuple(ordered)
 
@@ -299,21 +328,46 @@ def _read_header(path: Path, data: bytes) -> SegmentHeader:
         header = msgspec.json.decode(text, type=SegmentHeader, strict=True)
     except (struct.error, msgspec.MsgspecError, KeyError, TypeError) as exc:
         raise DataPlaneCheckpointError(path, f"invalid segment header: {exc}") from exc
-    if header.schema_version != SEGMENT_SCHEMA_VERSION:
+    if header.schema_version not in SUPPORTED_SEGMENT_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, sorted(SUPPORTED_SEGMENT_SCHEMA_VERSIONS)))
         raise DataPlaneCheckpointError(
             path,
             f"unsupported segment schema_version {header.schema_version} "
-            f"(this build reads {SEGMENT_SCHEMA_VERSION})",
+            f"(this build reads {readable})",
         )
+    for index, group in enumerate(header.groups):
+        _check_shared_lengths(path, header.schema_version, index, group)
     return header
+
+
+def _check_shared_lengths(path: Path, version: int, index: int, group: SchemaGroup) -> None:
+    """Each sharing field is an array field once, reading an earlier array field's own
+    lengths tensor (never another sharer's: no chains, no cycles); version 1 shares none."""
+    where = f"invalid segment header: groups[{index}].shared_lengths"
+    if version < 2 and group.shared_lengths:
+        raise DataPlaneCheckpointError(path, f"{where}: version {version} shares no lengths")
+    sources = group.lengths_source()
+    if len(sources) != len(group.shared_lengths):
+        raise DataPlaneCheckpointError(path, f"{where}: a field is listed twice")
+    arrays = {i for i, spec in enumerate(group.fields) if spec.kind is FieldKind.ARRAY}
+    for field, source in group.shared_lengths:
+        if field not in arrays or source not in arrays or source >= field or source in sources:
+            raise DataPlaneCheckpointError(
+                path,
+                f"{where}: [{field}, {source}] is not an array field reading an earlier "
+                "array field's own lengths",
+            )
 
 
 def _expected_tensors(header: SegmentHeader) -> set[str]:
     names = set()
     for index, group in enumerate(header.groups):
         names |= {f"{index}/keys", f"{index}/key_lengths"}
+        shared = group.lengths_source()
         for position, spec in enumerate(group.fields):
-            suffixes = ("data", "lengths") if spec.kind is FieldKind.ARRAY else ("values",)
+            suffixes: tuple[str, ...] = ("values",)
+            if spec.kind is FieldKind.ARRAY:
+                suffixes = ("data",) if position in shared else ("data", "lengths")
             names |= {f"{index}/{position}/{suffix}" for suffix in suffixes}
     return names
 
@@ -336,8 +390,17 @@ def _decode_rows(
     for index, group in enumerate(header.groups):
         group_keys = _group_keys(path, index, group, tensors)
         keep = None if wanted is None else wanted[ordinal : ordinal + group.rows]
+        shared = group.lengths_source()
         columns = [
-            _column(path, f"{index}/{position}", spec, group.rows, tensors, keep)
+            _column(
+                path,
+                f"{index}/{position}",
+                spec,
+                group.rows,
+                tensors,
+                keep,
+                lengths_of=f"{index}/{shared.get(position, position)}",
+            )
             for position, spec in enumerate(group.fields)
         ]
         names = [spec.name for spec in group.fields]
@@ -450,11 +513,15 @@ def _column(
     rows: int,
     tensors: Mapping[str, RowArray],
     keep: Sequence[bool] | None,
+    *,
+    lengths_of: str,
 ) -> list[RowValue | None]:
+    """The field's values; an array field's lengths are those of the field ``lengths_of``
+    (its own prefix, or the earlier field whose lengths it shares)."""
     if spec.kind is FieldKind.ARRAY:
-        data, lengths = tensors[f"{prefix}/data"], tensors[f"{prefix}/lengths"]
+        data, lengths = tensors[f"{prefix}/data"], tensors[f"{lengths_of}/lengths"]
         _checked(path, f"{prefix}/data", data, spec.dtype, None)
-        _checked(path, f"{prefix}/lengths", lengths, RowDtype.INT32, rows)
+        _checked(path, f"{lengths_of}/lengths", lengths, RowDtype.INT32, rows)
         return list(_split(path, f"{prefix}/data", data, lengths, keep))
     values = tensors[f"{prefix}/values"]
     if spec.dtype is not _SCALAR_DTYPES[spec.kind]:
