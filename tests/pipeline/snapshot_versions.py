@@ -136,7 +136,7 @@ def _user_metadata(metadata_path: Path) -> dict[str, Any]:
 
 def sidecar_as_version_7(state: dict[str, Any]) -> dict[str, Any]:
     """A sidecar (builtins); a version 8 one as version 7: its index's runs as the pairs
-    they stand for (any other version as it is)."""
+    they stand for, its segments as objects (any other version as it is)."""
     if state["schema_version"] != RUNS_SIDECAR_SCHEMA_VERSION:
         return state
     index = state["ledger_index"]
@@ -145,7 +145,9 @@ def sidecar_as_version_7(state: dict[str, Any]) -> dict[str, Any]:
         for segment, first, count in index["runs"]
         for ordinal in range(first, first + count)
     ]
-    ledger_index = {"segments": index["segments"], "groups": groups}
+    fields = ("file", "sha256", "byte_size", "record_count")
+    segments = [dict(zip(fields, row, strict=True)) for row in index["segments"]]
+    ledger_index = {"segments": segments, "groups": groups}
     return dict(state, schema_version=FACTS_APART_SIDECAR_SCHEMA_VERSION, ledger_index=ledger_index)
 
 

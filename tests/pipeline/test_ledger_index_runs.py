@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from pipeline_helpers import small_config
 from snapshot_versions import advertise_sidecar, rewrite_sidecar, sidecar_as_version_7
@@ -27,6 +28,7 @@ from rollvault.ledger.indexed_sidecar import (
     LedgerIndex,
     LedgerRunsIndex,
     LedgerSegmentRef,
+    LedgerSegmentRow,
     expand_runs,
     index_runs,
 )
@@ -46,6 +48,9 @@ def test_runs_stand_for_exactly_the_pairs_they_were_made_of() -> None:
     runs = index_runs(index)
     assert runs.runs == [(0, 0, 3), (1, 4, 1), (0, 3, 1), (0, 5, 1), (1, 0, 2), (0, 9, 1)]
     assert expand_runs(runs) == index
+    assert msgspec.json.encode(runs.segments[1]) == (
+        b'["b.ledger-segment.msgpack","' + b"0" * 64 + b'",1,5]'
+    )
     assert index_runs(LedgerIndex(segments=segments, groups=[])).runs == []
 
 
@@ -59,7 +64,8 @@ def test_runs_stand_for_exactly_the_pairs_they_were_made_of() -> None:
 def test_a_run_outside_its_segment_or_the_listed_ones_is_refused(
     runs: list[tuple[int, int, int]], problem: str
 ) -> None:
-    index = LedgerRunsIndex(segments=[_ref("a", 10), _ref("b", 5)], runs=runs)
+    segments = [LedgerSegmentRow.of(_ref("a", 10)), LedgerSegmentRow.of(_ref("b", 5))]
+    index = LedgerRunsIndex(segments=segments, runs=runs)
     with pytest.raises(LedgerStateError) as caught:
         expand_runs(index)
     assert problem in str(caught.value)

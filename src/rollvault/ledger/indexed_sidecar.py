@@ -277,7 +277,7 @@ Version 7's index names each live group's newest record as a pair,
 ``[segment position, ordinal]``: ~8 bytes a group, 10.8 KB at 1,024 groups
 in every snapshot, though the groups unchanged since a segment was written
 sit there in ledger order, one after the other. Version 8 is version 7 with
-``ledger_index.groups`` written as ``ledger_index.runs``: triples
+``ledger_index.groups`` written as ``ledger_index.runs`` (and each listed segment as an array, :class:`LedgerSegmentRow`): triples
 ``[segment position, first ordinal, count]`` standing for the pairs
 ``[segment position, first ordinal + k]``, k < count, in ledger order (~90
 runs at 1,024 groups in the benchmark's steady state). Decoded, it is version
@@ -285,10 +285,32 @@ runs at 1,024 groups in the benchmark's steady state). Decoded, it is version
 names the group by its place in the expanded list, ``$.ledger_index.groups[k]``."""
 
 
-class LedgerRunsIndex(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """Version 8's index: :class:`LedgerIndex` with its groups as runs."""
+class LedgerSegmentRow(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A :class:`LedgerSegmentRef` as version 8 writes it: ``[file, sha256, byte_size,
+    record_count]``, its bounds kept, without the field names every snapshot repeated."""
 
-    segments: list[LedgerSegmentRef]
+    file: LedgerSegmentFileName
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    byte_size: _NonNegativeInt
+    record_count: Annotated[int, msgspec.Meta(ge=1)]
+
+    @classmethod
+    def of(cls, ref: LedgerSegmentRef) -> LedgerSegmentRow:
+        return cls(ref.file, ref.sha256, ref.byte_size, ref.record_count)
+
+    def ref(self) -> LedgerSegmentRef:
+        return LedgerSegmentRef(
+            file=self.file,
+            sha256=self.sha256,
+            byte_size=self.byte_size,
+            record_count=self.record_count,
+        )
+
+
+class LedgerRunsIndex(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Version 8's index: :class:`LedgerIndex` with its segments as rows, its groups as runs."""
+
+    segments: list[LedgerSegmentRow]
     runs: list[tuple[_NonNegativeInt, _NonNegativeInt, Annotated[int, msgspec.Meta(ge=1)]]]
     """``(position in segments, first record ordinal, count)``, in ledger order."""
 
@@ -315,7 +337,7 @@ def index_runs(index: LedgerIndex) -> LedgerRunsIndex:
             runs[-1] = (segment, runs[-1][1], runs[-1][2] + 1)
         else:
             runs.append((segment, ordinal, 1))
-    return LedgerRunsIndex(segments=index.segments, runs=runs)
+    return LedgerRunsIndex(segments=[LedgerSegmentRow.of(ref) for ref in index.segments], runs=runs)
 
 
 def expand_runs(index: LedgerRunsIndex) -> LedgerIndex:
@@ -325,7 +347,7 @@ def expand_runs(index: LedgerRunsIndex) -> LedgerIndex:
     count can make this build); anything else about the pairs is checked where
     version 7's are (:func:`assemble_indexed_ledger`).
     """
-    refs = index.segments
+    refs = [row.ref() for row in index.segments]
     groups: list[tuple[int, int]] = []
     for position, (segment, first, count) in enumerate(index.runs):
         where = f"{_WHAT} $.ledger_index.runs[{position}]"
