@@ -43,6 +43,7 @@ from rollvault.controller.snapshots.fact_segments import (
     FactSegmentWriter,
     FactsError,
     LoadedFacts,
+    encode_group_facts_file,
     read_group_facts,
     replay_in_order,
 )
@@ -121,7 +122,7 @@ def commit(checkpoint_dir: Path) -> None:
             tmp / DATA_PLANE_DIRNAME, rows, {}, stem=tmp.name[13:]
         )
         pending = writer.write(origins, identities, finalized, stem=tmp.name[13:], replay=replay)
-        (tmp / GROUP_FACTS_FILENAME).write_bytes(msgspec.json.encode(pending.index))
+        (tmp / GROUP_FACTS_FILENAME).write_bytes(encode_group_facts_file(pending.index))
         (tmp / REPLAY_ORDER_FILENAME).write_bytes(msgspec.json.encode(pending.replay_order))
 
     publish_snapshot(

@@ -42,6 +42,7 @@ from rollvault.controller.snapshots.fact_segments import (
     GROUP_FACTS_FILENAME,
     FactSeed,
     FactSegmentWriter,
+    encode_group_facts_file,
     read_group_facts,
 )
 from rollvault.controller.snapshots.restorer import RolloutRestorer
@@ -77,8 +78,17 @@ def _config(tmp_path: Path) -> RunConfig:
     return small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
 
 
+_REF_FIELDS = ("file", "sha256", "byte_size", "fact_count", "live_facts", "live")
+
+
 def _index(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's ``group_facts.json`` as builtins, each segment as an object (version
+    2 writes each as an array of the same fields)."""
     index: dict[str, Any] = json.loads((snapshot / GROUP_FACTS_FILENAME).read_bytes())
+    if index["schema_version"] == 2:
+        rows = index["segments"]
+        assert all(isinstance(row, list) for row in rows)
+        index["segments"] = [dict(zip(_REF_FIELDS, row, strict=True)) for row in rows]
     return index
 
 
@@ -252,6 +262,9 @@ def test_a_missing_or_damaged_fact_segment_rejects_its_snapshot_and_restore_fall
 def _rewrite_index(snapshot: Path, index: dict[str, Any]) -> str:
     """Write ``index`` as the snapshot's ``group_facts.json``, advertised anew, and return
     the one problem a restorable verification finds."""
+    if index["schema_version"] == 2:
+        rows = [[ref[name] for name in _REF_FIELDS] for ref in index["segments"]]
+        index = dict(index, segments=rows)
     data = msgspec.json.encode(index)
     (snapshot / GROUP_FACTS_FILENAME).write_bytes(data)
     metadata_path = snapshot / DATA_PLANE_DIRNAME / "metadata.json"
@@ -397,7 +410,7 @@ def test_beyond_the_bound_the_smallest_fact_segments_are_merged(
         referenced.append(len(pending.info.referenced))
     assert max(referenced) <= 4 + 1 and referenced[-1] < 11
     path = tmp_path / "index.json"
-    data = msgspec.json.encode(pending.index)
+    data = encode_group_facts_file(pending.index)
     assert read_group_facts(path, data, tmp_path).origins == _origins(range(11))
 
 
@@ -408,7 +421,7 @@ def test_a_seeded_writer_writes_nothing_for_the_facts_it_was_seeded_with(tmp_pat
     finalized = {"g1": _finalized(1)}
     pending = writer.write(origins, identities, finalized, stem="000001")
     writer.committed(pending)
-    loaded = read_group_facts(tmp_path / "i.json", msgspec.json.encode(pending.index), tmp_path)
+    loaded = read_group_facts(tmp_path / "i.json", encode_group_facts_file(pending.index), tmp_path)
     assert (loaded.origins, loaded.prompt_identities, loaded.finalized) == (
         origins,
         identities,

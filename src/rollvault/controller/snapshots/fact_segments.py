@@ -95,6 +95,7 @@ MAX_REFERENCED: Final = 32
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 _GroupId = Annotated[str, msgspec.Meta(min_length=1)]
+_INDEX_ENCODER: Final = msgspec.json.Encoder(order="sorted")
 FactSegmentFileName = Annotated[
     str,
     msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}\.facts-segment\.(json|msgpack)$"),
@@ -122,8 +123,46 @@ class FactSegmentRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     """Base64 of the bitmap of live ordinals (little-endian bit order)."""
 
 
+class FactSegmentRow(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A :class:`FactSegmentRef` as version 2 writes it: ``[file, sha256, byte_size,
+    fact_count, live_facts, live]``, its bounds kept, without the field names."""
+
+    file: FactSegmentFileName
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    byte_size: _NonNegativeInt
+    fact_count: Annotated[int, msgspec.Meta(ge=1)]
+    live_facts: _NonNegativeInt
+    live: str
+
+    @classmethod
+    def of(cls, ref: FactSegmentRef) -> FactSegmentRow:
+        return cls(ref.file, ref.sha256, ref.byte_size, ref.fact_count, ref.live_facts, ref.live)
+
+    def ref(self) -> FactSegmentRef:
+        return FactSegmentRef(
+            file=self.file,
+            sha256=self.sha256,
+            byte_size=self.byte_size,
+            fact_count=self.fact_count,
+            live_facts=self.live_facts,
+            live=self.live,
+        )
+
+
+class _GroupFactsFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``group_facts.json`` version 2 as it is on disk: each segment a row."""
+
+    schema_version: int
+    segments: list[FactSegmentRow]
+
+
+class _Versioned(msgspec.Struct):
+    schema_version: int
+
+
 class GroupFactsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """``group_facts.json``: the fact segments a snapshot references."""
+    """``group_facts.json``: the fact segments a snapshot references (version 1 on disk
+    exactly; version 2 writes each as a :class:`FactSegmentRow`)."""
 
     schema_version: int
     segments: list[FactSegmentRef]
@@ -409,17 +448,33 @@ class LoadedFacts:
         return {g: f.metrics_dict() for g, f in self.finalized.items()}
 
 
+def encode_group_facts_file(index: GroupFactsFile) -> bytes:
+    """The bytes of ``group_facts.json`` for ``index``: version 2, each segment a row."""
+    if index.schema_version != GROUP_FACTS_SCHEMA_VERSION:
+        raise ValueError(f"only version {GROUP_FACTS_SCHEMA_VERSION} is written")
+    on_disk = _GroupFactsFileV2(
+        schema_version=index.schema_version,
+        segments=[FactSegmentRow.of(ref) for ref in index.segments],
+    )
+    return _INDEX_ENCODER.encode(on_disk)
+
+
 def decode_group_facts_file(path: Path, data: bytes) -> GroupFactsFile:
     """``group_facts.json``'s bytes, strictly decoded and checked (no segment is read)."""
     try:
-        index = msgspec.json.decode(data, type=GroupFactsFile, strict=True)
+        version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
+        if version not in SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS:
+            supported = ", ".join(map(str, sorted(SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS)))
+            raise FactsError(path, f"unsupported schema_version {version} (supported: {supported})")
+        if version == 1:
+            index = msgspec.json.decode(data, type=GroupFactsFile, strict=True)
+        else:
+            rows = msgspec.json.decode(data, type=_GroupFactsFileV2, strict=True)
+            index = GroupFactsFile(
+                schema_version=version, segments=[row.ref() for row in rows.segments]
+            )
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise FactsError(path, str(exc)) from exc
-    if index.schema_version not in SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS:
-        supported = ", ".join(map(str, sorted(SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS)))
-        raise FactsError(
-            path, f"unsupported schema_version {index.schema_version} (supported: {supported})"
-        )
     seen: set[str] = set()
     for position, ref in enumerate(index.segments):
         if ref.file in seen:

@@ -89,6 +89,7 @@ from rollvault.controller.snapshots.fact_segments import (
     FactSegmentWriter,
     FactsError,
     LoadedFacts,
+    encode_group_facts_file,
     read_group_facts,
     replay_in_order,
 )
@@ -455,7 +456,7 @@ def write_snapshot_payload(
         REPLACEMENT_RESERVE_FILENAME: _ENCODER.encode(capture.spares),
         CONTROLLER_STATE_FILENAME: _ENCODER.encode(_on_disk_controller_state(controller)),
         ENV_ROLLOUTS_FILENAME: _ENCODER.encode(capture.env_rollouts),
-        GROUP_FACTS_FILENAME: _ENCODER.encode(pending_facts.index),
+        GROUP_FACTS_FILENAME: encode_group_facts_file(pending_facts.index),
     }
     counts = {
         ROLLOUT_RECOVERY_STATE_FILENAME: (sidecar_version, group_count),
