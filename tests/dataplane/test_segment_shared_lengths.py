@@ -135,3 +135,39 @@ def test_an_unknown_segment_version_is_refused_naming_it(tmp_path: Path) -> None
         _read(path, _with_header(data, header), len(rows))
     assert caught.value.path == path
     assert "unsupported segment schema_version 3 (this build reads 1, 2)" in str(caught.value)
+
+
+def test_each_key_keeps_only_what_follows_the_prefix_it_shares_with_the_key_before(
+    tmp_path: Path,
+) -> None:
+    group = "189bc5c6f98a46249273c65cf967c560"
+    rows = {
+        key: validate_row(STAGING_PARTITION, key, sample_row(n))
+        for n, key in enumerate([*(f"{group}_g{i}" for i in range(12)), "ключ", "ключи", "z"])
+    }
+    data, keys = encode_segment(STAGING_PARTITION, rows)
+    tensors = safetensors.numpy.load(data)
+    shared = tensors["0/key_shared"].tolist()
+    assert keys == tuple(sorted(rows))
+    assert shared[0] == 0 and shared[1] == len(group) + 2  # "<group>_g0" then "<group>_g1"
+    assert shared[keys.index("ключи")] == len("ключ")
+    assert tensors["0/keys"].tobytes().count(group.encode()) == 1
+    loaded = _read(tmp_path / "s.segment.safetensors", data, len(rows))
+    assert list(loaded) == list(keys)
+    for key, row in rows.items():
+        assert_rows_identical(dict(loaded[key]), dict(row))
+    old, _ = encode_segment(STAGING_PARTITION, rows, version=1)
+    assert len(old) - len(data) > 10 * len(group)
+
+
+def test_a_key_sharing_more_than_the_key_before_holds_is_refused(tmp_path: Path) -> None:
+    rows = {key: validate_row(STAGING_PARTITION, key, sample_row(1)) for key in ("a", "b")}
+    data, _keys = encode_segment(STAGING_PARTITION, rows)
+    tensors = safetensors.numpy.load(data)
+    tensors["0/key_shared"] = np.array([0, 2], dtype=np.uint8)
+    metadata = {SEGMENT_METADATA_KEY: json.dumps(_header(data))}
+    path = tmp_path / "s.segment.safetensors"
+    with pytest.raises(DataPlaneCheckpointError) as caught:
+        _read(path, bytes(safetensors.numpy.save(tensors, metadata=metadata)), 2)
+    assert caught.value.path == path
+    assert "tensor '0/key_shared'[1]: 2 characters of a key of 1" in str(caught.value)

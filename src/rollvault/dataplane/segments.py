@@ -11,10 +11,13 @@ scalar), groups in order of first appearance, rows sorted by key inside a
 group; a row's *ordinal* is its position over all groups. Per group ``g``:
 
 - ``"{g}/keys"`` (uint8) the UTF-8 keys concatenated, ``"{g}/key_lengths"``
-  (int32) their byte lengths;
+  (int32) their byte lengths (version 2: of what follows each key's shared prefix);
 - per field ``i``: ``"{g}/{i}/data"`` the arrays concatenated and
   ``"{g}/{i}/lengths"`` (int32) their lengths, or ``"{g}/{i}/values"`` the
-  scalars (int64, float64 or bool). Since version 2, an array field whose
+  scalars (int64, float64 or bool). Since version 2, ``"{g}/key_shared"`` (uint8)
+  is per key how many characters it shares with the key before it (keys are
+  sorted: a canonical group's 16 row keys share its group id), and ``keys``
+  holds only the rest of each key; and an array field whose
   rows have the lengths of an earlier array field's rows has no lengths
   tensor: the group's ``shared_lengths`` lists it as ``[i, j]``, and field
   ``j``'s lengths are its. A token row's arrays (ids, logprobs, mask, weight
@@ -56,11 +59,14 @@ from rollvault.dataplane.rows import RowArray, RowDtype, RowValue, RowView, row_
 from rollvault.durable.segment_store import publish_segment
 
 SEGMENT_SCHEMA_VERSION: Final = 2
-"""The version written: 2 shares equal lengths tensors between array fields; 1 is still read."""
+"""The version written: 2 shares equal lengths tensors between array fields and each key's
+prefix with the key before it; 1 is still read."""
 SUPPORTED_SEGMENT_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 SEGMENT_METADATA_KEY: Final = "rollvault_segment"
 SEGMENT_FILE_SUFFIX: Final = ".segment.safetensors"
 _MAX_LENGTH: Final = 2**31 - 1
+_MAX_SHARED: Final = 255
+"""Most characters a key's ``key_shared`` entry (uint8) takes from the key before it."""
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -212,7 +218,12 @@ def encode_segment(
     ordered: list[str] = []
     for index, (schema, keys) in enumerate(by_schema.items()):
         ordered += keys
-        encoded_keys = [key.encode("utf-8") for key in keys]
+        suffixes: list[str] = keys
+        if version >= 2:
+            shared_chars = _shared_prefixes(keys)
+            suffixes = [key[n:] for key, n in zip(keys, shared_chars, strict=True)]
+            tensors[f"{index}/key_shared"] = np.array(shared_chars, dtype=np.uint8)
+        encoded_keys = [suffix.encode("utf-8") for suffix in suffixes]
         tensors[f"{index}/keys"] = np.frombuffer(b"".join(encoded_keys), dtype=np.uint8)
         tensors[f"{index}/key_lengths"] = _lengths([len(key) for key in encoded_keys])
         own_lengths: dict[tuple[int, ...], int] = {}
@@ -236,6 +247,22 @@ def encode_segment(
     header = SegmentHeader(schema_version=version, partition=partition, groups=groups)
     metadata = {SEGMENT_METADATA_KEY: msgspec.json.encode(header).decode()}
     return safetensors.numpy.save(tensors, metadata=metadata), tuple(ordered)
+
+
+def _shared_prefixes(keys: Sequence[str]) -> list[int]:
+    """Per key (sorted), the characters it shares with the key before it, at most
+    :data:`_MAX_SHARED` (the first shares none)."""
+    shared = [0]
+    for before, key in pairwise(keys):
+        low, high = 0, min(len(before), len(key), _MAX_SHARED)
+        while low < high:  # a binary search of C-level startswith, not a loop per character
+            middle = (low + high + 1) // 2
+            if key.startswith(before[:middle]):
+                low = middle
+            else:
+                high = middle - 1
+        shared.append(low)
+    return shared
 
 
 def _lengths(lengths: list[int]) -> RowArray:
@@ -363,6 +390,8 @@ def _expected_tensors(header: SegmentHeader) -> set[str]:
     names = set()
     for index, group in enumerate(header.groups):
         names |= {f"{index}/keys", f"{index}/key_lengths"}
+        if header.schema_version >= 2:
+            names.add(f"{index}/key_shared")
         shared = group.lengths_source()
         for position, spec in enumerate(group.fields):
             suffixes: tuple[str, ...] = ("values",)
@@ -501,8 +530,29 @@ def _group_keys(
             keys = [blob[start:end].decode("utf-8") for start, end in pairwise(bounds)]
     except UnicodeDecodeError as exc:
         raise DataPlaneCheckpointError(path, f"tensor '{index}/keys': not UTF-8: {exc}") from exc
+    shared = tensors.get(f"{index}/key_shared")
+    if shared is not None:  # version 2: each key is its suffix after what it shares
+        _checked(path, f"{index}/key_shared", shared, RowDtype.UINT8, group.rows)
+        keys = _unshared(path, index, keys, shared.tolist())
     if not all(keys):
         raise DataPlaneCheckpointError(path, f"tensor '{index}/keys' holds an empty key")
+    return keys
+
+
+def _unshared(path: Path, index: int, suffixes: list[str], shared: list[int]) -> list[str]:
+    """The keys whose suffixes are ``suffixes``, each after ``shared`` characters of the
+    key before it."""
+    keys = []
+    before = ""
+    for position, (suffix, count) in enumerate(zip(suffixes, shared, strict=True)):
+        if count > len(before):
+            raise DataPlaneCheckpointError(
+                path,
+                f"tensor '{index}/key_shared'[{position}]: {count} characters of a key of "
+                f"{len(before)}",
+            )
+        before = before[:count] + suffix
+        keys.append(before)
     return keys
 
 
