@@ -169,7 +169,8 @@ def counts_from_files(snapshot: Path) -> dict[str, Any]:
         "mutation_version": manifest["mutation_version"],
         "rolled_back": manifest["rolled_back_train_group_count"],
         "groups": {k: v for k, v in Counter(g["status"] for g in groups).items() if v},
-        "canonical": len(load("replay_buffer_metadata.json")["replay"]["entries"]),
+        # Version 3: the entries are replay facts, the file their order as (first, count) runs.
+        "canonical": sum(count for _first, count in load("replay_buffer_metadata.json")["order"]),
         "sealed": current["sealed"],
         "in_flight": current["reserved"] + current["dispatched"],
         "staged": rows.get("rollout_staging", 0),

@@ -308,8 +308,10 @@ def test_a_segment_holding_a_key_twice_is_refused_naming_it(tmp_path: Path) -> N
     segment = write_segment(tmp_path, "1-s.segment.safetensors", STAGING_PARTITION, rows)
     path = tmp_path / segment.file
     data = path.read_bytes()
-    assert data.count(b"dup-xdup-y") == 1  # the one group's keys, concatenated
-    path.write_bytes(data.replace(b"dup-xdup-y", b"dup-xdup-x"))
+    # The one group's keys, concatenated; the second after the 4 characters it shares with
+    # the first (version 2).
+    assert data.count(b"dup-xy") == 1
+    path.write_bytes(data.replace(b"dup-xy", b"dup-xx"))
     with pytest.raises(DataPlaneCheckpointError, match="segment holds key 'dup-x' twice"):
         read_segment(
             path,

@@ -6,12 +6,14 @@ test starts it with ``ROLLVAULT_FAULT_KILL_AT``/``ROLLVAULT_FAULT_TRACE`` set
 
 The facts at step ``s`` are two groups per step ``t`` in ``s - 1..s`` (dataset
 indices ``2t`` and ``2t + 1``): each has its origin, and those of ``t < s``
-are finalized; so every step adds two origins, finalizes two groups and drops
-the two oldest (their facts die, and segments go sparse, are compacted and
-collected). A step restores the newest committed snapshot's facts (seeding
+are finalized and wait in the replay index (their replay entries, newest
+first, so their order is not the facts'); so every step adds two origins,
+finalizes two groups and drops the two oldest (their facts die, and segments
+go sparse, are compacted and collected). A step restores the newest committed snapshot's facts (seeding
 the fact writer, as a restarted run does), moves one step on, and publishes
 a snapshot as the checkpointer does: the new facts into a fact segment, the
-index as ``group_facts.json`` (the step is the manifest's dispatch index), an
+index as ``group_facts.json`` and the replay order as ``replay_order.json`` (the
+step is the manifest's dispatch index), an
 empty data plane (what segment retention reads), commit, retention (keep 2),
 then segment collection.
 
@@ -32,15 +34,18 @@ from typing import Any
 import msgspec
 from segment_crash_support import KEEP_LATEST_K, files_in, manifest_for
 
+from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
+from rollvault.controller.snapshots.fact_forms import FACT_SEGMENT_SUFFIXES
 from rollvault.controller.snapshots.fact_segments import (
-    FACT_SEGMENT_SUFFIX,
     GROUP_FACTS_FILENAME,
     FactSeed,
     FactSegmentWriter,
     FactsError,
     LoadedFacts,
+    encode_group_facts_file,
     read_group_facts,
+    replay_in_order,
 )
 from rollvault.controller.snapshots.segment_retention import (
     collect_segments,
@@ -66,21 +71,36 @@ def finalization(idx: int) -> FinalizedGroup:
     )
 
 
-def expected(step: int) -> tuple[dict[str, GroupOrigin], dict[str, str], dict[str, FinalizedGroup]]:
-    """The origins, prompt identities and finalizations a snapshot of ``step`` holds."""
+Facts = tuple[dict[str, GroupOrigin], dict[str, str], dict[str, FinalizedGroup], list[ReplayEntry]]
+REPLAY_ORDER_FILENAME = "replay_order.json"
+
+
+def expected(step: int) -> Facts:
+    """The origins, prompt identities, finalizations and replay entries (in the replay
+    index's order) a snapshot of ``step`` holds."""
     steps = range(max(1, step - 1), step + 1)
     indices = [idx for t in steps for idx in (2 * t, 2 * t + 1)]
     origins = {f"g{idx}": GroupOrigin(epoch=0, dataset_idx=idx) for idx in indices}
     identities = {f"g{idx}": f"{idx:064x}" for idx in indices}
     finalized = {f"g{idx}": finalization(idx) for idx in indices if idx // 2 < step}
-    return origins, identities, finalized
+    replay = [
+        ReplayEntry(f"g{idx}", str(idx), 0, idx, idx + 1, idx // 2)
+        for idx in reversed(indices)
+        if idx // 2 < step
+    ]
+    return origins, identities, finalized, replay
 
 
-def read(snapshot: Path) -> tuple[int, LoadedFacts]:
-    """The snapshot's step and its facts, checked as restore checks them."""
+def read(snapshot: Path) -> tuple[int, Facts, LoadedFacts]:
+    """The snapshot's step, its facts (the replay entries in the order its runs give) and
+    the loaded index, checked as restore checks them."""
     step = read_snapshot_manifest(snapshot).sampler_dispatch_index
     path = snapshot / GROUP_FACTS_FILENAME
-    return step, read_group_facts(path, path.read_bytes(), segments_dir_for(snapshot))
+    facts = read_group_facts(path, path.read_bytes(), segments_dir_for(snapshot))
+    order_path = snapshot / REPLAY_ORDER_FILENAME
+    runs = msgspec.json.decode(order_path.read_bytes(), type=list[tuple[int, int]])
+    replay = replay_in_order(order_path, facts, runs)
+    return step, (facts.origins, facts.prompt_identities, facts.finalized, replay), facts
 
 
 def commit(checkpoint_dir: Path) -> None:
@@ -91,18 +111,19 @@ def commit(checkpoint_dir: Path) -> None:
     writer = FactSegmentWriter(segments_dir_for(root / "snapshot_0"))
     step = 0
     if committed:
-        step, loaded = read(committed[-1])
+        step, _found, loaded = read(committed[-1])
         writer = FactSeed(writer.segments_dir, loaded).writer()
     step += 1
-    origins, identities, finalized = expected(step)
+    origins, identities, finalized, replay = expected(step)
     rows = EmbeddedDataPlane(DataPlaneMutationCut()).capture()  # no rows: retention reads it
 
     def payload(tmp: Path) -> None:
         SegmentedWriter(writer.segments_dir).write(
             tmp / DATA_PLANE_DIRNAME, rows, {}, stem=tmp.name[13:]
         )
-        pending = writer.write(origins, identities, finalized, stem=tmp.name[13:])
-        (tmp / GROUP_FACTS_FILENAME).write_bytes(msgspec.json.encode(pending.index))
+        pending = writer.write(origins, identities, finalized, stem=tmp.name[13:], replay=replay)
+        (tmp / GROUP_FACTS_FILENAME).write_bytes(encode_group_facts_file(pending.index))
+        (tmp / REPLAY_ORDER_FILENAME).write_bytes(msgspec.json.encode(pending.replay_order))
 
     publish_snapshot(
         anchor, manifest=manifest_for(step), write_payload=payload, keep_latest_k=KEEP_LATEST_K
@@ -118,12 +139,11 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
     steps = []
     for path in committed_snapshot_paths(root):
         try:
-            step, facts = read(path)
+            step, found, _loaded = read(path)
         except (FactsError, SnapshotError, OSError) as exc:
             problems[path.name] = str(exc)
             continue
         steps.append(step)
-        found = (facts.origins, facts.prompt_identities, facts.finalized)
         if found != expected(step):
             problems[path.name] = f"step {step} holds {found}"
     segments_dir = segments_dir_for(root / "snapshot_0")
@@ -131,7 +151,7 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
     return {
         "steps": steps,
         "problems": problems,
-        "segments": [name for name in on_disk if name.endswith(FACT_SEGMENT_SUFFIX)],
+        "segments": [name for name in on_disk if name.endswith(FACT_SEGMENT_SUFFIXES)],
         "all_files": on_disk,
         "referenced": sorted(referenced_group_fact_segments(committed_snapshot_paths(root))),
     }

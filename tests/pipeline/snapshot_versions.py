@@ -17,7 +17,16 @@ from typing import Any, Final
 import msgspec
 from ledger_form2 import RecordOut, compact_sibling, encode_form_2_segment, encode_piece
 
-from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME, LoadedFacts
+from rollvault.controller.snapshots.fact_forms import (
+    FinalizedFact,
+    OriginFact,
+    encode_json_fact_segment,
+)
+from rollvault.controller.snapshots.fact_segments import (
+    GROUP_FACTS_FILENAME,
+    LoadedFacts,
+    replay_in_order,
+)
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     DATA_PLANE_DIRNAME,
@@ -35,9 +44,11 @@ from rollvault.dataplane.checkpoint_format import (
     replace_user_metadata,
     sha256_hex,
 )
+from rollvault.dataplane.segmented import encode_live_bitmap
 from rollvault.ledger.indexed_sidecar import (
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
+    RUNS_SIDECAR_SCHEMA_VERSION,
     assemble_indexed_sidecar,
     decode_indexed_sidecar,
 )
@@ -123,13 +134,36 @@ def _user_metadata(metadata_path: Path) -> dict[str, Any]:
     return user_metadata
 
 
+def sidecar_as_version_7(state: dict[str, Any]) -> dict[str, Any]:
+    """A sidecar (builtins); a version 8 one as version 7: its index's runs as the pairs
+    they stand for, its segments as objects (any other version as it is)."""
+    if state["schema_version"] != RUNS_SIDECAR_SCHEMA_VERSION:
+        return state
+    index = state["ledger_index"]
+    groups = [
+        [segment, ordinal]
+        for segment, first, count in index["runs"]
+        for ordinal in range(first, first + count)
+    ]
+    fields = ("file", "sha256", "byte_size", "record_count")
+    segments = [dict(zip(fields, row, strict=True)) for row in index["segments"]]
+    ledger_index = {"segments": segments, "groups": groups}
+    return dict(state, schema_version=FACTS_APART_SIDECAR_SCHEMA_VERSION, ledger_index=ledger_index)
+
+
+def read_sidecar_json(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's sidecar as builtins, a version 8 one as version 7."""
+    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    return sidecar_as_version_7(state)
+
+
 def read_sidecar(snapshot: Path) -> dict[str, Any]:
     """The snapshot's sidecar as builtins, undecoded; a version 6 one as version 5 (inline).
 
     :func:`rewrite_sidecar` of the result is what the writer before ledger
     segments wrote: every group in the sidecar itself.
     """
-    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(snapshot)
     if state["schema_version"] == FACTS_APART_SIDECAR_SCHEMA_VERSION:
         state = sidecar_with_finalizer_maps(state, group_facts(snapshot))
     if state["schema_version"] == INDEXED_SIDECAR_SCHEMA_VERSION:
@@ -163,9 +197,9 @@ def facts_to_inline(snapshot: Path) -> None:
     """
     facts = group_facts(snapshot)
     encode = msgspec.json.Encoder(order="sorted").encode
-    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(snapshot)
     if state["schema_version"] != FACTS_APART_SIDECAR_SCHEMA_VERSION:
-        raise ValueError(f"expected a version 7 sidecar, got {state['schema_version']}")
+        raise ValueError(f"expected a version 7 or 8 sidecar, got {state['schema_version']}")
     rewrite_sidecar(snapshot, sidecar_with_finalizer_maps(state, facts))
     controller = json.loads((snapshot / CONTROLLER_STATE_FILENAME).read_bytes())
     controller.update(
@@ -173,7 +207,7 @@ def facts_to_inline(snapshot: Path) -> None:
         origins=msgspec.to_builtins(facts.origins),
         prompt_identities=facts.prompt_identities,
     )
-    replay = json.loads((snapshot / REPLAY_BUFFER_METADATA_FILENAME).read_bytes())
+    replay = replay_entries_inline(snapshot)
     replay.update(schema_version=1, canonical_attempts=facts.canonical_attempts())
     metadata_path = snapshot / DATA_PLANE_DIRNAME / _METADATA
     user_metadata = _user_metadata(metadata_path)
@@ -189,6 +223,77 @@ def facts_to_inline(snapshot: Path) -> None:
     (snapshot / GROUP_FACTS_FILENAME).unlink()
     data = replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
     metadata_path.write_bytes(data)
+
+
+def replay_entries_inline(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's ``replay_buffer_metadata.json`` as builtins, a version 3 one as
+    version 2: its entries, resolved from the group facts in its order, back in it."""
+    replay: dict[str, Any] = json.loads((snapshot / REPLAY_BUFFER_METADATA_FILENAME).read_bytes())
+    if replay["schema_version"] != 3:
+        return replay
+    runs = [(first, count) for first, count in replay["order"]]
+    entries = replay_in_order(
+        snapshot / REPLAY_BUFFER_METADATA_FILENAME, group_facts(snapshot), runs
+    )
+    return {
+        "schema_version": 2,
+        "replay": {
+            "schema_version": replay["index_schema_version"],
+            "entries": msgspec.to_builtins(entries),
+        },
+    }
+
+
+def facts_to_form_1(snapshot: Path) -> str:
+    """Turn a snapshot's group facts into what the writer before fact segment form 2 wrote.
+
+    Its live origins and finalizations go into one form 1 (JSON) segment,
+    ``<snapshot>-form1.facts-segment.json``, that a version 1 ``group_facts.json``
+    lists alone; its replay entries go back into ``replay_buffer_metadata.json``
+    version 2. Returns the segment's name; the segments referenced before stay on disk.
+    """
+    facts = group_facts(snapshot)
+    replay = replay_entries_inline(snapshot)
+    form_1: list[OriginFact | FinalizedFact] = [
+        OriginFact(g, origin.epoch, origin.dataset_idx, facts.prompt_identities.get(g))
+        for g, origin in sorted(facts.origins.items())
+    ]
+    form_1 += [
+        FinalizedFact(g, list(f.rewards), f.metrics_dict(), list(f.gate_rollout_ids))
+        for g, f in sorted(facts.finalized.items())
+    ]
+    data = encode_json_fact_segment(form_1)
+    name = f"{snapshot.name}-form1.facts-segment.json"
+    (segments_dir_for(snapshot) / name).write_bytes(data)
+    index = {
+        "schema_version": 1,
+        "segments": [
+            {
+                "file": name,
+                "sha256": sha256_hex(data),
+                "byte_size": len(data),
+                "fact_count": len(form_1),
+                "live_facts": len(form_1),
+                "live": encode_live_bitmap(len(form_1), range(len(form_1))),
+            }
+        ],
+    }
+    encode = msgspec.json.Encoder(order="sorted").encode
+    metadata_path = snapshot / DATA_PLANE_DIRNAME / _METADATA
+    user_metadata = _user_metadata(metadata_path)
+    advertised = user_metadata[SIDECARS_METADATA_KEY]
+    for name_, content, count in (
+        (GROUP_FACTS_FILENAME, index, len(form_1)),
+        (REPLAY_BUFFER_METADATA_FILENAME, replay, len(replay["replay"]["entries"])),
+    ):
+        written = encode(content)
+        (snapshot / name_).write_bytes(written)
+        advertised[name_].update(
+            sha256=sha256_hex(written), schema_version=content["schema_version"], group_count=count
+        )
+    metadata = replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
+    metadata_path.write_bytes(metadata)
+    return name
 
 
 def inline_sidecar(snapshot: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -269,7 +374,7 @@ def ledger_segments_to_form_1(snapshot: Path) -> str:
     only that one; returns its name. The segments the snapshot referenced
     before stay on disk (retention's business).
     """
-    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(snapshot)
     groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
     data = msgspec.json.Encoder(order="sorted").encode({"schema_version": V5, "groups": groups})
     name = f"{snapshot.name}-form1.ledger-segment.json"
@@ -293,7 +398,7 @@ def ledger_segments_to_form_2(snapshot: Path) -> str:
     a form 2 chain is read too. The segments the snapshot referenced before
     stay on disk (retention's business).
     """
-    state: dict[str, Any] = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(snapshot)
     groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
     records = records_from_state(
         msgspec.convert({"schema_version": V5, "groups": groups}, LedgerState)

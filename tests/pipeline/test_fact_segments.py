@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from pipeline_helpers import dataset_of, small_config
 from segment_damage import DAMAGES, assert_restore_falls_back, damage_segment
-from snapshot_versions import advertise_sidecar, facts_to_inline
+from snapshot_versions import advertise_sidecar, facts_to_form_1, facts_to_inline
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
 
@@ -29,11 +29,20 @@ from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin, RolloutParts
 from rollvault.controller.loop.pipeline import build_parts
 from rollvault.controller.snapshots import fact_segments
+from rollvault.controller.snapshots.fact_forms import (
+    FACT_SEGMENT_SUFFIXES,
+    JSON_FACT_SEGMENT_SUFFIX,
+    FinalizedFact,
+    OriginFact,
+    ReplayFact,
+    decode_fact_segment,
+)
 from rollvault.controller.snapshots.fact_segments import (
     FACT_SEGMENT_SUFFIX,
     GROUP_FACTS_FILENAME,
     FactSeed,
     FactSegmentWriter,
+    encode_group_facts_file,
     read_group_facts,
 )
 from rollvault.controller.snapshots.restorer import RolloutRestorer
@@ -69,8 +78,17 @@ def _config(tmp_path: Path) -> RunConfig:
     return small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
 
 
+_REF_FIELDS = ("file", "sha256", "byte_size", "fact_count", "live_facts", "live")
+
+
 def _index(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's ``group_facts.json`` as builtins, each segment as an object (version
+    2 writes each as an array of the same fields)."""
     index: dict[str, Any] = json.loads((snapshot / GROUP_FACTS_FILENAME).read_bytes())
+    if index["schema_version"] == 2:
+        rows = index["segments"]
+        assert all(isinstance(row, list) for row in rows)
+        index["segments"] = [dict(zip(_REF_FIELDS, row, strict=True)) for row in rows]
     return index
 
 
@@ -78,15 +96,21 @@ def _fact_files(snapshot: Path) -> set[str]:
     return {ref["file"] for ref in _index(snapshot)["segments"]}
 
 
+_KINDS = {OriginFact: "origin", FinalizedFact: "finalized", ReplayFact: "replay"}
+
+
 def _facts_in(snapshot: Path, file: str) -> list[tuple[str, str]]:
-    """(kind, group id) of each fact of the segment ``file``."""
-    data = json.loads((segments_dir_for(snapshot) / file).read_bytes())
-    return [(fact["kind"], fact["group_id"]) for fact in data["facts"]]
+    """(kind, group id) of each fact of the segment ``file`` (of either form)."""
+    form = 1 if file.endswith(JSON_FACT_SEGMENT_SUFFIX) else 2
+    facts = decode_fact_segment((segments_dir_for(snapshot) / file).read_bytes(), form=form)
+    return [(_KINDS[type(fact)], fact.group_id) for fact in facts]
 
 
 def _on_disk(snapshot: Path) -> set[str]:
     return {
-        p.name for p in segments_dir_for(snapshot).iterdir() if p.name.endswith(FACT_SEGMENT_SUFFIX)
+        p.name
+        for p in segments_dir_for(snapshot).iterdir()
+        if p.name.endswith(FACT_SEGMENT_SUFFIXES)
     }
 
 
@@ -102,6 +126,7 @@ def _maps(snapshot: LoadedSnapshot) -> dict[str, Any]:
         "attempts": snapshot.replay.canonical_attempts,
         "rewards": snapshot.recovery.finalizer_rewards_by_group,
         "metrics": snapshot.recovery.finalizer_metrics_by_group,
+        "replay": list(snapshot.replay.replay.entries),
     }
 
 
@@ -115,6 +140,7 @@ def _live_maps(parts: RolloutParts) -> dict[str, Any]:
         "attempts": {g: list(f.gate_rollout_ids) for g, f in finalized.items()},
         "rewards": {g: list(f.rewards) for g, f in finalized.items()},
         "metrics": {g: f.metrics_dict() for g, f in finalized.items()},
+        "replay": list(parts.replay),
     }
 
 
@@ -130,20 +156,22 @@ def test_each_snapshot_writes_only_the_facts_new_since_the_one_before(tmp_path: 
         first = await run.snapshot()
         (whole,) = _fact_files(first)
         assert sorted(_facts_in(first, whole)) == sorted(
-            [("origin", a), ("origin", b), ("finalized", a)]
+            [("origin", a), ("origin", b), ("finalized", a), ("replay", a)]
         )
         assert _maps(_loaded(first)) == _live_maps(parts)
         controller = json.loads((first / CONTROLLER_STATE_FILENAME).read_bytes())
         replay = json.loads((first / REPLAY_BUFFER_METADATA_FILENAME).read_bytes())
         sidecar = json.loads((first / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-        assert (controller["schema_version"], replay["schema_version"]) == (5, 2)
+        assert (controller["schema_version"], replay["schema_version"]) == (5, 3)
         assert "origins" not in controller and "canonical_attempts" not in replay
-        assert sidecar["schema_version"] == 7 and "finalizer_rewards_by_group" not in sidecar
+        assert replay == {"schema_version": 3, "index_schema_version": 1, "order": [[0, 1]]}
+        assert sidecar["schema_version"] == 8 and "finalizer_rewards_by_group" not in sidecar
         await finalizer.finalize(b)
         c = await _reserve(parts, sealed=0, gate=run.gate)
         second = await run.snapshot()
         (new,) = _fact_files(second) - {whole}
-        assert _facts_in(second, new) == [("origin", c), ("finalized", b)]  # nothing else again
+        # Nothing else again: b's replay entry is new, a's is where it was.
+        assert _facts_in(second, new) == [("origin", c), ("finalized", b), ("replay", b)]
         assert whole in _fact_files(second)
         assert _maps(_loaded(second)) == _live_maps(parts)
         await _reserve(parts, sealed=1, gate=run.gate)  # sealing changes no fact
@@ -217,7 +245,7 @@ def test_a_missing_or_damaged_fact_segment_rejects_its_snapshot_and_restore_fall
     older, newest = _two_snapshots(config)
     (only_newest,) = _fact_files(newest) - _fact_files(older)
     segment = segments_dir_for(newest) / only_newest
-    expected = damage_segment(segment, damage, flip=(b"_g0_a", b"_g0_b"), kind="fact")
+    expected = damage_segment(segment, damage, flip=(b"reward_mean", b"reward_meaN"), kind="fact")
     assert_restore_falls_back(
         config, older=older, newest=newest, segment=segment, expected=expected, caplog=caplog
     )
@@ -234,6 +262,9 @@ def test_a_missing_or_damaged_fact_segment_rejects_its_snapshot_and_restore_fall
 def _rewrite_index(snapshot: Path, index: dict[str, Any]) -> str:
     """Write ``index`` as the snapshot's ``group_facts.json``, advertised anew, and return
     the one problem a restorable verification finds."""
+    if index["schema_version"] == 2:
+        rows = [[ref[name] for name in _REF_FIELDS] for ref in index["segments"]]
+        index = dict(index, segments=rows)
     data = msgspec.json.encode(index)
     (snapshot / GROUP_FACTS_FILENAME).write_bytes(data)
     metadata_path = snapshot / DATA_PLANE_DIRNAME / "metadata.json"
@@ -306,7 +337,8 @@ def test_a_snapshot_of_the_files_before_group_facts_still_restores(tmp_path: Pat
         run = await _restored_unseeded(config, source)
         after = await run.snapshot()  # no facts to seed from: every fact written once
         (file,) = _fact_files(after)
-        assert len(_facts_in(after, file)) == 2 + 2  # two origins, two finalizations
+        # Two origins, two finalizations, two replay entries.
+        assert len(_facts_in(after, file)) == 2 + 2 + 2
         assert _maps(_loaded(after)) == expected
         run.parts.logs.close()
 
@@ -378,7 +410,7 @@ def test_beyond_the_bound_the_smallest_fact_segments_are_merged(
         referenced.append(len(pending.info.referenced))
     assert max(referenced) <= 4 + 1 and referenced[-1] < 11
     path = tmp_path / "index.json"
-    data = msgspec.json.encode(pending.index)
+    data = encode_group_facts_file(pending.index)
     assert read_group_facts(path, data, tmp_path).origins == _origins(range(11))
 
 
@@ -389,7 +421,7 @@ def test_a_seeded_writer_writes_nothing_for_the_facts_it_was_seeded_with(tmp_pat
     finalized = {"g1": _finalized(1)}
     pending = writer.write(origins, identities, finalized, stem="000001")
     writer.committed(pending)
-    loaded = read_group_facts(tmp_path / "i.json", msgspec.json.encode(pending.index), tmp_path)
+    loaded = read_group_facts(tmp_path / "i.json", encode_group_facts_file(pending.index), tmp_path)
     assert (loaded.origins, loaded.prompt_identities, loaded.finalized) == (
         origins,
         identities,
@@ -401,3 +433,84 @@ def test_a_seeded_writer_writes_nothing_for_the_facts_it_was_seeded_with(tmp_pat
     assert again.info.new_facts == 0 and again.index == pending.index
     changed = seeded.write(_origins(range(3)), identities, {"g1": _finalized(2)}, stem="000003")
     assert changed.info.new_facts == 1  # a group finalized again differently: written anew
+
+
+def test_a_snapshot_of_form_1_fact_segments_restores_and_its_segment_stays_referenced(
+    tmp_path: Path,
+) -> None:
+    """The writer before form 2: group facts version 1 over a JSON segment, replay entries in
+    ``replay_buffer_metadata.json`` version 2. It restores to the same maps and entries, and
+    the restart's next snapshot references that segment (its facts unchanged) and writes
+    only the replay entries, in a form 2 segment."""
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    expected = _maps(_loaded(newest))
+    old_segment = facts_to_form_1(newest)
+    assert _index(newest)["schema_version"] == 1
+    replay = json.loads((newest / REPLAY_BUFFER_METADATA_FILENAME).read_bytes())
+    assert replay["schema_version"] == 2 and len(replay["replay"]["entries"]) == 2
+    loaded = _loaded(newest)
+    assert loaded.facts is not None and loaded.facts.replay == []
+    assert _maps(loaded) == expected
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+    )
+    assert verification.ok, verification.problems
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == newest
+
+    async def restart() -> None:
+        run = await Run.restored(config, source)
+        after = await run.snapshot()
+        assert _index(after)["schema_version"] == 2
+        assert old_segment in _fact_files(after)
+        (new,) = _fact_files(after) - {old_segment}
+        assert new.endswith(".facts-segment.msgpack")
+        assert sorted(kind for kind, _group in _facts_in(after, new)) == ["replay", "replay"]
+        assert _maps(_loaded(after)) == expected
+        run.parts.logs.close()
+        collect_segments(after.parent)
+        assert old_segment in _on_disk(after)
+
+    asyncio.run(restart())
+
+
+def test_a_version_3_replay_order_that_is_not_each_live_entry_once_is_rejected(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    path = newest / REPLAY_BUFFER_METADATA_FILENAME
+    replay = json.loads(path.read_bytes())
+    assert replay["order"] == [[0, 2]]
+    for order in ([[0, 1]], [[0, 1], [0, 1]], [[1, 2]]):
+        data = msgspec.json.encode(dict(replay, order=order))
+        path.write_bytes(data)
+        advertised_sha = hashlib.sha256(data).hexdigest()
+        metadata_path = newest / DATA_PLANE_DIRNAME / "metadata.json"
+        _version, content = decode_envelope(metadata_path.read_bytes(), metadata_path)
+        user_metadata = json.loads(content)["user_metadata"]
+        user_metadata[SIDECARS_METADATA_KEY][REPLAY_BUFFER_METADATA_FILENAME]["sha256"] = (
+            advertised_sha
+        )
+        metadata_path.write_bytes(
+            replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
+        )
+        verification = verify_snapshot(
+            newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+        )
+        (problem,) = verification.problems
+        assert problem.path == path
+        assert "$.order: " in problem.problem and "live replay entries" in problem.problem
+
+
+def test_an_unknown_group_facts_version_is_refused_naming_file_and_version(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    index = _index(newest)
+    index["schema_version"] = 3
+    problem = _rewrite_index(newest, index)
+    assert problem == f"{GROUP_FACTS_FILENAME}: unsupported schema_version 3 (supported: 1, 2)"

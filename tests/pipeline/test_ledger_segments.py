@@ -16,7 +16,13 @@ import msgspec
 import pytest
 from pipeline_helpers import dataset_of, small_config
 from segment_damage import DAMAGES, assert_restore_falls_back, damage_segment
-from snapshot_versions import inline_snapshot_to_v5, ledger_segments_to_form_1, rewrite_sidecar
+from snapshot_versions import (
+    inline_snapshot_to_v5,
+    ledger_segments_to_form_1,
+    read_sidecar_json,
+    rewrite_sidecar,
+    sidecar_as_version_7,
+)
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
 
@@ -52,9 +58,10 @@ def _config(tmp_path: Path) -> RunConfig:
 
 
 def _index(snapshot: Path) -> dict[str, Any]:
-    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-    assert state["schema_version"] in (6, 7)  # 7: the finalizer maps in the group facts
-    index: dict[str, Any] = state["ledger_index"]
+    written = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    # 7: the finalizer maps in the group facts; 8: the index's groups as runs too.
+    assert written["schema_version"] in (6, 7, 8)
+    index: dict[str, Any] = sidecar_as_version_7(written)["ledger_index"]
     return index
 
 
@@ -311,7 +318,7 @@ def test_an_index_naming_a_record_its_segment_lacks_is_rejected_naming_the_entry
 ) -> None:
     config = _config(tmp_path)
     _older, newest = _two_snapshots(config)
-    state = json.loads((newest / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(newest)  # version 8 as 7: the index's pairs, one per group
     state["ledger_index"]["groups"][0][1] = 99
     problem = _sidecar_problem(newest, state)  # advertised anew: only the index is wrong
     assert "$.ledger_index.groups[0]: record 99 of" in problem
@@ -480,7 +487,7 @@ def test_a_delta_whose_base_segment_the_index_does_not_list_is_rejected(
         return newest
 
     newest = asyncio.run(write())
-    state = json.loads((newest / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = read_sidecar_json(newest)
     index = state["ledger_index"]
     ((position, ordinal),) = index["groups"]
     index["segments"] = [index["segments"][position]]  # the base's segment left out

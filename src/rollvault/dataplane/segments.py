@@ -11,10 +11,18 @@ scalar), groups in order of first appearance, rows sorted by key inside a
 group; a row's *ordinal* is its position over all groups. Per group ``g``:
 
 - ``"{g}/keys"`` (uint8) the UTF-8 keys concatenated, ``"{g}/key_lengths"``
-  (int32) their byte lengths;
+  (int32) their byte lengths (version 2: of what follows each key's shared prefix);
 - per field ``i``: ``"{g}/{i}/data"`` the arrays concatenated and
   ``"{g}/{i}/lengths"`` (int32) their lengths, or ``"{g}/{i}/values"`` the
-  scalars (int64, float64 or bool).
+  scalars (int64, float64 or bool). Since version 2, ``"{g}/key_shared"`` (uint8)
+  is per key how many characters it shares with the key before it (keys are
+  sorted: a canonical group's 16 row keys share its group id), and ``keys``
+  holds only the rest of each key; and an array field whose
+  rows have the lengths of an earlier array field's rows has no lengths
+  tensor: the group's ``shared_lengths`` lists it as ``[i, j]``, and field
+  ``j``'s lengths are its. A token row's arrays (ids, logprobs, mask, weight
+  versions, advantages) are one length each: 4 bytes per row per field that
+  version 1 wrote again (~5 KB of a ~600 KB snapshot's rows, issue 16).
 
 The safetensors ``__metadata__`` holds ``rollvault_segment``, a JSON
 :class:`SegmentHeader`: version, partition, and each group's row count and
@@ -50,10 +58,15 @@ from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowArray, RowDtype, RowValue, RowView, row_dtype
 from rollvault.durable.segment_store import publish_segment
 
-SEGMENT_SCHEMA_VERSION: Final = 1
+SEGMENT_SCHEMA_VERSION: Final = 2
+"""The version written: 2 shares equal lengths tensors between array fields and each key's
+prefix with the key before it; 1 is still read."""
+SUPPORTED_SEGMENT_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 SEGMENT_METADATA_KEY: Final = "rollvault_segment"
 SEGMENT_FILE_SUFFIX: Final = ".segment.safetensors"
 _MAX_LENGTH: Final = 2**31 - 1
+_MAX_SHARED: Final = 255
+"""Most characters a key's ``key_shared`` entry (uint8) takes from the key before it."""
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -82,11 +95,20 @@ class FieldSpec(msgspec.Struct, array_like=True, forbid_unknown_fields=True, fro
     dtype: RowDtype
 
 
-class SchemaGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class SchemaGroup(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """Rows of one schema: how many, and their fields in row order."""
 
     rows: NonNegativeInt
     fields: list[FieldSpec]
+    shared_lengths: list[tuple[NonNegativeInt, NonNegativeInt]] = msgspec.field(
+        default_factory=list
+    )
+    """Version 2: ``(field, earlier field)``, an array field whose lengths tensor is the
+    earlier array field's own (version 1 has none)."""
+
+    def lengths_source(self) -> dict[int, int]:
+        """Per array field sharing lengths, the field whose lengths tensor it reads."""
+        return dict(self.shared_lengths)
 
 
 class SegmentHeader(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -178,8 +200,15 @@ def _dtype_reader(shape: _Shape) -> Callable[[RowView], tuple[object, ...]]:
     return lambda row: tuple(map(dtype, values(row)))
 
 
-def encode_segment(partition: str, rows: Mapping[str, RowView]) -> tuple[bytes, tuple[str, ...]]:
-    """The bytes of a segment holding ``rows``, and its keys in ordinal order."""
+def encode_segment(
+    partition: str, rows: Mapping[str, RowView], *, version: int = SEGMENT_SCHEMA_VERSION
+) -> tuple[bytes, tuple[str, ...]]:
+    """The bytes of a segment holding ``rows``, and its keys in ordinal order.
+
+    ``version`` 1 writes every lengths tensor, as the writer before version 2 did
+    (for tests of older segments)."""
+    if version not in SUPPORTED_SEGMENT_SCHEMA_VERSIONS:
+        raise ValueError(f"no segment schema_version {version}")
     by_schema: dict[tuple[FieldSpec, ...], list[str]] = {}
     schemas = _Schemas()
     for key in sorted(rows):
@@ -188,25 +217,52 @@ def encode_segment(partition: str, rows: Mapping[str, RowView]) -> tuple[bytes, 
     groups = []
     ordered: list[str] = []
     for index, (schema, keys) in enumerate(by_schema.items()):
-        groups.append(SchemaGroup(rows=len(keys), fields=list(schema)))
         ordered += keys
-        encoded_keys = [key.encode("utf-8") for key in keys]
+        suffixes: list[str] = keys
+        if version >= 2:
+            shared_chars = _shared_prefixes(keys)
+            suffixes = [key[n:] for key, n in zip(keys, shared_chars, strict=True)]
+            tensors[f"{index}/key_shared"] = np.array(shared_chars, dtype=np.uint8)
+        encoded_keys = [suffix.encode("utf-8") for suffix in suffixes]
         tensors[f"{index}/keys"] = np.frombuffer(b"".join(encoded_keys), dtype=np.uint8)
         tensors[f"{index}/key_lengths"] = _lengths([len(key) for key in encoded_keys])
+        own_lengths: dict[tuple[int, ...], int] = {}
+        shared: list[tuple[int, int]] = []
         for position, spec in enumerate(schema):
             values = [rows[key][spec.name] for key in keys]
             prefix = f"{index}/{position}"
             if spec.kind is FieldKind.ARRAY:
                 arrays: list[RowArray] = values  # type: ignore[assignment]
                 tensors[f"{prefix}/data"] = np.concatenate(arrays)
-                tensors[f"{prefix}/lengths"] = _lengths([array.shape[0] for array in arrays])
+                lengths = tuple(array.shape[0] for array in arrays)
+                source = own_lengths.get(lengths) if version >= 2 else None
+                if source is None:
+                    own_lengths[lengths] = position
+                    tensors[f"{prefix}/lengths"] = _lengths(list(lengths))
+                else:
+                    shared.append((position, source))
             else:
                 tensors[f"{prefix}/values"] = np.array(values, dtype=spec.dtype.value)
-    header = SegmentHeader(
-        schema_version=SEGMENT_SCHEMA_VERSION, partition=partition, groups=groups
-    )
+        groups.append(SchemaGroup(rows=len(keys), fields=list(schema), shared_lengths=shared))
+    header = SegmentHeader(schema_version=version, partition=partition, groups=groups)
     metadata = {SEGMENT_METADATA_KEY: msgspec.json.encode(header).decode()}
     return safetensors.numpy.save(tensors, metadata=metadata), tuple(ordered)
+
+
+def _shared_prefixes(keys: Sequence[str]) -> list[int]:
+    """Per key (sorted), the characters it shares with the key before it, at most
+    :data:`_MAX_SHARED` (the first shares none)."""
+    shared = [0]
+    for before, key in pairwise(keys):
+        low, high = 0, min(len(before), len(key), _MAX_SHARED)
+        while low < high:  # a binary search of C-level startswith, not a loop per character
+            middle = (low + high + 1) // 2
+            if key.startswith(before[:middle]):
+                low = middle
+            else:
+                high = middle - 1
+        shared.append(low)
+    return shared
 
 
 def _lengths(lengths: list[int]) -> RowArray:
@@ -299,21 +355,48 @@ def _read_header(path: Path, data: bytes) -> SegmentHeader:
         header = msgspec.json.decode(text, type=SegmentHeader, strict=True)
     except (struct.error, msgspec.MsgspecError, KeyError, TypeError) as exc:
         raise DataPlaneCheckpointError(path, f"invalid segment header: {exc}") from exc
-    if header.schema_version != SEGMENT_SCHEMA_VERSION:
+    if header.schema_version not in SUPPORTED_SEGMENT_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, sorted(SUPPORTED_SEGMENT_SCHEMA_VERSIONS)))
         raise DataPlaneCheckpointError(
             path,
             f"unsupported segment schema_version {header.schema_version} "
-            f"(this build reads {SEGMENT_SCHEMA_VERSION})",
+            f"(this build reads {readable})",
         )
+    for index, group in enumerate(header.groups):
+        _check_shared_lengths(path, header.schema_version, index, group)
     return header
+
+
+def _check_shared_lengths(path: Path, version: int, index: int, group: SchemaGroup) -> None:
+    """Each sharing field is an array field once, reading an earlier array field's own
+    lengths tensor (never another sharer's: no chains, no cycles); version 1 shares none."""
+    where = f"invalid segment header: groups[{index}].shared_lengths"
+    if version < 2 and group.shared_lengths:
+        raise DataPlaneCheckpointError(path, f"{where}: version {version} shares no lengths")
+    sources = group.lengths_source()
+    if len(sources) != len(group.shared_lengths):
+        raise DataPlaneCheckpointError(path, f"{where}: a field is listed twice")
+    arrays = {i for i, spec in enumerate(group.fields) if spec.kind is FieldKind.ARRAY}
+    for field, source in group.shared_lengths:
+        if field not in arrays or source not in arrays or source >= field or source in sources:
+            raise DataPlaneCheckpointError(
+                path,
+                f"{where}: [{field}, {source}] is not an array field reading an earlier "
+                "array field's own lengths",
+            )
 
 
 def _expected_tensors(header: SegmentHeader) -> set[str]:
     names = set()
     for index, group in enumerate(header.groups):
         names |= {f"{index}/keys", f"{index}/key_lengths"}
+        if header.schema_version >= 2:
+            names.add(f"{index}/key_shared")
+        shared = group.lengths_source()
         for position, spec in enumerate(group.fields):
-            suffixes = ("data", "lengths") if spec.kind is FieldKind.ARRAY else ("values",)
+            suffixes: tuple[str, ...] = ("values",)
+            if spec.kind is FieldKind.ARRAY:
+                suffixes = ("data",) if position in shared else ("data", "lengths")
             names |= {f"{index}/{position}/{suffix}" for suffix in suffixes}
     return names
 
@@ -336,8 +419,17 @@ def _decode_rows(
     for index, group in enumerate(header.groups):
         group_keys = _group_keys(path, index, group, tensors)
         keep = None if wanted is None else wanted[ordinal : ordinal + group.rows]
+        shared = group.lengths_source()
         columns = [
-            _column(path, f"{index}/{position}", spec, group.rows, tensors, keep)
+            _column(
+                path,
+                f"{index}/{position}",
+                spec,
+                group.rows,
+                tensors,
+                keep,
+                lengths_of=f"{index}/{shared.get(position, position)}",
+            )
             for position, spec in enumerate(group.fields)
         ]
         names = [spec.name for spec in group.fields]
@@ -438,8 +530,29 @@ def _group_keys(
             keys = [blob[start:end].decode("utf-8") for start, end in pairwise(bounds)]
     except UnicodeDecodeError as exc:
         raise DataPlaneCheckpointError(path, f"tensor '{index}/keys': not UTF-8: {exc}") from exc
+    shared = tensors.get(f"{index}/key_shared")
+    if shared is not None:  # version 2: each key is its suffix after what it shares
+        _checked(path, f"{index}/key_shared", shared, RowDtype.UINT8, group.rows)
+        keys = _unshared(path, index, keys, shared.tolist())
     if not all(keys):
         raise DataPlaneCheckpointError(path, f"tensor '{index}/keys' holds an empty key")
+    return keys
+
+
+def _unshared(path: Path, index: int, suffixes: list[str], shared: list[int]) -> list[str]:
+    """The keys whose suffixes are ``suffixes``, each after ``shared`` characters of the
+    key before it."""
+    keys = []
+    before = ""
+    for position, (suffix, count) in enumerate(zip(suffixes, shared, strict=True)):
+        if count > len(before):
+            raise DataPlaneCheckpointError(
+                path,
+                f"tensor '{index}/key_shared'[{position}]: {count} characters of a key of "
+                f"{len(before)}",
+            )
+        before = before[:count] + suffix
+        keys.append(before)
     return keys
 
 
@@ -450,11 +563,15 @@ def _column(
     rows: int,
     tensors: Mapping[str, RowArray],
     keep: Sequence[bool] | None,
+    *,
+    lengths_of: str,
 ) -> list[RowValue | None]:
+    """The field's values; an array field's lengths are those of the field ``lengths_of``
+    (its own prefix, or the earlier field whose lengths it shares)."""
     if spec.kind is FieldKind.ARRAY:
-        data, lengths = tensors[f"{prefix}/data"], tensors[f"{prefix}/lengths"]
+        data, lengths = tensors[f"{prefix}/data"], tensors[f"{lengths_of}/lengths"]
         _checked(path, f"{prefix}/data", data, spec.dtype, None)
-        _checked(path, f"{prefix}/lengths", lengths, RowDtype.INT32, rows)
+        _checked(path, f"{lengths_of}/lengths", lengths, RowDtype.INT32, rows)
         return list(_split(path, f"{prefix}/data", data, lengths, keep))
     values = tensors[f"{prefix}/values"]
     if spec.dtype is not _SCALAR_DTYPES[spec.kind]:

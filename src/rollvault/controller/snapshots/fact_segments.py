@@ -11,15 +11,20 @@ every snapshot rewrote every map whole (~450 KB at 1,024 groups, against
 ~600 KB of new rows per snapshot).
 
 Now each fact is written once per anchor into a **fact segment**
-(``<anchor>/rollout_snapshots/segments/<seq>-facts.facts-segment.json``,
-strict JSON of :class:`FactSegment`, published durably before the snapshot
-that references it commits), the way rows and ledger records are, and each
+(``<anchor>/rollout_snapshots/segments/<seq>-facts.facts-segment.msgpack``,
+form 2 of :mod:`.fact_forms`; form 1, ``.json``, is still read; published
+durably before the snapshot that references it commits), the way rows and
+ledger records are, and each
 snapshot holds only an index, ``group_facts.json`` (:class:`GroupFactsFile`):
 the segments it references, each with its SHA-256, size and fact count, and
 which of its facts are live, as a bitmap over the segment's ordinals (the
 data plane's form, :func:`~rollvault.dataplane.segmented.encode_live_bitmap`).
 The files that held the maps no longer do; :mod:`.snapshot_files` resolves
-the index and gives restore the same maps as before.
+the index and gives restore the same maps as before. Since index version 2
+the replay index's entries are facts too (a canonical group's entry is set
+when it is finalized and never changes while it waits): version 3 of
+``replay_buffer_metadata.json`` holds only their order
+(:func:`replay_order_runs`), not ~160 bytes per waiting group every snapshot.
 
 :class:`FactSegmentWriter` remembers, for the last snapshot it *committed*,
 where each group's facts are and their values; a fact equal to the one
@@ -47,14 +52,28 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Final
 
 import msgspec
 
+from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
+from rollvault.controller.snapshots.fact_forms import (
+    FACT_SEGMENT_FORMAT,
+    FACT_SEGMENT_SUFFIX,
+    JSON_FACT_SEGMENT_FORMAT,
+    JSON_FACT_SEGMENT_SUFFIX,
+    Fact,
+    FactFormError,
+    FinalizedFact,
+    OriginFact,
+    ReplayFact,
+    decode_fact_segment,
+    encode_fact_segment,
+)
 from rollvault.dataplane.segmented import decode_live_bitmap, encode_live_bitmap
 from rollvault.durable.segment_store import (
     RecordedSegmentError,
@@ -65,9 +84,10 @@ from rollvault.ledger.reward_penalties import FinalizedReward
 
 GROUP_FACTS_FILENAME: Final = "group_facts.json"
 """The snapshot's index of its fact segments (advertised like every sidecar)."""
-GROUP_FACTS_SCHEMA_VERSION: Final = 1
-FACT_SEGMENT_FORMAT: Final = 1
-FACT_SEGMENT_SUFFIX: Final = ".facts-segment.json"
+GROUP_FACTS_SCHEMA_VERSION: Final = 2
+"""Version 2 references form 2 segments (``*.facts-segment.msgpack``, which hold replay
+entries too) besides form 1 ones; version 1, form 1 segments only, is still read."""
+SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live facts once fewer than this fraction of its facts are live."""
 MAX_REFERENCED: Final = 32
@@ -75,10 +95,11 @@ MAX_REFERENCED: Final = 32
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 _GroupId = Annotated[str, msgspec.Meta(min_length=1)]
+_INDEX_ENCODER: Final = msgspec.json.Encoder(order="sorted")
 FactSegmentFileName = Annotated[
-    str, msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}\.facts-segment\.json$")
+    str,
+    msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}\.facts-segment\.(json|msgpack)$"),
 ]
-_ENCODER: Final = msgspec.json.Encoder(order="sorted")
 
 
 class FactsError(Exception):
@@ -88,39 +109,6 @@ class FactsError(Exception):
         super().__init__(f"{path}: {problem}")
         self.path = path
         self.problem = problem
-
-
-class OriginFact(
-    msgspec.Struct, tag="origin", tag_field="kind", forbid_unknown_fields=True, frozen=True
-):
-    """A group's origin, written when it is reserved."""
-
-    group_id: _GroupId
-    epoch: int
-    dataset_idx: int
-    prompt_identity: str | None
-    """The dataset's identity digest of its prompt (None: not recorded)."""
-
-
-class FinalizedFact(
-    msgspec.Struct, tag="finalized", tag_field="kind", forbid_unknown_fields=True, frozen=True
-):
-    """What the finalizer recorded about a canonical group, written when it is finalized."""
-
-    group_id: _GroupId
-    rewards: list[FinalizedReward]
-    metrics: dict[str, float]
-    gate_rollout_ids: list[str]
-
-
-Fact = OriginFact | FinalizedFact
-
-
-class FactSegment(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """One fact segment: the facts one snapshot wrote, in ordinal order."""
-
-    fact_segment_format: int
-    facts: list[Fact]
 
 
 class FactSegmentRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -135,8 +123,46 @@ class FactSegmentRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     """Base64 of the bitmap of live ordinals (little-endian bit order)."""
 
 
+class FactSegmentRow(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A :class:`FactSegmentRef` as version 2 writes it: ``[file, sha256, byte_size,
+    fact_count, live_facts, live]``, its bounds kept, without the field names."""
+
+    file: FactSegmentFileName
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    byte_size: _NonNegativeInt
+    fact_count: Annotated[int, msgspec.Meta(ge=1)]
+    live_facts: _NonNegativeInt
+    live: str
+
+    @classmethod
+    def of(cls, ref: FactSegmentRef) -> FactSegmentRow:
+        return cls(ref.file, ref.sha256, ref.byte_size, ref.fact_count, ref.live_facts, ref.live)
+
+    def ref(self) -> FactSegmentRef:
+        return FactSegmentRef(
+            file=self.file,
+            sha256=self.sha256,
+            byte_size=self.byte_size,
+            fact_count=self.fact_count,
+            live_facts=self.live_facts,
+            live=self.live,
+        )
+
+
+class _GroupFactsFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``group_facts.json`` version 2 as it is on disk: each segment a row."""
+
+    schema_version: int
+    segments: list[FactSegmentRow]
+
+
+class _Versioned(msgspec.Struct):
+    schema_version: int
+
+
 class GroupFactsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """``group_facts.json``: the fact segments a snapshot references."""
+    """``group_facts.json``: the fact segments a snapshot references (version 1 on disk
+    exactly; version 2 writes each as a :class:`FactSegmentRow`)."""
 
     schema_version: int
     segments: list[FactSegmentRef]
@@ -158,7 +184,7 @@ def fact_segment_file_name(stem: str) -> str:
 @dataclass(frozen=True)
 class _Held:
     value: object
-    """What the fact was written from: (origin, identity) or a FinalizedGroup."""
+    """What the fact was written from: (origin, identity), a FinalizedGroup or a ReplayEntry."""
     file: str
     ordinal: int
 
@@ -191,6 +217,10 @@ class PendingFacts:
     finalized: dict[str, _Held]
     segments: dict[str, _SegmentInfo]
     info: FactWriteInfo
+    replay: dict[str, _Held] = field(default_factory=dict)
+    replay_order: list[tuple[int, int]] = field(default_factory=list)
+    """The replay entries' order as runs over the index's live replay facts
+    (:func:`replay_order_runs`), for ``replay_buffer_metadata.json``."""
 
 
 @dataclass
@@ -202,6 +232,7 @@ class FactSegmentWriter:
     """What the last :meth:`write` wrote, for the caller to pass to :meth:`committed`."""
     _origins: dict[str, _Held] = field(default_factory=dict)
     _finalized: dict[str, _Held] = field(default_factory=dict)
+    _replay: dict[str, _Held] = field(default_factory=dict)
     _segments: dict[str, _SegmentInfo] = field(default_factory=dict)
 
     def write(
@@ -211,18 +242,24 @@ class FactSegmentWriter:
         finalized: Mapping[str, FinalizedGroup],
         *,
         stem: str,
+        replay: Sequence[ReplayEntry] = (),
     ) -> PendingFacts:
-        """Write the facts of ``origins`` (with ``identities``) and ``finalized`` not yet held.
+        """Write the facts of ``origins`` (with ``identities``), ``finalized`` and ``replay``
+        (the replay index's entries, in its order) not yet held.
 
         The new segment, named after ``stem``, is durable when this returns;
         the index is returned, not written. Call :meth:`committed` once the
         snapshot that holds the index is.
         """
         origin_values = {g: (o, identities.get(g)) for g, o in origins.items()}
-        moving = self._moving(origin_values.keys(), finalized.keys())
+        replay_values = {entry.group_id: entry for entry in replay}
+        if len(replay_values) != len(replay):
+            raise ValueError("a group is in the replay entries twice")
+        moving = self._moving(origin_values.keys(), finalized.keys(), replay_values.keys())
         file = fact_segment_file_name(stem)
         placed_origins, new_origins, moved = self._place(self._origins, origin_values, moving)
         placed_finals, new_finals, moved_finals = self._place(self._finalized, finalized, moving)
+        placed_replay, new_replay, moved_replay = self._place(self._replay, replay_values, moving)
         facts: list[Fact] = []
         for group_id in sorted(new_origins):  # sorted: equal states give equal bytes
             origin, identity = origin_values[group_id]
@@ -230,7 +267,7 @@ class FactSegmentWriter:
             facts.append(OriginFact(group_id, origin.epoch, origin.dataset_idx, identity))
         for group_id in sorted(new_finals):
             group = finalized[group_id]
-            _check_finite(group_id, group)
+            _check_writable(group_id, group)
             placed_finals[group_id] = _Held(group, file, len(facts))
             facts.append(
                 FinalizedFact(
@@ -240,27 +277,29 @@ class FactSegmentWriter:
                     list(group.gate_rollout_ids),
                 )
             )
-        segments = {
-            held.file: self._segments[held.file]
-            for held in (*placed_origins.values(), *placed_finals.values())
-            if held.file != file
-        }
+        for group_id in new_replay:  # in the index's order: its order costs one run
+            entry = replay_values[group_id]
+            placed_replay[group_id] = _Held(entry, file, len(facts))
+            facts.append(ReplayFact.of(entry))
+        placed = (*placed_origins.values(), *placed_finals.values(), *placed_replay.values())
+        segments = {held.file: self._segments[held.file] for held in placed if held.file != file}
         segment_bytes = 0
         if facts:
-            data = _ENCODER.encode(
-                FactSegment(fact_segment_format=FACT_SEGMENT_FORMAT, facts=facts)
-            )
+            data = encode_fact_segment(facts)
             publish_fact_segment(self.segments_dir / file, data)
             segments[file] = _SegmentInfo(hashlib.sha256(data).hexdigest(), len(data), len(facts))
             segment_bytes = len(data)
-        index = _index(segments, (*placed_origins.values(), *placed_finals.values()))
+        index = _index(segments, placed)
         info = FactWriteInfo(
             segment_bytes=segment_bytes,
             new_facts=len(facts),
-            compacted_facts=moved + moved_finals,
+            compacted_facts=moved + moved_finals + moved_replay,
             referenced=tuple(ref.file for ref in index.segments),
         )
-        self.last_written = PendingFacts(index, placed_origins, placed_finals, segments, info)
+        order = replay_order_runs([placed_replay[entry.group_id] for entry in replay])
+        self.last_written = PendingFacts(
+            index, placed_origins, placed_finals, segments, info, placed_replay, order
+        )
         return self.last_written
 
     @staticmethod
@@ -283,11 +322,17 @@ class FactSegmentWriter:
             new.append(group_id)
         return placed, new, moved
 
-    def _moving(self, origins: Iterable[str], finalized: Iterable[str]) -> set[str]:
+    def _moving(
+        self, origins: Iterable[str], finalized: Iterable[str], replay: Iterable[str]
+    ) -> set[str]:
         """Referenced segments whose live facts are rewritten into the new one: the sparse
         ones, and the smallest while more than :data:`MAX_REFERENCED` are referenced."""
         live: Counter[str] = Counter()
-        for held, groups in ((self._origins, origins), (self._finalized, finalized)):
+        for held, groups in (
+            (self._origins, origins),
+            (self._finalized, finalized),
+            (self._replay, replay),
+        ):
             for group_id in groups:
                 known = held.get(group_id)
                 if known is not None:
@@ -306,6 +351,7 @@ class FactSegmentWriter:
         """Make ``pending`` the base of the next snapshot: it is committed now."""
         self._origins = pending.origins
         self._finalized = pending.finalized
+        self._replay = pending.replay
         self._segments = pending.segments
         self.last_written = None
 
@@ -314,12 +360,37 @@ class FactSegmentWriter:
         return set(self._segments)
 
 
-def _check_finite(group_id: str, group: FinalizedGroup) -> None:
-    """JSON has no NaN or infinity: such a value would make the segment unreadable."""
+def replay_order_runs(held: Sequence[_Held]) -> list[tuple[int, int]]:
+    """Where each replay entry (in the index's order) is among the live replay facts, as
+    the reader enumerates them (segments by file name, then ordinal): runs of
+    ``(first position, count)`` of consecutive positions. Facts written in the
+    index's order make one run per segment, not one number per entry."""
+    positions = {
+        (fact.file, fact.ordinal): n
+        for n, fact in enumerate(sorted(held, key=lambda fact: (fact.file, fact.ordinal)))
+    }
+    runs: list[tuple[int, int]] = []
+    for fact in held:
+        position = positions[(fact.file, fact.ordinal)]
+        if runs and runs[-1][0] + runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((position, 1))
+    return runs
+
+
+def _check_writable(group_id: str, group: FinalizedGroup) -> None:
+    """A finalization with a non-finite number (which form 1, JSON, cannot hold; kept
+    refused) or as many rewards as attempts not would make an unreadable segment."""
     numbers = [value for _name, value in group.metrics]
     numbers += [n for reward in group.rewards for n in (reward.raw_reward, reward.reward)]
     if not all(map(_finite, numbers)):
         raise ValueError(f"group {group_id!r}: a finalizer reward or metric is not finite")
+    if len(group.rewards) != len(group.gate_rollout_ids):
+        raise ValueError(
+            f"group {group_id!r}: {len(group.rewards)} rewards for "
+            f"{len(group.gate_rollout_ids)} gate rollout ids"
+        )
 
 
 def _finite(number: float) -> bool:
@@ -359,6 +430,10 @@ class LoadedFacts:
     finalized: dict[str, FinalizedGroup]
     origin_at: dict[str, tuple[str, int]]
     finalized_at: dict[str, tuple[str, int]]
+    replay: list[ReplayEntry] = field(default_factory=list)
+    """The live replay entries in the order the reader meets them (segments by file name,
+    then ordinal): ``replay_buffer_metadata.json`` version 3 orders them."""
+    replay_at: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def canonical_attempts(self) -> dict[str, list[str]]:
         """Per finalized group, the gate rollout id of each sibling's published attempt."""
@@ -373,28 +448,50 @@ class LoadedFacts:
         return {g: f.metrics_dict() for g, f in self.finalized.items()}
 
 
+def encode_group_facts_file(index: GroupFactsFile) -> bytes:
+    """The bytes of ``group_facts.json`` for ``index``: version 2, each segment a row."""
+    if index.schema_version != GROUP_FACTS_SCHEMA_VERSION:
+        raise ValueError(f"only version {GROUP_FACTS_SCHEMA_VERSION} is written")
+    on_disk = _GroupFactsFileV2(
+        schema_version=index.schema_version,
+        segments=[FactSegmentRow.of(ref) for ref in index.segments],
+    )
+    return _INDEX_ENCODER.encode(on_disk)
+
+
 def decode_group_facts_file(path: Path, data: bytes) -> GroupFactsFile:
     """``group_facts.json``'s bytes, strictly decoded and checked (no segment is read)."""
     try:
-        index = msgspec.json.decode(data, type=GroupFactsFile, strict=True)
+        version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
+        if version not in SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS:
+            supported = ", ".join(map(str, sorted(SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS)))
+            raise FactsError(path, f"unsupported schema_version {version} (supported: {supported})")
+        if version == 1:
+            index = msgspec.json.decode(data, type=GroupFactsFile, strict=True)
+        else:
+            rows = msgspec.json.decode(data, type=_GroupFactsFileV2, strict=True)
+            index = GroupFactsFile(
+                schema_version=version, segments=[row.ref() for row in rows.segments]
+            )
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise FactsError(path, str(exc)) from exc
-    if index.schema_version != GROUP_FACTS_SCHEMA_VERSION:
-        raise FactsError(
-            path,
-            f"unsupported schema_version {index.schema_version} "
-            f"(supported: {GROUP_FACTS_SCHEMA_VERSION})",
-        )
     seen: set[str] = set()
     for position, ref in enumerate(index.segments):
         if ref.file in seen:
             raise FactsError(path, f"$.segments[{position}].file: {ref.file!r} listed twice")
+        if index.schema_version == 1 and not ref.file.endswith(JSON_FACT_SEGMENT_SUFFIX):
+            raise FactsError(
+                path, f"$.segments[{position}].file: version 1 lists form 1 segments only"
+            )
         seen.add(ref.file)
     return index
 
 
 def read_fact_segment(path: Path, ref: FactSegmentRef) -> list[Fact]:
-    """The facts of the segment ``path``, refused unless it is what ``ref`` records."""
+    """The facts of the segment ``path``, refused unless it is what ``ref`` records.
+
+    Its form is its name's: ``*.facts-segment.json`` form 1, ``*.msgpack`` form 2.
+    """
     try:
         data = read_recorded_segment(
             path,
@@ -405,37 +502,40 @@ def read_fact_segment(path: Path, ref: FactSegmentRef) -> list[Fact]:
         )
     except RecordedSegmentError as exc:
         raise FactsError(exc.path, exc.problem) from exc
+    form = (
+        JSON_FACT_SEGMENT_FORMAT
+        if path.name.endswith(JSON_FACT_SEGMENT_SUFFIX)
+        else FACT_SEGMENT_FORMAT
+    )
     try:
-        segment = msgspec.json.decode(data, type=FactSegment, strict=True)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        facts = decode_fact_segment(data, form=form)
+    except FactFormError as exc:
         raise FactsError(path, str(exc)) from exc
-    if segment.fact_segment_format != FACT_SEGMENT_FORMAT:
+    if len(facts) != ref.fact_count:
         raise FactsError(
             path,
-            f"unsupported fact_segment_format {segment.fact_segment_format} "
-            f"(supported: {FACT_SEGMENT_FORMAT})",
+            f"holds {len(facts)} facts, {GROUP_FACTS_FILENAME} records {ref.fact_count}",
         )
-    if len(segment.facts) != ref.fact_count:
-        raise FactsError(
-            path,
-            f"holds {len(segment.facts)} facts, {GROUP_FACTS_FILENAME} records {ref.fact_count}",
-        )
-    return segment.facts
+    return facts
 
 
 def read_group_facts(path: Path, data: bytes, segments_dir: Path) -> LoadedFacts:
     """The live facts the index ``path`` (whose checked bytes are ``data``) references.
 
     Every referenced segment in ``segments_dir`` is read and checked whole;
-    a group's origin or finalization live twice is refused. Raises
+    a group's origin, finalization or replay entry live twice is refused. Raises
     :class:`FactsError` naming the index or the segment.
     """
     index = decode_group_facts_file(path, data)
     origins: dict[str, GroupOrigin] = {}
     identities: dict[str, str] = {}
     finalized: dict[str, FinalizedGroup] = {}
-    origin_at: dict[str, tuple[str, int]] = {}
-    finalized_at: dict[str, tuple[str, int]] = {}
+    replay: list[ReplayEntry] = []
+    where: dict[type, dict[str, tuple[str, int]]] = {
+        OriginFact: {},
+        FinalizedFact: {},
+        ReplayFact: {},
+    }
     for position, ref in enumerate(index.segments):
         try:
             wanted = decode_live_bitmap(
@@ -449,7 +549,7 @@ def read_group_facts(path: Path, data: bytes, segments_dir: Path) -> LoadedFacts
             if not wanted[ordinal]:
                 continue
             group_id = fact.group_id
-            at = origin_at if isinstance(fact, OriginFact) else finalized_at
+            at = where[type(fact)]
             if group_id in at:
                 raise FactsError(
                     segment_path,
@@ -461,13 +561,42 @@ def read_group_facts(path: Path, data: bytes, segments_dir: Path) -> LoadedFacts
                 origins[group_id] = GroupOrigin(epoch=fact.epoch, dataset_idx=fact.dataset_idx)
                 if fact.prompt_identity is not None:
                     identities[group_id] = fact.prompt_identity
-            else:
+            elif isinstance(fact, FinalizedFact):
                 finalized[group_id] = FinalizedGroup.of(
                     rewards=fact.rewards,
                     metrics=fact.metrics,
                     gate_rollout_ids=fact.gate_rollout_ids,
                 )
-    return LoadedFacts(index, origins, identities, finalized, origin_at, finalized_at)
+            else:
+                replay.append(fact.entry())
+    return LoadedFacts(
+        index,
+        origins,
+        identities,
+        finalized,
+        where[OriginFact],
+        where[FinalizedFact],
+        replay,
+        where[ReplayFact],
+    )
+
+
+def replay_in_order(
+    path: Path, facts: LoadedFacts, runs: Sequence[tuple[int, int]]
+) -> list[ReplayEntry]:
+    """The live replay entries of ``facts`` in the order ``runs`` (from ``path``, a
+    ``replay_buffer_metadata.json`` of version 3) gives them: every live entry exactly once.
+
+    Raises :class:`FactsError` naming ``path``.
+    """
+    positions = [start + n for start, count in runs for n in range(count)]
+    if sorted(positions) != list(range(len(facts.replay))):
+        raise FactsError(
+            path,
+            f"$.order: runs over {len(positions)} positions are not each of the "
+            f"{len(facts.replay)} live replay entries in {GROUP_FACTS_FILENAME} once",
+        )
+    return [facts.replay[position] for position in positions]
 
 
 def referenced_fact_segments(path: Path, data: bytes) -> set[str]:
@@ -494,6 +623,10 @@ class FactSeed:
         writer._finalized = {
             group_id: _Held(group, *loaded.finalized_at[group_id])
             for group_id, group in loaded.finalized.items()
+        }
+        writer._replay = {
+            entry.group_id: _Held(entry, *loaded.replay_at[entry.group_id])
+            for entry in loaded.replay
         }
         writer._segments = {
             ref.file: _SegmentInfo(ref.sha256, ref.byte_size, ref.fact_count)

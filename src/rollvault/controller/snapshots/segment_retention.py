@@ -20,8 +20,8 @@ import logging
 from collections.abc import Set
 from pathlib import Path
 
+from rollvault.controller.snapshots.fact_forms import FACT_SEGMENT_SUFFIXES
 from rollvault.controller.snapshots.fact_segments import (
-    FACT_SEGMENT_SUFFIX,
     GROUP_FACTS_FILENAME,
     FactsError,
     referenced_fact_segments,
@@ -36,7 +36,7 @@ from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
     INDEXED_SIDECAR_SCHEMA_VERSION,
-    decode_ledger_index,
+    referenced_ledger_segment_files,
     sidecar_file_version,
 )
 from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIXES
@@ -50,7 +50,7 @@ def is_segment_file(name: str) -> bool:
     one left."""
     return any(
         name.endswith(suffix) or (name.startswith(".") and f"{suffix}.tmp." in name)
-        for suffix in (SEGMENT_FILE_SUFFIX, *LEDGER_SEGMENT_SUFFIXES, FACT_SEGMENT_SUFFIX)
+        for suffix in (SEGMENT_FILE_SUFFIX, *LEDGER_SEGMENT_SUFFIXES, *FACT_SEGMENT_SUFFIXES)
     )
 
 
@@ -94,7 +94,7 @@ def referenced_ledger_segments(snapshot_dirs: list[Path]) -> set[str]:
         if version < INDEXED_SIDECAR_SCHEMA_VERSION:
             continue
         try:
-            files |= {ref.file for ref in decode_ledger_index(data).segments}
+            files |= referenced_ledger_segment_files(data)
         except LedgerError as exc:
             raise SnapshotCorruptError(path, str(exc)) from exc
     return files

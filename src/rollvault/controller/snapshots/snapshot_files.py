@@ -11,9 +11,12 @@
                                      holding each live group's current record, plus the
                                      controller state;
                                      since version 7 without the finalizer maps (in the
-                                     group facts)
+                                     group facts); since version 8 the index's groups
+                                     as runs of consecutive records
       replay_buffer_metadata.json    canonical groups waiting to train (before version 2
-                                     also each one's attempts, now in the group facts)
+                                     also each one's attempts, now in the group facts);
+                                     since version 3 only their order, each entry a
+                                     replay fact of the group facts
       replacement_reserve.json       spare prompts
       controller_state.json          sampler and dataloader cursors, log seq, dispatch
                                      journal seq, lost groups' interrupted attempts (before
@@ -21,10 +24,13 @@
                                      now in the group facts)
       group_facts.json               the index of the group facts (since controller state
                                      version 5): the fact segments
-                                     (../segments/*.facts-segment.json) holding each group's
-                                     origin and prompt identity and each canonical group's
-                                     finalization (attempt ids, rewards, metrics), written
-                                     once per anchor, and a bitmap of the live ones
+                                     (../segments/*.facts-segment.msgpack, form 2;
+                                     *.facts-segment.json of form 1 still read) holding each
+                                     group's origin and prompt identity, each canonical
+                                     group's finalization (attempt ids, rewards, metrics)
+                                     and (index version 2) each waiting group's replay
+                                     entry, written once per anchor, and a bitmap of the
+                                     live ones
       env_rollouts.json              the environment state of every in-flight episode at
                                      its last committed turn (absent before multi-turn
                                      episodes: then no episode is in flight)
@@ -83,7 +89,9 @@ from rollvault.controller.snapshots.fact_segments import (
     FactSegmentWriter,
     FactsError,
     LoadedFacts,
+    encode_group_facts_file,
     read_group_facts,
+    replay_in_order,
 )
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.dataplane.capture import DataPlaneCapture
@@ -98,12 +106,14 @@ from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
+    RUNS_SIDECAR_SCHEMA_VERSION,
     LedgerIndex,
     LedgerSegmentRef,
     assemble_indexed_ledger,
     decode_facts_apart_sidecar,
     decode_indexed_sidecar,
-    encode_facts_apart_sidecar,
+    decode_runs_sidecar,
+    encode_runs_sidecar,
 )
 from rollvault.ledger.ledger_records import RecordChain, SegmentRecords, decode_ledger_segment
 from rollvault.ledger.records import PromptGroupRecoveryRecord
@@ -130,10 +140,19 @@ before the seal journal (it reflects none of it, seq 0); version 3 before
 seals were pooled across snapshots (none pooled); version 4 holds the
 origins itself."""
 SUPPORTED_CONTROLLER_STATE_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4, 5})
-REPLAY_BUFFER_SCHEMA_VERSION: Final = 2
+REPLAY_BUFFER_SCHEMA_VERSION: Final = 3
 """Version 2 of ``replay_buffer_metadata.json`` drops ``canonical_attempts``,
-which ``group_facts.json`` indexes since; version 1 holds them itself."""
-SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS: Final = frozenset({1, 2})
+which ``group_facts.json`` indexes since; version 1 holds them itself. Version
+3 drops the entries too (~160 bytes per waiting group, rewritten at every
+snapshot): each is a replay fact of the group facts (index version 2), written
+once, and the file holds their order (:class:`_ReplayBufferFileV3`)."""
+SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
+_FIRST_REPLAY_WITH_FACTS: Final = 2
+_FACTS_APART_SIDECAR_VERSIONS: Final = frozenset(
+    {FACTS_APART_SIDECAR_SCHEMA_VERSION, RUNS_SIDECAR_SCHEMA_VERSION}
+)
+"""Ledger sidecar versions whose finalizer maps are in the group facts (8: the index's
+groups as runs, :data:`~rollvault.ledger.indexed_sidecar.RUNS_SIDECAR_SCHEMA_VERSION`)."""
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -285,6 +304,18 @@ class _ReplayBufferFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     replay: ReplayIndexState
 
 
+class _ReplayBufferFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``replay_buffer_metadata.json`` version 3 as it is on disk: the entries in the group
+    facts, their order here."""
+
+    schema_version: int
+    index_schema_version: int
+    """The replay index's own ``schema_version`` (``ReplayIndexState``)."""
+    order: list[tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=1)]]]
+    """The entries in the index's order, as runs ``(first, count)`` of positions among the
+    live replay facts (:func:`~.fact_segments.replay_order_runs`)."""
+
+
 class _Versioned(msgspec.Struct):
     schema_version: int
 
@@ -411,16 +442,21 @@ def write_snapshot_payload(
         controller.prompt_identities,
         capture.finalized,
         stem=_segment_stem(directory),
+        replay=replay.replay.entries,
     )
     files = {
         ROLLOUT_RECOVERY_STATE_FILENAME: sidecar,
         REPLAY_BUFFER_METADATA_FILENAME: _ENCODER.encode(
-            _ReplayBufferFileV2(schema_version=replay.schema_version, replay=replay.replay)
+            _ReplayBufferFileV3(
+                schema_version=replay.schema_version,
+                index_schema_version=replay.replay.schema_version,
+                order=pending_facts.replay_order,
+            )
         ),
         REPLACEMENT_RESERVE_FILENAME: _ENCODER.encode(capture.spares),
         CONTROLLER_STATE_FILENAME: _ENCODER.encode(_on_disk_controller_state(controller)),
         ENV_ROLLOUTS_FILENAME: _ENCODER.encode(capture.env_rollouts),
-        GROUP_FACTS_FILENAME: _ENCODER.encode(pending_facts.index),
+        GROUP_FACTS_FILENAME: encode_group_facts_file(pending_facts.index),
     }
     counts = {
         ROLLOUT_RECOVERY_STATE_FILENAME: (sidecar_version, group_count),
@@ -497,9 +533,10 @@ def _recovery_sidecar(
             f"the writer writes {writer.segments_dir}"
         )
     pending = writer.write(records, stem=_segment_stem(directory))
-    # The finalizer maps are in the group facts, written once per canonical group.
-    data = encode_facts_apart_sidecar(capture.recovery_state, pending.index)
-    return data, FACTS_APART_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
+    # The finalizer maps are in the group facts, written once per canonical group, and
+    # the index's groups are runs (version 8).
+    data = encode_runs_sidecar(capture.recovery_state, pending.index)
+    return data, RUNS_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
 
 
 def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> LoadedSnapshot:
@@ -519,6 +556,7 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
         if name != ROLLOUT_RECOVERY_STATE_FILENAME
     }
     facts = read_facts(path, raw)
+    _check_facts_count(path, facts, digests)
     recovery, indexed = read_recovery_sidecar_indexed(
         path / ROLLOUT_RECOVERY_STATE_FILENAME, digests, facts=facts
     )
@@ -596,9 +634,10 @@ def read_facts(path: Path, raw: Mapping[str, bytes]) -> LoadedFacts | None:
 
 
 def _facts_for_sidecar(
-    path: Path, digests: Mapping[str, SidecarDigest], facts: LoadedFacts | None
+    path: Path, digests: Mapping[str, SidecarDigest], facts: LoadedFacts | None, version: int
 ) -> LoadedFacts:
-    """The group facts a version 7 sidecar at ``path`` needs: ``facts``, or read beside it."""
+    """The group facts a version 7 or 8 sidecar at ``path`` needs: ``facts``, or read beside
+    it."""
     if facts is None:
         digest = digests.get(GROUP_FACTS_FILENAME)
         if digest is not None:
@@ -607,7 +646,7 @@ def _facts_for_sidecar(
     if facts is None:
         raise SnapshotCorruptError(
             path,
-            f"schema {FACTS_APART_SIDECAR_SCHEMA_VERSION} keeps its finalizer maps in "
+            f"schema {version} keeps its finalizer maps in "
             f"{GROUP_FACTS_FILENAME}, which data_plane/metadata.json does not advertise",
         )
     return facts
@@ -666,9 +705,9 @@ def read_recovery_sidecar_file(
 def read_recovery_sidecar_indexed(
     path: Path, digests: Mapping[str, SidecarDigest], *, facts: LoadedFacts | None = None
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
-    """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6
-    or 7 sidecar. ``facts``: the snapshot's group facts if already read (version 7 takes
-    its finalizer maps from them; else they are read beside it)."""
+    """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6,
+    7 or 8 sidecar. ``facts``: the snapshot's group facts if already read (versions 7 and
+    8 take their finalizer maps from them; else they are read beside it)."""
     digest = digests.get(path.name)
     if digest is None:
         raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
@@ -686,8 +725,13 @@ def read_recovery_sidecar_indexed(
     if cached is None:
         if digest.schema_version == INDEXED_SIDECAR_SCHEMA_VERSION:
             cached = _decode_indexed(path, data)
-        elif digest.schema_version == FACTS_APART_SIDECAR_SCHEMA_VERSION:
-            cached = _decode_indexed(path, data, _facts_for_sidecar(path, digests, facts))
+        elif digest.schema_version in _FACTS_APART_SIDECAR_VERSIONS:
+            cached = _decode_indexed(
+                path,
+                data,
+                _facts_for_sidecar(path, digests, facts, digest.schema_version),
+                version=digest.schema_version,
+            )
         else:
             cached = (decode_recovery_sidecar(path, data, digest), None)
         _LAST_DECODED.clear()
@@ -703,15 +747,24 @@ def read_recovery_sidecar_indexed(
 
 
 def _decode_indexed(
-    path: Path, data: bytes, facts: LoadedFacts | None = None
+    path: Path,
+    data: bytes,
+    facts: LoadedFacts | None = None,
+    *,
+    version: int = INDEXED_SIDECAR_SCHEMA_VERSION,
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger]:
-    """A version 6 sidecar, or a version 7 one with the finalizer maps of ``facts``, and
-    its ledger segments (beside the snapshot), checked."""
+    """A version 6 sidecar, or a version 7 or 8 one with the finalizer maps of ``facts``,
+    and its ledger segments (beside the snapshot), checked."""
     try:
         if facts is None:
             state = decode_indexed_sidecar(data)
         else:
-            state = decode_facts_apart_sidecar(
+            decode = (
+                decode_runs_sidecar
+                if version == RUNS_SIDECAR_SCHEMA_VERSION
+                else decode_facts_apart_sidecar
+            )
+            state = decode(
                 data,
                 finalizer_metrics_by_group=facts.metrics(),
                 finalizer_rewards_by_group=facts.rewards(),
@@ -772,7 +825,7 @@ def decode_recovery_sidecar(
     if expected_version not in SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS:
         readable = SUPPORTED_ROLLOUT_RECOVERY_SCHEMA_VERSIONS | {
             INDEXED_SIDECAR_SCHEMA_VERSION,
-            FACTS_APART_SIDECAR_SCHEMA_VERSION,
+            *_FACTS_APART_SIDECAR_VERSIONS,
         }
         supported = ", ".join(map(str, sorted(readable)))
         raise SnapshotCorruptError(
@@ -898,21 +951,34 @@ def decode_replay_buffer(
     path: Path, raw: Mapping[str, bytes], facts: LoadedFacts | None
 ) -> ReplayBufferFile:
     """``replay_buffer_metadata.json`` of a supported version, resolved: version 2's
-    canonical attempts from ``facts`` (the snapshot's group facts)."""
+    canonical attempts, and version 3's entries too, from ``facts`` (the snapshot's group
+    facts)."""
     data = raw[REPLAY_BUFFER_METADATA_FILENAME]
     file = path / REPLAY_BUFFER_METADATA_FILENAME
     try:
         version = _supported_version(file, data, SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS)
-        _require_facts_with(file, version, REPLAY_BUFFER_SCHEMA_VERSION, facts)
+        _require_facts_with(file, version, _FIRST_REPLAY_WITH_FACTS, facts)
         if version == 1:
             return msgspec.json.decode(data, type=ReplayBufferFile, strict=True)
-        v2 = msgspec.json.decode(data, type=_ReplayBufferFileV2, strict=True)
+        if version == 2:
+            v2 = msgspec.json.decode(data, type=_ReplayBufferFileV2, strict=True)
+            replay = v2.replay
+        else:
+            v3 = msgspec.json.decode(data, type=_ReplayBufferFileV3, strict=True)
+            assert facts is not None  # _require_facts_with
+            try:
+                entries = replay_in_order(file, facts, v3.order)
+            except FactsError as exc:
+                raise SnapshotCorruptError(exc.path, exc.problem) from exc
+            replay = ReplayIndexState(
+                schema_version=v3.index_schema_version, entries=tuple(entries)
+            )
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SnapshotCorruptError(file, str(exc)) from exc
     assert facts is not None  # _require_facts_with
     return ReplayBufferFile(
-        schema_version=v2.schema_version,
-        replay=v2.replay,
+        schema_version=version,
+        replay=replay,
         canonical_attempts=facts.canonical_attempts(),
     )
 
@@ -934,13 +1000,27 @@ def decode_env_rollouts(path: Path, raw: Mapping[str, bytes]) -> EnvRolloutsFile
     return decoded
 
 
+def _check_facts_count(
+    path: Path, facts: LoadedFacts | None, digests: Mapping[str, SidecarDigest]
+) -> None:
+    """The group facts' count, before any file resolved from them is decoded: the other
+    files' counts (and version 3 replay metadata's order) come from them, and a bad index
+    is their cause."""
+    if facts is None:
+        return
+    advertised = digests[GROUP_FACTS_FILENAME].group_count
+    if facts.index.live_facts != advertised:
+        raise SnapshotCorruptError(
+            path / GROUP_FACTS_FILENAME,
+            f"holds {facts.index.live_facts} live facts; data_plane/metadata.json advertises "
+            f"{advertised}",
+        )
+
+
 def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -> None:
-    # The sidecar's count is checked by read_recovery_sidecar_file. The group facts first:
-    # the other files' counts come from them, and a bad index is their cause.
-    actual = {}
-    if snapshot.facts is not None:
-        actual[GROUP_FACTS_FILENAME] = snapshot.facts.index.live_facts
-    actual |= {
+    # The sidecar's count is checked by read_recovery_sidecar_file, the group facts' by
+    # _check_facts_count.
+    actual = {
         REPLAY_BUFFER_METADATA_FILENAME: len(snapshot.replay.replay.entries),
         REPLACEMENT_RESERVE_FILENAME: len(snapshot.spares.prompts),
         CONTROLLER_STATE_FILENAME: len(snapshot.controller.origins),
@@ -949,10 +1029,8 @@ def _check_counts(snapshot: LoadedSnapshot, digests: dict[str, SidecarDigest]) -
         actual[ENV_ROLLOUTS_FILENAME] = len(snapshot.env_rollouts.episodes)
     for name, count in actual.items():
         if count != digests[name].group_count:
-            # The group facts' count is of live facts (an origin, a finalization), not groups.
-            what = "live facts" if name == GROUP_FACTS_FILENAME else "groups"
             raise SnapshotCorruptError(
                 snapshot.path / name,
-                f"holds {count} {what}; data_plane/metadata.json advertises "
+                f"holds {count} groups; data_plane/metadata.json advertises "
                 f"{digests[name].group_count}",
             )
