@@ -8,11 +8,12 @@ message naming the cause and the newest good snapshot, with no traceback.
 That snapshot verifies, and a restart on a bigger disk (the directory
 copied) resumes from it and trains every prompt exactly once.
 
-The seal journal fills the disk too, and with it on, which write fails first
-(a snapshot, the dispatch journal) depends on timing: the snapshot sequence is
-tested with it off, and the default run (journal on) is held to what holds
-whichever write fails: exit 3 naming the full disk, no traceback, and a
-restart that trains every prompt once.
+The seal journal and the dispatch journal fill the disk too, and with them
+there, which write fails first (a snapshot, a journal) depends on timing: the
+snapshot sequence is tested with the seal journal off and the dispatch
+journal on another disk, and the default run (both on the small disk) is held
+to what holds whichever write fails: exit 3 naming the full disk, no
+traceback, and a restart that trains every prompt once.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from zygote_slot import ROLLVAULT_CLI, ZygoteSlot
 
 from rollvault.checkpoint_tools.run_history import check_exactly_once, read_run_history
 from rollvault.cli.run_command import IO_STOP_EXIT_STATUS
+from rollvault.controller.loop.dispatch_journal import DISPATCH_JOURNAL_DIRNAME
 
 NUM_PROMPTS = 256
 EPOCHS = 3
@@ -77,10 +79,18 @@ def test_a_full_checkpoint_disk_stops_the_run_cleanly_and_a_bigger_one_finishes_
     tmp_path: Path, small_filesystem: Callable[[int], Path]
 ) -> None:
     small = small_filesystem(4 << 20) / "ckpt"
+    # Only the snapshots fill the small disk: the dispatch journal's lines go to a roomy
+    # one. Else, when a failed snapshot leaves fewer bytes than the lines appended before
+    # its retry, the journal's own disk-full stop comes first (the second test below
+    # holds that path to a clean stop too).
+    (tmp_path / "dispatch_journal").mkdir()
+    small.mkdir()
+    (small / DISPATCH_JOURNAL_DIRNAME).symlink_to(tmp_path / "dispatch_journal")
     stopped = _run(tmp_path, small, "rollout_checkpointing.journal.enabled=false")
     stderr = stopped.stderr.replace("\n", "")  # the console wraps long lines
     assert stopped.returncode == IO_STOP_EXIT_STATUS, stopped.stderr
     assert "Traceback" not in stopped.stderr
+    assert any((tmp_path / "dispatch_journal").iterdir())  # the journal was written there
     assert "rollvault run: cannot continue: 3 rollout snapshot(s) in a row failed" in stderr
     assert "(rollout_checkpointing.max_consecutive_failures=3)" in stderr
     assert "No space left on device" in stderr
