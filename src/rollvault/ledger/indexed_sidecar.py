@@ -222,23 +222,6 @@ class FactsApartSidecarState(msgspec.Struct, forbid_unknown_fields=True, kw_only
     reward_settings: CaptureRewardSettings | None
 
 
-def encode_facts_apart_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> bytes:
-    """A version 7 sidecar: ``envelope`` with ``index``, its finalizer maps left out
-    (the caller stores them elsewhere)."""
-    missing = sorted(sidecar_envelope_fields() - envelope.keys())
-    extra = sorted(envelope.keys() - sidecar_envelope_fields())
-    if missing or extra:
-        raise LedgerStateError(
-            f"{_WHAT}: the envelope lacks {missing} / has unknown fields {extra}"
-        )
-    state = {key: value for key, value in envelope.items() if key not in _FINALIZER_MAPS}
-    state.update(schema_version=FACTS_APART_SIDECAR_SCHEMA_VERSION, ledger_index=index)
-    try:
-        return _ENCODER.encode(state)
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise LedgerStateError(f"{_WHAT}: not JSON-safe builtins: {exc}") from exc
-
-
 def decode_facts_apart_sidecar(
     data: bytes,
     *,
@@ -363,7 +346,8 @@ def expand_runs(index: LedgerRunsIndex) -> LedgerIndex:
 
 
 def encode_runs_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> bytes:
-    """A version 8 sidecar: :func:`encode_facts_apart_sidecar` with the groups as runs."""
+    """A version 8 sidecar: ``envelope`` with ``index`` (its groups as runs), its finalizer
+    maps left out (the caller stores them elsewhere). Versions 6 and 7 are only read now."""
     missing = sorted(sidecar_envelope_fields() - envelope.keys())
     extra = sorted(envelope.keys() - sidecar_envelope_fields())
     if missing or extra:
