@@ -95,6 +95,8 @@ MAX_REFERENCED: Final = 32
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 _GroupId = Annotated[str, msgspec.Meta(min_length=1)]
+_Sha256Hex = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+_PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 _INDEX_ENCODER: Final = msgspec.json.Encoder(order="sorted")
 FactSegmentFileName = Annotated[
     str,
@@ -115,9 +117,9 @@ class FactSegmentRef(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     """One fact segment a snapshot references, and which of its facts are live."""
 
     file: FactSegmentFileName
-    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    sha256: _Sha256Hex
     byte_size: _NonNegativeInt
-    fact_count: Annotated[int, msgspec.Meta(ge=1)]
+    fact_count: _PositiveInt
     live_facts: _NonNegativeInt
     live: str
     """Base64 of the bitmap of live ordinals (little-endian bit order)."""
@@ -128,9 +130,9 @@ class FactSegmentRow(msgspec.Struct, array_like=True, forbid_unknown_fields=True
     fact_count, live_facts, live]``, its bounds kept, without the field names."""
 
     file: FactSegmentFileName
-    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    sha256: _Sha256Hex
     byte_size: _NonNegativeInt
-    fact_count: Annotated[int, msgspec.Meta(ge=1)]
+    fact_count: _PositiveInt
     live_facts: _NonNegativeInt
     live: str
 
