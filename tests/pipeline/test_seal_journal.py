@@ -518,3 +518,17 @@ def test_held_finalizations_that_cannot_be_encoded_stop_the_journal(tmp_path: Pa
     finally:
         journal.close()
     assert read_journal(tmp_path / SEAL_JOURNAL_DIRNAME).records == []
+
+
+def test_a_snapshot_s_seq_is_taken_after_the_finalizations_it_reflects(tmp_path: Path) -> None:
+    # A snapshot reflects every finalization applied before its cut: their records must
+    # stand below its seq, or a restore from it counts them as after it.
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        _finalize_all(journal, [_finalize(0), _finalize(1)])
+        assert journal.snapshot_seq() == 1  # the held two, as record 0, below it
+        assert journal.snapshot_seq() == 1  # nothing held: nothing appended
+    finally:
+        journal.close()
+    records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
+    assert [(r.seq, r.entry) for r in records] == [(0, _finalize(0)), (0, _finalize(1))]

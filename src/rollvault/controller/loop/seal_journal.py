@@ -27,11 +27,11 @@ each of them started (about two per train step on the GRPO recipe).
 Finalizations are not even handed over one by one: the journal holds them
 and appends them as one record (:class:`FinalizeBatchRecord`) just before its
 next record, so they still stand in the order they were applied; the train
-step's record bounds their wait to a step. One held when a snapshot takes
-:attr:`SealJournal.next_seq` gets a seq at or above it, which replay treats
-as any record there (it may or may not be reflected: it is only counted).
+step's record bounds their wait to a step. A snapshot appends the held ones
+before it takes its seq (:meth:`SealJournal.snapshot_seq`): it reflects them,
+so their records stand below its seq, as an unheld record would.
 
-Consistency with snapshots: a snapshot records :attr:`SealJournal.next_seq`
+Consistency with snapshots: a snapshot records :meth:`SealJournal.snapshot_seq`
 taken inside the cut (``controller_state.json``'s ``seal_journal_seq``).
 Because a record is appended after its change is applied, every record below
 that seq is reflected in the snapshot; a record at or above it may or may not
@@ -438,8 +438,15 @@ class SealJournal:
 
     @property
     def next_seq(self) -> int:
-        """The seq the next record gets; a snapshot taken now reflects every record below it."""
+        """The seq the next record gets."""
         return self._writer.stats().appended_seq + 1
+
+    def snapshot_seq(self) -> int:
+        """The seq a snapshot taken now records (inside the cut): it reflects every record
+        below it. The held finalizations are appended first, since the snapshot
+        reflects them too (a restore from it then does not count them as after it)."""
+        self._append_all([], lazy=True)
+        return self.next_seq
 
     def seal(self, entry: SealRecord | StagedSeal) -> int | None:
         """Journal one applied seal (the caller built it from what it handed the ledger).

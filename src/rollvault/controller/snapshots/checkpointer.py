@@ -146,7 +146,9 @@ def take_cut_capture(parts: RolloutParts, *, base_step: int | None = None) -> Cu
         mutation_version=parts.cut.mutation_version,
         log_sequence=parts.logs.sequence.value,
         journal_seq=parts.journal.seq if parts.journal is not None else 0,
-        seal_journal_seq=parts.seal_journal.next_seq if parts.seal_journal is not None else 0,
+        seal_journal_seq=(
+            parts.seal_journal.snapshot_seq() if parts.seal_journal is not None else 0
+        ),
         pooled_seals=tuple(
             seal for pool in parts.journaled_seals.values() for seal in pool.values()
         ),
