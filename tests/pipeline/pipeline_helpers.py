@@ -325,7 +325,11 @@ def expected_prompts(num_prompts: int, epochs: int) -> set[tuple[int, str]]:
 
 
 class StallingGate(SimulatedGate):
-    """Never finishes attempts of one sibling slot: a stuck worker, deterministic."""
+    """Never finishes attempts of one sibling slot: a stuck worker, deterministic.
+
+    ``after_turns``: the stuck attempts first run their episode, so that its turns
+    are committed in the ledger, and hang before they return (before their seal).
+    """
 
     def __init__(
         self,
@@ -335,14 +339,19 @@ class StallingGate(SimulatedGate):
         *,
         seed: int = 0,
         stalled_index: int,
+        after_turns: bool = False,
     ) -> None:
         super().__init__(config, data_plane, environment, seed=seed)
         self._stalled_index = stalled_index
+        self._after_turns = after_turns
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
-        if request.generation_index == self._stalled_index:
-            await asyncio.Event().wait()  # never set: the attempt hangs until cancelled
-        return await super().run_attempt(request)
+        if request.generation_index != self._stalled_index:
+            return await super().run_attempt(request)
+        if self._after_turns:
+            await super().run_attempt(request)
+        await asyncio.Event().wait()  # never set: the attempt hangs until cancelled
+        raise AssertionError("unreachable")
 
 
 class HangingGate(SimulatedGate):
@@ -375,7 +384,7 @@ class HangingGate(SimulatedGate):
 
 
 def run_stalled_then_kill(
-    config: RunConfig, *, stalled_index: int, timeout_s: float = 60.0
+    config: RunConfig, *, stalled_index: int, timeout_s: float = 60.0, after_turns: bool = False
 ) -> None:
     """Run with one sibling slot stuck until a committed snapshot holds the stuck state,
     then cancel the run.
@@ -396,6 +405,7 @@ def run_stalled_then_kill(
             ParityEnvironment(),
             seed=config.seed,
             stalled_index=stalled_index,
+            after_turns=after_turns,
         )
 
     def stuck_snapshot_committed() -> bool:

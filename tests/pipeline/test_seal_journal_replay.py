@@ -21,6 +21,7 @@ from pipeline_helpers import (
 from rollvault.checkpoint_tools.run_history import (
     check_exactly_once,
     check_sibling_reuse,
+    check_turn_lineage,
     read_run_history,
     work_accounting,
 )
@@ -33,6 +34,7 @@ from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
 from rollvault.durable.journal_format import list_segments, read_journal
+from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.statuses import RolloutAttemptStatus
 from rollvault.training.recording import RecordingTrainer
 
@@ -217,4 +219,44 @@ def test_seals_of_a_restart_killed_before_its_first_snapshot_are_kept_by_the_nex
     assert third.journal_seals_unmatched == 0
     assert work_accounting(history).lost_tokens == 0
     assert check_sibling_reuse(history) == []
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []
+
+
+def test_seals_of_a_restart_that_inherited_committed_turns_are_kept_by_the_next(
+    tmp_path: Path,
+) -> None:
+    # As above, but sibling 3 of every group committed its turn before it stuck
+    # (a snapshot taken between an attempt's turn commit and its seal): S names the
+    # old attempts dispatched with a committed turn. Start 2's fresh attempts
+    # inherit that turn, seal (journaled) and start 2 dies before a snapshot of its
+    # own; start 3 restores S again and must adopt those seals, not generate again.
+    config = _config(tmp_path)
+    run_stalled_then_kill(config, stalled_index=3, after_turns=True)
+    source = prepare_checkpoint_dir(config)
+    assert source is not None and source.snapshot is not None
+    ledger = RolloutRecoveryLedger.from_state_dict(source.snapshot.recovery.ledger_state)
+    stuck = [record.siblings[3].current_attempt for record in ledger.groups()]
+    assert stuck and all(
+        a.status is RolloutAttemptStatus.DISPATCHED and a.turn_keys for a in stuck
+    ), "the snapshot does not hold the stuck attempts with their turn committed"
+    quiet = _config(tmp_path, "rollout_checkpointing.interval_s=3600")
+    run_until_crash(quiet, 0, after_snapshot=False)
+    run_simulated(config)
+    history = read_run_history(Path(config.logging.log_dir))
+    second, third = history.restores
+    assert second.snapshot is not None and third.snapshot == second.snapshot
+    minted_by_second = {
+        a.gate_rollout_id
+        for a in history.attempts
+        if a.incarnation == 2 and a.status is RolloutAttemptStatus.SEALED and a.reason is None
+    }
+    assert minted_by_second
+    kept = [
+        a for a in history.attempts if a.incarnation == 3 and a.adopted_from in minted_by_second
+    ]
+    assert kept, "start 3 kept none of start 2's seals"
+    assert third.journal_seals_unmatched == 0
+    assert work_accounting(history).lost_tokens == 0
+    assert check_sibling_reuse(history) == []
+    assert check_turn_lineage(history) == []
     assert check_exactly_once(history, expected_prompts(24, 2)) == []
