@@ -36,6 +36,7 @@ from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fi
 from rollvault.durable.journal_format import list_segments, read_journal
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.statuses import RolloutAttemptStatus
+from rollvault.tasks.registry import get_task
 from rollvault.training.recording import RecordingTrainer
 
 pytestmark = pytest.mark.slow
@@ -222,16 +223,20 @@ def test_seals_of_a_restart_killed_before_its_first_snapshot_are_kept_by_the_nex
     assert check_exactly_once(history, expected_prompts(24, 2)) == []
 
 
+@pytest.mark.parametrize("multiturn", [False, True], ids=["one_turn", "guess"])
 def test_seals_of_a_restart_that_inherited_committed_turns_are_kept_by_the_next(
-    tmp_path: Path,
+    tmp_path: Path, multiturn: bool
 ) -> None:
-    # As above, but sibling 3 of every group committed its turn before it stuck
-    # (a snapshot taken between an attempt's turn commit and its seal): S names the
-    # old attempts dispatched with a committed turn. Start 2's fresh attempts
-    # inherit that turn, seal (journaled) and start 2 dies before a snapshot of its
-    # own; start 3 restores S again and must adopt those seals, not generate again.
-    config = _config(tmp_path)
-    run_stalled_then_kill(config, stalled_index=3, after_turns=True)
+    # As above, but sibling 3 of every group committed a turn before it stuck (a
+    # snapshot taken between a turn's commit and its attempt's seal): S names the old
+    # attempts dispatched with a committed turn. Start 2's fresh attempts inherit it,
+    # continue the episode (a one-turn episode has nothing left), seal (journaled) and
+    # start 2 dies before a snapshot of its own; start 3 restores S again and must
+    # adopt those seals, not generate them again.
+    overrides = ("dataset.kind=guess",) if multiturn else ()
+    environment = get_task("guess").episode_environment if multiturn else None
+    config = _config(tmp_path, *overrides)
+    run_stalled_then_kill(config, stalled_index=3, after_turns=True, environment=environment)
     source = prepare_checkpoint_dir(config)
     assert source is not None and source.snapshot is not None
     ledger = RolloutRecoveryLedger.from_state_dict(source.snapshot.recovery.ledger_state)
@@ -239,18 +244,21 @@ def test_seals_of_a_restart_that_inherited_committed_turns_are_kept_by_the_next(
     assert stuck and all(
         a.status is RolloutAttemptStatus.DISPATCHED and a.turn_keys for a in stuck
     ), "the snapshot does not hold the stuck attempts with their turn committed"
-    quiet = _config(tmp_path, "rollout_checkpointing.interval_s=3600")
-    run_until_crash(quiet, 0, after_snapshot=False)
-    run_simulated(config)
+    quiet = _config(tmp_path, *overrides, "rollout_checkpointing.interval_s=3600")
+    run_until_crash(quiet, 0, after_snapshot=False, environment=environment)
+    run_simulated(config, environment=environment)
     history = read_run_history(Path(config.logging.log_dir))
     second, third = history.restores
     assert second.snapshot is not None and third.snapshot == second.snapshot
+    assert second.turns_resumed > 0 and not second.episodes_restarted
     minted_by_second = {
-        a.gate_rollout_id
+        a.gate_rollout_id: a
         for a in history.attempts
         if a.incarnation == 2 and a.status is RolloutAttemptStatus.SEALED and a.reason is None
     }
     assert minted_by_second
+    if multiturn:  # they generated the turns after the inherited one
+        assert any(a.num_tokens > 0 for a in minted_by_second.values())
     kept = [
         a for a in history.attempts if a.incarnation == 3 and a.adopted_from in minted_by_second
     ]
