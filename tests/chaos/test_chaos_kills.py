@@ -89,6 +89,9 @@ def test_ten_kills_train_every_prompt_once_and_reuse_sealed_siblings(
     assert restores and all(r.restore_mode == "latest" for r in restores)
     assert any(r.snapshot is not None for r in restores)
     assert sum(r.siblings_reused for r in restores) > 0
+    # Each kill's evidence names its groups' target steps (a drop's replacement moves
+    # a prompt to another step: its journaled seals then count as dropped).
+    assert any(kill.group_target_steps for kill in report.kill_evidence)
     assert report.check.accounting.trained_tokens > 0
     # Per epoch: run to the end of its data, every prompt trained or dropped, none pending.
     epochs = report.check.epochs

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import msgspec
+
 from rollvault.checkpoint_tools.chaos.kill_evidence import (
     InFlightAttempt,
     KillEvidence,
@@ -195,3 +197,41 @@ def test_a_journaled_seal_of_a_lost_group_whose_prompt_was_dropped_counts_as_dro
     [loss] = loss_account(history, [kill]).kills
 
     assert (loss.dropped_tokens, loss.durable_lost) == (6, [])
+
+
+def test_a_journaled_seal_whose_prompt_a_drops_replacement_moved_to_another_step_is_dropped() -> (
+    None
+):
+    # Chaos seed 113, 20 kills, under load: no start after the second committed a
+    # snapshot, so prompt 28's sibling was in flight at 9 deaths and the last start
+    # gave it up (the interruption budget) and replaced it with the next prompt, 47,
+    # at its target step 1. The second start had reserved prompt 47 at step 2 and
+    # journaled 3 of its seals; a journaled seal is adopted only at the step it was
+    # stamped for, so they were generated again: a cost of the drop, not a hole.
+    journaled = _sealed("lost", 0, 6, incarnation=1, seq=12, name="journaled")
+    redo = _sealed("moved", 0, 7, incarnation=2, seq=3, name="redo")
+    drop = DropLogRecord(
+        group_id="poison", sample_id="28", epoch=0, target_step=1, replaced=True, incarnation=2
+    )
+    moved = msgspec.structs.replace(_trained("moved", "47", ["redo"]), step=1, target_step=1)
+    history = RunHistory(
+        train=[moved], drops=[drop], attempts=[journaled, redo], restores=[], steps={1: [moved]}
+    )
+    kill = dataclasses.replace(
+        _kill(journaled={"journaled"}, in_flight=[]),
+        group_prompts={"lost": (0, 47)},
+        group_target_steps={"lost": 2},
+    )
+
+    [loss] = loss_account(history, [kill]).kills
+    assert (loss.dropped_tokens, loss.durable_lost) == (6, [])
+
+    # Trained at the step it was stamped for, it could have been adopted: a hole.
+    same_step = dataclasses.replace(kill, group_target_steps={"lost": 1})
+    [loss] = loss_account(history, [same_step]).kills
+    assert (loss.dropped_tokens, loss.durable_lost) == (0, ["journaled"])
+
+    # Without a replaced drop, nothing moves a prompt to another step: a hole too.
+    no_drop = dataclasses.replace(history, drops=[])
+    [loss] = loss_account(no_drop, [kill]).kills
+    assert (loss.dropped_tokens, loss.durable_lost) == (0, ["journaled"])

@@ -352,3 +352,28 @@ def test_a_failed_flush_cuts_the_segment_back_to_its_last_durable_record(
     assert replay.damage is None and [r.seq for r in replay.records] == [0, 1]
     (segment,) = tmp_path.glob("*.journal")
     assert segment.stat().st_size == SEGMENT_HEADER_BYTES + 2 * (RECORD_HEADER_BYTES + 40)
+
+
+def test_a_lone_segment_torn_in_its_creation_keeps_the_numbering_its_name_gives(
+    tmp_path: Path,
+) -> None:
+    # A snapshot covered records 0-25: rotated to segment 26, dropped the older ones.
+    # A start reopened the journal (segment 26 held no record: removed and created
+    # again) and was killed between the file's creation and its header. The next
+    # start numbered from 0 (the snapshot's seal_journal_seq is 26: replay skipped its
+    # seals), and the start after it could not open the journal at all (segment 0
+    # exists: FileExistsError; chaos seed 177, 20 kills, under load).
+    write_records(tmp_path, range(0, 26)).close()
+    writer, _ = JournalWriter.open(tmp_path)
+    writer.rotate()
+    writer.drop_through(25)
+    writer.close()
+    ((first, path),) = list_segments(tmp_path)
+    assert first == 26
+    path.write_bytes(b"")  # created, killed before its header was written
+    assert read_journal(tmp_path).next_seq == 26
+    for _ in range(2):
+        writer = write_records(tmp_path, range(26, 28) if _ == 0 else range(28, 29))
+        writer.close()
+    replay = read_journal(tmp_path)
+    assert [r.seq for r in replay.records] == [26, 27, 28] and replay.damage is None

@@ -31,7 +31,9 @@ from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, DataPlane
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
+from rollvault.gates.episode_runner import Generation
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.tasks.episodes import EpisodeSource
 from rollvault.tasks.protocols import Environment, PromptDataset
 from rollvault.tasks.registry import build_dataset
 from rollvault.tasks.synthetic.environment import ParityEnvironment
@@ -83,7 +85,10 @@ def dataset_of(config: RunConfig) -> PromptDataset:
 
 
 def run_simulated(
-    config: RunConfig, *, hang_after_groups: int | None = None
+    config: RunConfig,
+    *,
+    hang_after_groups: int | None = None,
+    environment: EpisodeSource | None = None,
 ) -> tuple[RunSummary, BatchKeepingTrainer]:
     """Run to the end on the simulated gate.
 
@@ -106,7 +111,7 @@ def run_simulated(
                 hanging=hanging,
             )
         return SimulatedGate(
-            config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
+            config.gate.simulated, data_plane, environment or ParityEnvironment(), seed=config.seed
         )
 
     async def main() -> RunSummary:
@@ -186,7 +191,11 @@ def _signal_committed_snapshots(committed: asyncio.Event) -> Iterator[None]:
 
 
 def run_until_crash(
-    config: RunConfig, crash_after_step: int, *, after_snapshot: bool = True
+    config: RunConfig,
+    crash_after_step: int,
+    *,
+    after_snapshot: bool = True,
+    environment: EpisodeSource | None = None,
 ) -> None:
     """Run ``config`` and let it die after ``crash_after_step``.
 
@@ -204,7 +213,7 @@ def run_until_crash(
 
     def gate(data_plane: DataPlane) -> SimulatedGate:
         return SimulatedGate(
-            config.gate.simulated, data_plane, ParityEnvironment(), seed=config.seed
+            config.gate.simulated, data_plane, environment or ParityEnvironment(), seed=config.seed
         )
 
     crashed = False
@@ -325,24 +334,40 @@ def expected_prompts(num_prompts: int, epochs: int) -> set[tuple[int, str]]:
 
 
 class StallingGate(SimulatedGate):
-    """Never finishes attempts of one sibling slot: a stuck worker, deterministic."""
+    """Never finishes attempts of one sibling slot: a stuck worker, deterministic.
+
+    ``after_turns``: the stuck attempts commit turns first and hang before their
+    seal: a one-turn episode is run whole and the attempt hangs before it returns;
+    a longer one hangs in its second model call, its first turn committed.
+    """
 
     def __init__(
         self,
         config: SimulatedGateConfig,
         data_plane: DataPlane,
-        environment: Environment,
+        environment: EpisodeSource,
         *,
         seed: int = 0,
         stalled_index: int,
+        after_turns: bool = False,
     ) -> None:
         super().__init__(config, data_plane, environment, seed=seed)
         self._stalled_index = stalled_index
+        self._after_turns = after_turns
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
-        if request.generation_index == self._stalled_index:
-            await asyncio.Event().wait()  # never set: the attempt hangs until cancelled
-        return await super().run_attempt(request)
+        if request.generation_index != self._stalled_index:
+            return await super().run_attempt(request)
+        if self._after_turns:
+            await super().run_attempt(request)
+        await asyncio.Event().wait()  # never set: the attempt hangs until cancelled
+        raise AssertionError("unreachable")
+
+    async def _generate(self, rollout_id: str, prompt_ids: list[int], turn: int) -> Generation:
+        index = int(rollout_id.rsplit("_a", 1)[0].rsplit("_g", 1)[1])
+        if self._after_turns and turn > 0 and index == self._stalled_index:
+            await asyncio.Event().wait()  # its first turn is committed: hang in the second
+        return await super()._generate(rollout_id, prompt_ids, turn)
 
 
 class HangingGate(SimulatedGate):
@@ -375,7 +400,12 @@ class HangingGate(SimulatedGate):
 
 
 def run_stalled_then_kill(
-    config: RunConfig, *, stalled_index: int, timeout_s: float = 60.0
+    config: RunConfig,
+    *,
+    stalled_index: int,
+    timeout_s: float = 60.0,
+    after_turns: bool = False,
+    environment: EpisodeSource | None = None,
 ) -> None:
     """Run with one sibling slot stuck until a committed snapshot holds the stuck state,
     then cancel the run.
@@ -393,9 +423,10 @@ def run_stalled_then_kill(
         return StallingGate(
             config.gate.simulated,
             data_plane,
-            ParityEnvironment(),
+            environment or ParityEnvironment(),
             seed=config.seed,
             stalled_index=stalled_index,
+            after_turns=after_turns,
         )
 
     def stuck_snapshot_committed() -> bool:

@@ -94,3 +94,19 @@ def test_a_group_past_generating_is_not_charged() -> None:
     record = group([SEALED], [SEALED], status=PromptGroupStatus.READY_TO_FINALIZE)
     journal = tail(line(9, "g", [(0, uuid.uuid4().hex)]))
     assert crash_evidence([record], journal, reason=REASON).count == 0
+
+
+def test_a_sibling_the_journals_replay_sealed_charges_no_attempt_minted_after_the_snapshot() -> (
+    None
+):
+    # The snapshot held sibling 0's attempt A1 dispatched. A restart minted A3, which
+    # died in flight; the next minted A4, which sealed (journaled) and died before a
+    # snapshot; this restore adopted A4's seal onto A1 before it reads the dispatch
+    # journal. A3 is superseded by the kept seal: charging it raised
+    # LedgerTransitionError ("already supersedes it") and the restore failed (chaos
+    # seed 171, 20 kills, under load).
+    record = group([SEALED], [DISPATCHED])
+    lost_in_flight = uuid.uuid4().hex
+    journal = tail(line(4, "g", [(0, lost_in_flight), (1, hex_of(record, 1))]))
+    evidence = crash_evidence([record], journal, reason=REASON)
+    assert charged(evidence.in_ledger["g"]) == [(1, hex_of(record, 1))]

@@ -21,6 +21,7 @@ from pipeline_helpers import (
 from rollvault.checkpoint_tools.run_history import (
     check_exactly_once,
     check_sibling_reuse,
+    check_turn_lineage,
     read_run_history,
     work_accounting,
 )
@@ -33,7 +34,9 @@ from rollvault.controller.snapshots.checkpointer import Checkpointer
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
 from rollvault.durable.journal_format import list_segments, read_journal
+from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.statuses import RolloutAttemptStatus
+from rollvault.tasks.registry import get_task
 from rollvault.training.recording import RecordingTrainer
 
 pytestmark = pytest.mark.slow
@@ -217,4 +220,51 @@ def test_seals_of_a_restart_killed_before_its_first_snapshot_are_kept_by_the_nex
     assert third.journal_seals_unmatched == 0
     assert work_accounting(history).lost_tokens == 0
     assert check_sibling_reuse(history) == []
+    assert check_exactly_once(history, expected_prompts(24, 2)) == []
+
+
+@pytest.mark.parametrize("multiturn", [False, True], ids=["one_turn", "guess"])
+def test_seals_of_a_restart_that_inherited_committed_turns_are_kept_by_the_next(
+    tmp_path: Path, multiturn: bool
+) -> None:
+    # As above, but sibling 3 of every group committed a turn before it stuck (a
+    # snapshot taken between a turn's commit and its attempt's seal): S names the old
+    # attempts dispatched with a committed turn. Start 2's fresh attempts inherit it,
+    # continue the episode (a one-turn episode has nothing left), seal (journaled) and
+    # start 2 dies before a snapshot of its own; start 3 restores S again and must
+    # adopt those seals, not generate them again.
+    overrides = ("dataset.kind=guess",) if multiturn else ()
+    environment = get_task("guess").episode_environment if multiturn else None
+    config = _config(tmp_path, *overrides)
+    run_stalled_then_kill(config, stalled_index=3, after_turns=True, environment=environment)
+    source = prepare_checkpoint_dir(config)
+    assert source is not None and source.snapshot is not None
+    ledger = RolloutRecoveryLedger.from_state_dict(source.snapshot.recovery.ledger_state)
+    stuck = [record.siblings[3].current_attempt for record in ledger.groups()]
+    assert stuck and all(
+        a.status is RolloutAttemptStatus.DISPATCHED and a.turn_keys for a in stuck
+    ), "the snapshot does not hold the stuck attempts with their turn committed"
+    quiet = _config(tmp_path, *overrides, "rollout_checkpointing.interval_s=3600")
+    run_until_crash(quiet, 0, after_snapshot=False, environment=environment)
+    run_simulated(config, environment=environment)
+    history = read_run_history(Path(config.logging.log_dir))
+    second, third = history.restores
+    assert second.snapshot is not None and third.snapshot == second.snapshot
+    assert second.turns_resumed > 0 and not second.episodes_restarted
+    minted_by_second = {
+        a.gate_rollout_id: a
+        for a in history.attempts
+        if a.incarnation == 2 and a.status is RolloutAttemptStatus.SEALED and a.reason is None
+    }
+    assert minted_by_second
+    if multiturn:  # they generated the turns after the inherited one
+        assert any(a.num_tokens > 0 for a in minted_by_second.values())
+    kept = [
+        a for a in history.attempts if a.incarnation == 3 and a.adopted_from in minted_by_second
+    ]
+    assert kept, "start 3 kept none of start 2's seals"
+    assert third.journal_seals_unmatched == 0
+    assert work_accounting(history).lost_tokens == 0
+    assert check_sibling_reuse(history) == []
+    assert check_turn_lineage(history) == []
     assert check_exactly_once(history, expected_prompts(24, 2)) == []

@@ -159,7 +159,9 @@ def read_journal(directory: Path) -> JournalReplay:
     expected: int | None = None
     for position, (first_seq, path) in enumerate(segments):
         is_last = position == len(segments) - 1
-        scan = scan_segment(path, expected_first_seq=expected, is_last=is_last)
+        scan = scan_segment(
+            path, expected_first_seq=expected, is_last=is_last, named_first_seq=first_seq
+        )
         if scan.first_seq != first_seq and scan.damage is None:
             raise JournalFormatError(
                 f"{path}: its header says it starts at record {scan.first_seq}, "
@@ -175,12 +177,20 @@ def read_journal(directory: Path) -> JournalReplay:
     return JournalReplay(records, scans, None, next_seq, [])
 
 
-def scan_segment(path: Path, *, expected_first_seq: int | None, is_last: bool) -> SegmentScan:
-    """Verify one segment's header and records; ``expected_first_seq`` chains segments."""
+def scan_segment(
+    path: Path, *, expected_first_seq: int | None, is_last: bool, named_first_seq: int = 0
+) -> SegmentScan:
+    """Verify one segment's header and records; ``expected_first_seq`` chains segments.
+
+    ``named_first_seq``: the first record its name gives, where a damaged header of
+    the first segment starts (a writer killed while creating the segment that a
+    snapshot's rotation left alone: numbering again from 0 would reuse the seqs
+    the snapshots cover, and the next writer's segment would collide with it).
+    """
     data = path.read_bytes()
     first_seq = _header_first_seq(path, data, expected_first_seq)
     if isinstance(first_seq, JournalDamage):
-        start = expected_first_seq if expected_first_seq is not None else 0
+        start = expected_first_seq if expected_first_seq is not None else named_first_seq
         return SegmentScan(path, start, [], 0, first_seq)
     records: list[JournalRecord] = []
     offset = SEGMENT_HEADER_BYTES

@@ -73,6 +73,9 @@ class KillEvidence:
     group_prompts: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     """(epoch, dataset index) of every group the snapshot, the seal journal or the
     dispatch journal names: the prompt of a group lost with the process, too."""
+    group_target_steps: Mapping[str, int | None] = field(default_factory=dict)
+    """The target step of every group the snapshot's ledger or the seal journal's
+    seals name (None: not stamped): a journaled seal is adopted only at its step."""
     problem: str | None = None
     """Why part of the evidence could not be read (None: all of it was)."""
 
@@ -84,6 +87,7 @@ def read_kill_evidence(config: RunConfig, *, start: int, incarnation: int) -> Ki
     seals = [r.entry for r in decode_replay(replay) if isinstance(r.entry, SealRecord)]
     journaled = frozenset(seal.gate_rollout_id for seal in seals)
     prompts = {seal.group_id: (seal.epoch, seal.dataset_idx) for seal in seals}
+    target_steps = {seal.group_id: seal.target_step for seal in seals}
     records: list[PromptGroupRecoveryRecord] = []
     log_seq, dispatch_seq, problem = 0, 0, None
     try:
@@ -94,6 +98,7 @@ def read_kill_evidence(config: RunConfig, *, start: int, incarnation: int) -> Ki
         log_seq = snapshot.controller.log_sequence
         dispatch_seq = snapshot.controller.dispatch_journal_seq
         records = RolloutRecoveryLedger.from_state_dict(snapshot.recovery.ledger_state).groups()
+        target_steps |= {record.group_id: record.target_step for record in records}
         origins = snapshot.controller.origins.items()
         prompts |= {group: (origin.epoch, origin.dataset_idx) for group, origin in origins}
     tail = read_dispatch_journal(checkpoint_dir / DISPATCH_JOURNAL_DIRNAME, after_seq=dispatch_seq)
@@ -118,6 +123,7 @@ def read_kill_evidence(config: RunConfig, *, start: int, incarnation: int) -> Ki
         journal_next_seq=replay.next_seq,
         in_flight=tuple(in_flight),
         group_prompts=prompts,
+        group_target_steps=target_steps,
         problem=problem,
     )
 

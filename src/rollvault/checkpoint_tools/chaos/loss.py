@@ -9,7 +9,12 @@ to the kill that ended its start and sorted by what that kill left on disk
   the newest committed snapshot (sealed within the last commit interval, or
   the journal is off): nothing can keep it;
 - **dropped**: durable, but its prompt was dropped (the retry budget gave it
-  up) with it;
+  up) with it, or a drop displaced it: a dropped group's replacement takes the
+  next prompt at the dropped group's target step, so that prompt (and each
+  later one that moves across a step boundary) is reserved again at another
+  target step than its lost group's, and a journaled seal is adopted only at
+  the target step it was stamped for
+  (:mod:`~rollvault.controller.snapshots.journal_replay`);
 - **durable, lost**: durable and still generated again: what DESIGN
   invariant 10 forbids for a run with the journal on (a ``trainer_checkpoint``
   restore loses these by design): a harness problem where the journal
@@ -107,6 +112,7 @@ def loss_account(history: RunHistory, evidence: Sequence[KillEvidence]) -> LossA
     tokens = {a.gate_rollout_id: a.num_tokens for a in sealed if a.adopted_from is None}
     trained = _trained_rollout_ids(history, sealed)
     dropped = _dropped_rollout_ids(history, sealed, evidence)
+    dropped |= _displaced_rollout_ids(history, sealed, evidence)
     by_incarnation = {kill.incarnation: kill for kill in evidence}
     account = LossAccount(kills=[KillLoss(start=kill.start) for kill in evidence])
     losses = {kill.incarnation: loss for kill, loss in zip(evidence, account.kills, strict=True)}
@@ -185,6 +191,37 @@ def _dropped_rollout_ids(
             for group, (epoch, dataset_idx) in kill.group_prompts.items()
             if (epoch, str(dataset_idx)) in prompts
         }
+    found = {a.gate_rollout_id for a in sealed if a.group_id in groups}
+    found |= {a.adopted_from for a in sealed if a.adopted_from and a.group_id in groups}
+    return found
+
+
+def _displaced_rollout_ids(
+    history: RunHistory, sealed: list[AttemptLogRecord], evidence: Sequence[KillEvidence]
+) -> set[str]:
+    """Sealed attempts of a group whose prompt trained at another target step, after a drop
+    was replaced (see the module docstring).
+
+    Only where a replaced drop happened: without one, a restore reserves every
+    prompt again at the target step it had, and a seal that is not adopted is
+    generated again, which is the loss :func:`durable_loss_problems` names.
+    """
+    if not any(drop.replaced for drop in history.drops):
+        return set()
+    trained_at = {
+        (record.epoch, record.sample_id): record.target_step
+        for records in history.steps.values()
+        for record in records
+    }
+    groups: set[str] = set()
+    for kill in evidence:
+        for group, target_step in kill.group_target_steps.items():
+            prompt = kill.group_prompts.get(group)
+            if prompt is None:
+                continue
+            key = (prompt[0], str(prompt[1]))
+            if key in trained_at and trained_at[key] != target_step:
+                groups.add(group)
     found = {a.gate_rollout_id for a in sealed if a.group_id in groups}
     found |= {a.adopted_from for a in sealed if a.adopted_from and a.group_id in groups}
     return found

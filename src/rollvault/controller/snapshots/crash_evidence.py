@@ -40,7 +40,11 @@ from rollvault.ledger.records import (
     PromptGroupRecoveryRecord,
     RolloutSiblingRecord,
 )
-from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
+from rollvault.ledger.statuses import (
+    PromptGroupStatus,
+    RecoveryGranularity,
+    RolloutAttemptStatus,
+)
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,16 @@ def crash_evidence(
         for sibling in record.siblings:
             journaled = later.get((record.group_id, sibling.generation_index))
             current = sibling.attempts[-1]
+            if (
+                current.status is RolloutAttemptStatus.SEALED
+                and record.recovery_granularity is RecoveryGranularity.SIBLING
+            ):
+                # Sealed by the journal's replay (a seal of a restart's attempt, adopted
+                # by the snapshot's): the attempts restarts dispatched after the
+                # snapshot and lost are superseded by the seal the journal kept, and
+                # the finished sibling is redone no more. (Sealed in the snapshot, a
+                # ``sibling`` sibling was dispatched no more after it.)
+                continue
             if journaled is None:
                 # Nothing dispatched since the snapshot (most siblings): only the
                 # current attempt can be in flight, and its UUID is at hand.

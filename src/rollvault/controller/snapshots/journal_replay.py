@@ -22,11 +22,16 @@ What is replayed, and why it keeps DESIGN's invariants:
   with its process. Such a seal is adopted by the sibling's current attempt
   (as for a group reserved after the snapshot: its tokens staged under that
   attempt's keys, its receipt naming it, ``adopted_from`` the attempt that
-  generated them) when the attempt is live (reserved or dispatched) with no
-  committed turn, the group is generating at ``sibling`` granularity
-  (``prompt_group`` redoes an incomplete group whole) and the seal was
-  stamped for the group's target step. Without it, two restarts in a row
-  killed before their first snapshot would generate durable seals again.
+  generated them) when the attempt is live (reserved or dispatched), the seal
+  lists the attempt's committed turns first (none, or the turns the restart's
+  fresh attempt inherited from it and continued: a snapshot taken between a
+  turn's commit and its attempt's seal holds them; they keep their keys, only
+  the later turns are staged under the attempt's), the group is generating at
+  ``sibling`` granularity (``prompt_group`` redoes an incomplete group whole)
+  and the seal was stamped for the group's target step. Without it, two
+  restarts in a row killed before their first snapshot would generate durable
+  seals again. A seal whose episode restarted from its first turn (it does not
+  list the committed turns) stays fenced off.
 * **Groups reserved after the snapshot** are not in its ledger (their ids
   and their attempts' ids were random), but the restored dataloader reserves
   the same prompts again, in the same order. Their seals are pooled by
@@ -327,37 +332,62 @@ def _adoptable_by_current_attempt(
         group.status is PromptGroupStatus.GENERATING
         and group.recovery_granularity is RecoveryGranularity.SIBLING
         and attempt.status in (RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED)
-        and not attempt.turn_keys
+        and _lists_committed_turns(seal, attempt)
         and seal.target_step == group.target_step
     )
+
+
+def _lists_committed_turns(seal: SealRecord, attempt: RolloutAttemptRecord) -> bool:
+    """Whether ``seal``'s episode begins with ``attempt``'s committed turns (or it has none).
+
+    A fresh attempt of a restart inherits the committed turns of the attempt it
+    replaces and continues the episode after them: its receipt lists them first,
+    under the keys they were committed with.
+    """
+    committed = attempt.turn_keys
+    if not committed:
+        return True
+    keys = validate_receipt(seal.receipt, where=seal.gate_rollout_id).staging_keys
+    return keys[: len(committed)] == committed
 
 
 async def _adopt_onto_current(
     parts: RolloutParts, group: PromptGroupRecoveryRecord, seal: SealRecord
 ) -> None:
     index = seal.generation_index
-    gate_rollout_id = group.gate_rollout_id(index)  # ``group`` is borrowed: read it first
+    # ``group`` is borrowed: read it before the ledger changes it.
+    gate_rollout_id = group.gate_rollout_id(index)
+    committed = len(group.siblings[index].current_attempt.turn_keys)
     if group.siblings[index].current_attempt.status is RolloutAttemptStatus.RESERVED:
         parts.ledger.mark_group_dispatched(parts.cut, group.group_id, generation_indices=[index])
-    await _adopt_one(parts, gate_rollout_id, group.group_id, index, seal)
+    await _adopt_one(parts, gate_rollout_id, group.group_id, index, seal, committed=committed)
 
 
 def _relog_turns(
-    parts: RolloutParts, seal: SealRecord, rows: Mapping[str, Row], *, committed: int
+    parts: RolloutParts,
+    seal: SealRecord,
+    rows: Mapping[str, Row],
+    *,
+    committed: int,
+    gate_rollout_id: str | None = None,
+    keys: list[str] | None = None,
 ) -> None:
     """Log again the turns the seal holds beyond the ones the snapshot has committed.
 
     Their ``turns.jsonl`` lines came after the snapshot and are rolled back
     with it; the turns stand again (in the replayed seal), so must their lines.
+    ``gate_rollout_id`` and ``keys``: those of the attempt that adopted the seal
+    (None: the seal's own).
     """
-    keys = validate_receipt(seal.receipt, where=seal.gate_rollout_id).staging_keys
+    if keys is None:
+        keys = validate_receipt(seal.receipt, where=seal.gate_rollout_id).staging_keys
     for turn_index, key in enumerate(keys):
         if turn_index < committed:
             continue
         mask = rows[key].get("token_mask")
         parts.logs.turns.write(
             TurnLogRecord(
-                gate_rollout_id=seal.gate_rollout_id,
+                gate_rollout_id=gate_rollout_id or seal.gate_rollout_id,
                 group_id=seal.group_id,
                 generation_index=seal.generation_index,
                 turn_index=turn_index,
@@ -407,10 +437,25 @@ async def _adopt_seals(parts: RolloutParts, group_id: str) -> dict[int, SealReco
 
 
 async def _adopt_one(
-    parts: RolloutParts, gate_rollout_id: str, group_id: str, index: int, seal: SealRecord
+    parts: RolloutParts,
+    gate_rollout_id: str,
+    group_id: str,
+    index: int,
+    seal: SealRecord,
+    *,
+    committed: int = 0,
 ) -> None:
+    """Seal the attempt ``gate_rollout_id`` with ``seal``'s tokens.
+
+    ``committed``: the attempt's committed turns, which ``seal`` lists first
+    (:func:`_lists_committed_turns`): they keep their keys; the later turns are
+    staged under the attempt's own keys, and their ``turns.jsonl`` lines written
+    again (the killed start's lines are rolled back with the snapshot).
+    """
     old_keys = validate_receipt(seal.receipt, where=seal.gate_rollout_id).staging_keys
-    new_keys = [staging_key(gate_rollout_id, call) for call in range(len(old_keys))]
+    new_keys = old_keys[:committed] + [
+        staging_key(gate_rollout_id, call) for call in range(committed, len(old_keys))
+    ]
     where = f"journaled seal of {seal.gate_rollout_id}"
     rows = {
         new: decode_row(seal.rows[old], where=f"{where}, row {old!r}")
@@ -443,6 +488,12 @@ async def _adopt_one(
             adopted_from=_generated_by(seal),
         )
     )
+    if committed:
+        # The sibling's committed turns have their lines; the turns after them stand
+        # again (in the adopted seal), and so must theirs.
+        _relog_turns(
+            parts, seal, rows, committed=committed, gate_rollout_id=gate_rollout_id, keys=new_keys
+        )
 
 
 def _generated_by(seal: SealRecord) -> str:
