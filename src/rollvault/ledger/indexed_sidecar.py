@@ -29,7 +29,7 @@ they live and when they are deleted is the snapshot layer's business.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
@@ -231,18 +231,43 @@ def decode_facts_apart_sidecar(
     """A version 7 sidecar's bytes, strictly decoded, with the finalizer maps the caller
     read from where they are held; assemble it as a version 6 one
     (:func:`assemble_indexed_ledger`), which checks the maps too."""
+    state = _decode_versioned(data, FactsApartSidecarState, FACTS_APART_SIDECAR_SCHEMA_VERSION)
+    return _with_finalizer_maps(
+        state,
+        state.ledger_index,
+        finalizer_metrics_by_group=finalizer_metrics_by_group,
+        finalizer_rewards_by_group=finalizer_rewards_by_group,
+    )
+
+
+_Versioned = TypeVar("_Versioned", "FactsApartSidecarState", "RunsSidecarState")
+
+
+def _decode_versioned(data: bytes, kind: type[_Versioned], version: int) -> _Versioned:
+    """``data`` strictly decoded as ``kind``, whose ``schema_version`` must be ``version``."""
     try:
-        state = msgspec.json.decode(data, type=FactsApartSidecarState, strict=True)
+        state = msgspec.json.decode(data, type=kind, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise LedgerStateError(f"{_WHAT}: {exc}") from exc
-    if state.schema_version != FACTS_APART_SIDECAR_SCHEMA_VERSION:
+    if state.schema_version != version:
         raise LedgerStateError(
             f"{_WHAT} $.schema_version: {state.schema_version} is not the version "
-            f"{FACTS_APART_SIDECAR_SCHEMA_VERSION} this decoder reads"
+            f"{version} this decoder reads"
         )
+    return state
+
+
+def _with_finalizer_maps(
+    state: FactsApartSidecarState | RunsSidecarState,
+    index: LedgerIndex,
+    *,
+    finalizer_metrics_by_group: dict[str, Any],
+    finalizer_rewards_by_group: dict[str, Any],
+) -> IndexedSidecarState:
+    """A sidecar that holds its finalizer maps apart, as version 6 holds it, with the maps."""
     return IndexedSidecarState(
         schema_version=INDEXED_SIDECAR_SCHEMA_VERSION,
-        ledger_index=state.ledger_index,
+        ledger_index=index,
         batch_shortfall=state.batch_shortfall,
         sampler_stamps_target_steps=state.sampler_stamps_target_steps,
         finalizer_metrics_by_group=finalizer_metrics_by_group,
@@ -370,23 +395,12 @@ def decode_runs_sidecar(
 ) -> IndexedSidecarState:
     """A version 8 sidecar's bytes, strictly decoded, its runs expanded, with the finalizer
     maps the caller read from where they are held (as :func:`decode_facts_apart_sidecar`)."""
-    try:
-        state = msgspec.json.decode(data, type=RunsSidecarState, strict=True)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise LedgerStateError(f"{_WHAT}: {exc}") from exc
-    if state.schema_version != RUNS_SIDECAR_SCHEMA_VERSION:
-        raise LedgerStateError(
-            f"{_WHAT} $.schema_version: {state.schema_version} is not the version "
-            f"{RUNS_SIDECAR_SCHEMA_VERSION} this decoder reads"
-        )
-    return IndexedSidecarState(
-        schema_version=INDEXED_SIDECAR_SCHEMA_VERSION,
-        ledger_index=expand_runs(state.ledger_index),
-        batch_shortfall=state.batch_shortfall,
-        sampler_stamps_target_steps=state.sampler_stamps_target_steps,
+    state = _decode_versioned(data, RunsSidecarState, RUNS_SIDECAR_SCHEMA_VERSION)
+    return _with_finalizer_maps(
+        state,
+        expand_runs(state.ledger_index),
         finalizer_metrics_by_group=finalizer_metrics_by_group,
         finalizer_rewards_by_group=finalizer_rewards_by_group,
-        reward_settings=state.reward_settings,
     )
 
 
