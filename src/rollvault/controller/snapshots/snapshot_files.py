@@ -768,7 +768,7 @@ def _with_advertised_count(
     digest: SidecarDigest,
     decoded: tuple[ParsedRolloutRecoveryState, IndexedLedger | None],
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
-    groups = len(decoded[0].ledger_state["groups"])
+    groups = len(decoded[0].checked_ledger.groups)
     if groups != digest.group_count:
         raise SnapshotCorruptError(
             path,
