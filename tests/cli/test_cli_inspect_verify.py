@@ -64,6 +64,7 @@ from rollvault.durable.manifest_schema import (  # noqa: E402
     read_snapshot_manifest,
 )
 from rollvault.durable.published_dirs import publish_directory  # noqa: E402
+from rollvault.ledger.state_schema import LedgerState  # noqa: E402
 from rollvault.ledger.statuses import RolloutAttemptStatus  # noqa: E402
 
 SLOW_GATE = (
@@ -503,7 +504,9 @@ def test_a_staged_row_of_a_failed_attempt_is_an_orphan(stalled_dir: Path) -> Non
     state = json.loads(json.dumps(snapshot.recovery.ledger_state))
     attempt = state["groups"][0]["siblings"][3]["attempts"][-1]
     attempt.update(status="failed", failure_reason="infra: worker lost", failure_kind="infra")
-    recovery = msgspec.structs.replace(snapshot.recovery, ledger_state=state)
+    recovery = msgspec.structs.replace(
+        snapshot.recovery, checked_ledger=msgspec.convert(state, LedgerState)
+    )
     record = ledger_of(snapshot.path, state).groups()[0]
     key = staging_key(record.gate_rollout_id(3), 0)
     failed = dataclasses.replace(snapshot, recovery=recovery)

@@ -7,11 +7,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 import pytest
 from ledger_testkit import Harness
 
-from rollvault.ledger.state_schema import CheckedLedgerState
 from rollvault.ledger.statuses import AttemptFailureKind
 from rollvault.rollout_recovery import (
     _SIDECAR_STATE_FIELDS,
@@ -531,13 +529,12 @@ def test_the_ledger_part_has_the_envelope_version(failing: Harness) -> None:
 
 def test_load_parsed_state_builds_what_load_state_dict_builds(ledger: Harness) -> None:
     parsed = decode_rollout_recovery_state(encode_rollout_recovery_state(build(ledger)))
-    assert isinstance(parsed.ledger_state, CheckedLedgerState)
     fast, checked = RolloutRecoveryLedger(), RolloutRecoveryLedger()
     ledger.mutate(lambda: fast.load_parsed_state(ledger.cut, parsed))
     ledger.mutate(lambda: checked.load_state_dict(ledger.cut, parsed.ledger_state))
     assert fast.state_dict() == checked.state_dict() == parsed.ledger_state
     # The records share nothing with the typed state they were built from.
-    typed = parsed.ledger_state.checked.groups[0].siblings[0].attempts[0]
+    typed = parsed.checked_ledger.groups[0].siblings[0].attempts[0]
     typed.staging_keys.append("forged")
     assert typed.receipt is not None
     typed.receipt["staging_keys"].append("forged")
@@ -545,10 +542,23 @@ def test_load_parsed_state_builds_what_load_state_dict_builds(ledger: Harness) -
     assert "forged" not in json.dumps(fast.state_dict())
 
 
-def test_load_parsed_state_checks_a_state_that_parsing_did_not(ledger: Harness) -> None:
+def test_the_parsed_ledger_state_is_built_only_when_asked_for(ledger: Harness) -> None:
+    state = build(ledger)
+    parsed = decode_rollout_recovery_state(encode_rollout_recovery_state(state))
+    loaded = RolloutRecoveryLedger()
+    ledger.mutate(lambda: loaded.load_parsed_state(ledger.cut, parsed))
+    assert "ledger_state" not in parsed.__dict__  # a restore never builds the builtins
+    assert parsed.ledger_state == json.loads(json.dumps(state))["ledger"]
+    assert parsed.ledger_state is parsed.ledger_state  # built once
+    # The builtins are a copy: changing them changes neither the typed state nor the ledger.
+    parsed.ledger_state["groups"][0]["siblings"][0]["attempts"][0]["status"] = "failed"
+    assert parsed.checked_ledger.groups[0].siblings[0].attempts[0].status != "failed"
+    assert loaded.state_dict() == json.loads(json.dumps(state))["ledger"]
+
+
+def test_a_ledger_state_made_by_hand_is_checked_when_loaded(ledger: Harness) -> None:
     parsed = decode_rollout_recovery_state(encode_rollout_recovery_state(build(ledger)))
     damaged = copy.deepcopy(dict(parsed.ledger_state))
     damaged["groups"][0]["siblings"][0]["attempts"][0]["status"] = "failed"
-    by_hand = msgspec.structs.replace(parsed, ledger_state=damaged)
     with pytest.raises(LedgerStateError, match=r"groups\[0\]\.siblings\[0\]\.attempts\[0\]"):
-        ledger.mutate(lambda: RolloutRecoveryLedger().load_parsed_state(ledger.cut, by_hand))
+        ledger.mutate(lambda: RolloutRecoveryLedger().load_state_dict(ledger.cut, damaged))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 
@@ -167,8 +168,14 @@ def test_record_fields_follow_the_spec() -> None:
         "reward_checks",
         "reward_log_context",
     )
+    # The spec's ledger_state is built from the typed state when first read (restore never
+    # reads it): a cached property beside the fields, the rest of the spec's attributes fields.
+    assert isinstance(
+        inspect.getattr_static(api.ParsedRolloutRecoveryState, "ledger_state"),
+        functools.cached_property,
+    )
     assert api.ParsedRolloutRecoveryState.__struct_fields__ == (
-        "ledger_state",
+        "checked_ledger",
         "batch_shortfall",
         "sampler_stamps_target_steps",
         "finalizer_metrics_by_group",

@@ -271,6 +271,29 @@ def test_a_sidecar_changed_after_the_snapshot_was_chosen_is_refused_by_the_resto
         asyncio.run(restore())
 
 
+def test_the_restore_rereads_verified_bytes_on_the_loop_and_decodes_others_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snapshot_files._LAST_DECODED.clear()  # another test may have left its last parse
+    snapshot = _fixture(5, tmp_path)
+    loaded = _read(snapshot)
+    metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
+    sidecar = snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
+    config = _config(tmp_path)
+    handed: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def to_thread(function: Any, /, *args: Any, **kwargs: Any) -> Any:
+        handed.append(function)
+        return await real_to_thread(function, *args, **kwargs)
+
+    monkeypatch.setattr(restorer.asyncio, "to_thread", to_thread)
+    again = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    assert again is loaded.recovery and handed == []  # hashed again, not decoded, no thread
+    third = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    assert third == loaded.recovery and handed == [snapshot_files.read_recovery_sidecar_file]
+
+
 def test_the_restore_reuses_the_parse_of_the_bytes_verification_just_read(tmp_path: Path) -> None:
     snapshot_files._LAST_DECODED.clear()  # another test may have left its last parse
     snapshot = _fixture(5, tmp_path)

@@ -74,7 +74,6 @@ from rollvault.ledger.state_load import (
 )
 from rollvault.ledger.state_schema import (
     _LEDGER_STATE_FIELDS,
-    CheckedLedgerState,
     LedgerState,
     RolloutRecoveryState,
     read_versioned,
@@ -1018,21 +1017,17 @@ class RolloutRecoveryLedger:
         Not in the reference API. The same result as ``load_state_dict(cut,
         parsed.ledger_state)``, without checking again what parsing checked:
         the records are built from the typed state that parsing accepted
-        (:class:`~rollvault.ledger.state_schema.CheckedLedgerState`), so
-        ``parsed.ledger_state`` must not have been changed since. A ledger
-        state without it (built by hand) is loaded by ``load_state_dict``.
+        (``parsed.checked_ledger``), which must not have been changed since,
+        and the builtins ``parsed.ledger_state`` are never built. A ledger
+        state made by hand is loaded by ``load_state_dict``.
         """
-        state = parsed.ledger_state
-        if not isinstance(state, CheckedLedgerState):
-            self.load_state_dict(cut, state)
-            return
         self._enter(cut, "load_parsed_state")
         if self._groups:
             raise LedgerError(
                 f"load_parsed_state needs an empty ledger; this one holds {len(self._groups)} "
                 "group(s)"
             )
-        self._groups = records_from_checked_state(state.checked)
+        self._groups = records_from_checked_state(parsed.checked_ledger)
         self._captured = set()
 
     @classmethod

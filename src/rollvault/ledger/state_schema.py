@@ -139,22 +139,6 @@ class SidecarState(_Schema):
     reward_settings: CaptureRewardSettings | None
 
 
-class CheckedLedgerState(dict[str, Any]):
-    """A ledger state's builtins that remember the typed state they were made from.
-
-    Parsing a sidecar decodes and checks the ledger part as :class:`LedgerState`
-    Structs, then hands it out as builtins (``ParsedRolloutRecoveryState.ledger_state``,
-    whose fields the reference API fixes). The builtins are this dict, which
-    equals and encodes as a plain one and also carries the checked Structs, so
-    :meth:`~rollvault.ledger.ledger.RolloutRecoveryLedger.load_parsed_state`
-    builds the records without decoding and checking 16k attempts again. It
-    assumes the dict was not changed since parsing (restore only reads it).
-    """
-
-    __slots__ = ("checked",)
-    checked: LedgerState
-
-
 def _fields(struct: type[msgspec.Struct]) -> frozenset[str]:
     return frozenset(struct.__struct_fields__)
 

@@ -55,6 +55,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     SegmentSeed,
     advertised_digests,
     read_recovery_sidecar_file,
+    reread_decoded_recovery_sidecar,
     segments_dir_for,
 )
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION, train_key
@@ -118,7 +119,9 @@ async def read_recovery_sidecar(
     (``read_recovery_sidecar_file``).
     """
     digests = advertised_digests(recovery_path.parent / DATA_PLANE_DIRNAME, metadata)
-    parsed = await asyncio.to_thread(read_recovery_sidecar_file, recovery_path, digests)
+    parsed = reread_decoded_recovery_sidecar(recovery_path, digests)
+    if parsed is None:  # not the bytes verification decoded: decode off the event loop
+        parsed = await asyncio.to_thread(read_recovery_sidecar_file, recovery_path, digests)
     check_reward_settings(recovery_path, parsed, master_config)
     return parsed
 

@@ -708,19 +708,7 @@ def read_recovery_sidecar_indexed(
     """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6,
     7 or 8 sidecar. ``facts``: the snapshot's group facts if already read (versions 7 and
     8 take their finalizer maps from them; else they are read beside it)."""
-    digest = digests.get(path.name)
-    if digest is None:
-        raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
-    data = checked_bytes(path, digest)
-    facts_digest = digests.get(GROUP_FACTS_FILENAME)
-    key = (
-        digest.sha256,
-        digest.schema_version,
-        digest.group_count,
-        "" if facts_digest is None else facts_digest.sha256,
-    )
-    # The SHA-256 covers the index, and the index the segments' SHA-256s: equal keys
-    # mean equal records (and equal finalizer maps: the group facts' index is in the key).
+    data, digest, key = _sidecar_bytes(path, digests)
     cached = _LAST_DECODED.pop(key, None)
     if cached is None:
         if digest.schema_version == INDEXED_SIDECAR_SCHEMA_VERSION:
@@ -736,14 +724,57 @@ def read_recovery_sidecar_indexed(
             cached = (decode_recovery_sidecar(path, data, digest), None)
         _LAST_DECODED.clear()
         _LAST_DECODED[key] = cached
-    parsed = cached[0]
-    groups = len(parsed.ledger_state["groups"])
+    return _with_advertised_count(path, digest, cached)
+
+
+def reread_decoded_recovery_sidecar(
+    path: Path, digests: Mapping[str, SidecarDigest]
+) -> ParsedRolloutRecoveryState | None:
+    """:func:`read_recovery_sidecar_file` when this process has just decoded the same bytes
+    (verification, before a restore), else None and nothing is decoded.
+
+    The bytes are read and hashed again (a file changed since is refused), and the count
+    is checked again, exactly as :func:`read_recovery_sidecar_file` does. What it leaves
+    out is the decode, so async code calls it on the event loop: handing a ~0.1 ms read to
+    a worker thread cost more than the read (and the decode, when it must run, goes there).
+    """
+    _data, digest, key = _sidecar_bytes(path, digests)
+    cached = _LAST_DECODED.pop(key, None)
+    return None if cached is None else _with_advertised_count(path, digest, cached)[0]
+
+
+def _sidecar_bytes(
+    path: Path, digests: Mapping[str, SidecarDigest]
+) -> tuple[bytes, SidecarDigest, tuple[str, int, int, str]]:
+    """The sidecar's bytes checked against their advertised digest, and their cache key."""
+    digest = digests.get(path.name)
+    if digest is None:
+        raise SnapshotCorruptError(path, "the data-plane metadata does not advertise it")
+    data = checked_bytes(path, digest)
+    facts_digest = digests.get(GROUP_FACTS_FILENAME)
+    # The SHA-256 covers the index, and the index the segments' SHA-256s: equal keys
+    # mean equal records (and equal finalizer maps: the group facts' index is in the key).
+    key = (
+        digest.sha256,
+        digest.schema_version,
+        digest.group_count,
+        "" if facts_digest is None else facts_digest.sha256,
+    )
+    return data, digest, key
+
+
+def _with_advertised_count(
+    path: Path,
+    digest: SidecarDigest,
+    decoded: tuple[ParsedRolloutRecoveryState, IndexedLedger | None],
+) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
+    groups = len(decoded[0].checked_ledger.groups)
     if groups != digest.group_count:
         raise SnapshotCorruptError(
             path,
             f"holds {groups} groups; data_plane/metadata.json advertises {digest.group_count}",
         )
-    return cached
+    return decoded
 
 
 def _decode_indexed(

@@ -70,7 +70,6 @@ from rollvault.tasks.episodes import RestoreClass
 
 _SHOWN_KEYS: Final = 3
 _IN_FLIGHT: Final = frozenset({RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED})
-_IN_FLIGHT_VALUES: Final = frozenset(status.value for status in _IN_FLIGHT)
 # A crash between publishing canonical rows and leaving the ledger leaves both;
 # restore keeps the rows it finds, so they are expected, not orphans.
 _MAY_HOLD_CANONICAL_ROWS: Final = frozenset(
@@ -303,7 +302,7 @@ def _origin_problems(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     path = _facts_file(snapshot, CONTROLLER_STATE_FILENAME)
     problems = [
         SnapshotProblem(ProblemKind.INCONSISTENT, path, f"no origin for ledger group {group_id!r}")
-        for group_id in (group["group_id"] for group in snapshot.recovery.ledger_state["groups"])
+        for group_id in (group.group_id for group in snapshot.recovery.checked_ledger.groups)
         if group_id not in origins
     ]
     problems += [
@@ -323,11 +322,11 @@ def _group_size_problems(snapshot: LoadedSnapshot, expected: int | None) -> list
         SnapshotProblem(
             ProblemKind.INCONSISTENT,
             snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME,
-            f"group {group['group_id']!r} expects {group['expected_generations']} generations; "
+            f"group {group.group_id!r} expects {group.expected_generations} generations; "
             f"the run makes {expected} per prompt",
         )
-        for group in snapshot.recovery.ledger_state["groups"]
-        if group["expected_generations"] != expected
+        for group in snapshot.recovery.checked_ledger.groups
+        if group.expected_generations != expected
     ]
     problems += [
         SnapshotProblem(
@@ -346,15 +345,15 @@ def _missing_staged_rows(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     """Each sealed current attempt's staged rows must all be in ``data_plane/``."""
     staging = snapshot.data_plane.partitions.get(STAGING_PARTITION, {})
     held = staging.__contains__
-    sealed = RolloutAttemptStatus.SEALED.value
+    sealed = RolloutAttemptStatus.SEALED
     problems = []
-    for group in snapshot.recovery.ledger_state["groups"]:
-        for sibling in group["siblings"]:
-            attempt = sibling["attempts"][-1]
-            if attempt["status"] == sealed:
-                owned = attempt["staging_keys"]
-            elif attempt["status"] in _IN_FLIGHT_VALUES:
-                owned = attempt["turn_keys"]  # the committed turns restore continues from
+    for group in snapshot.recovery.checked_ledger.groups:
+        for sibling in group.siblings:
+            attempt = sibling.attempts[-1]
+            if attempt.status is sealed:
+                owned = attempt.staging_keys
+            elif attempt.status in _IN_FLIGHT:
+                owned = attempt.turn_keys  # the committed turns restore continues from
             else:
                 continue
             if all(map(held, owned)):  # in C: 16k siblings per restore, rows mostly there
@@ -364,7 +363,7 @@ def _missing_staged_rows(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
                 SnapshotProblem(
                     ProblemKind.MISSING_ROWS,
                     snapshot.path / ROLLOUT_RECOVERY_STATE_FILENAME,
-                    f"group {group['group_id']!r} sibling {sibling['generation_index']} "
+                    f"group {group.group_id!r} sibling {sibling.generation_index} "
                     f"names staged rows {missing} that data_plane/ does not hold",
                     partition=STAGING_PARTITION,
                     keys=tuple(sorted(missing)),
@@ -384,12 +383,12 @@ def _env_rollout_problems(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     path = snapshot.path / ENV_ROLLOUTS_FILENAME
     episodes = dict(snapshot.env_rollouts.episodes)
     problems = []
-    for group in snapshot.recovery.ledger_state["groups"]:
-        for sibling in group["siblings"]:
-            attempt = sibling["attempts"][-1]
-            logical = f"{group['group_id']}_g{sibling['generation_index']}"
+    for group in snapshot.recovery.checked_ledger.groups:
+        for sibling in group.siblings:
+            attempt = sibling.attempts[-1]
+            logical = f"{group.group_id}_g{sibling.generation_index}"
             entry = episodes.pop(logical, None)
-            live = attempt["status"] in _IN_FLIGHT_VALUES and attempt["turn_keys"]
+            live = attempt.status in _IN_FLIGHT and attempt.turn_keys
             if not live:
                 if entry is not None:
                     problems.append(
@@ -400,16 +399,16 @@ def _env_rollout_problems(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
                 problems.append(
                     _env_problem(
                         path,
-                        f"{logical}: {len(attempt['turn_keys'])} committed turns in "
+                        f"{logical}: {len(attempt.turn_keys)} committed turns in "
                         f"{ROLLOUT_RECOVERY_STATE_FILENAME} but no environment state",
                     )
                 )
-            elif entry.env_state_revision != attempt["env_state_revision"]:
+            elif entry.env_state_revision != attempt.env_state_revision:
                 problems.append(
                     _env_problem(
                         path,
                         f"{logical}: environment state at revision {entry.env_state_revision}, "
-                        f"the ledger's committed turns at {attempt['env_state_revision']}",
+                        f"the ledger's committed turns at {attempt.env_state_revision}",
                     )
                 )
             elif entry.restore_class is RestoreClass.RESTORABLE and entry.env_state is None:
@@ -540,7 +539,7 @@ def _unfinished_work(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     """No group may be left in the ledger, and the replay index may hold only the
     groups trained since the last trainer checkpoint (kept for a rollback)."""
     problems = []
-    groups = len(snapshot.recovery.ledger_state["groups"])
+    groups = len(snapshot.recovery.checked_ledger.groups)
     if groups:
         problems.append(
             SnapshotProblem(
