@@ -411,7 +411,7 @@ def run_stalled_then_kill(
     then cancel the run.
 
     The stuck state: ``max_inflight_prompts`` groups in flight, each with every
-    sibling sealed but the stalled one. Waiting for that snapshot, not for a
+    sibling sealed but the stalled one (with ``after_turns``, its turn committed). Waiting for that snapshot, not for a
     fixed time, keeps the callers' counts exact on a loaded machine (on a slow
     one the very first snapshot may already hold it).
     """
@@ -436,8 +436,14 @@ def run_stalled_then_kill(
                 siblings = read_snapshot_contents(path).siblings
             except (OSError, SnapshotCorruptError):
                 continue  # pruned while it was being read: look at an older one
-            return siblings.in_flight == inflight and siblings.sealed == inflight * (
-                generations - 1
+            # With after_turns, the stuck attempts' turns must be committed too: a
+            # snapshot cut after the other siblings sealed but before the stalled one
+            # committed its turn holds them dispatched without one.
+            stuck = siblings.mid_episode == inflight if after_turns else True
+            return (
+                stuck
+                and siblings.in_flight == inflight
+                and siblings.sealed == inflight * (generations - 1)
             )
         return False
 
