@@ -318,6 +318,8 @@ async def restore_once(config: RunConfig, args: argparse.Namespace) -> dict[str,
     await restorer.restore()
     finished, finished_cpu = time.perf_counter(), time.process_time()
     parts.logs.close()
+    if parts.seal_journal is not None:  # else each restore left its writer thread running
+        await parts.seal_journal.aclose()
     restored = len(parts.ledger) + len(parts.replay)
     expected = args.groups + args.canonical
     if restored != expected:
