@@ -46,6 +46,7 @@ import msgspec
 
 from rollvault.ledger.records import PromptGroupRecoveryRecord, RolloutAttemptRecord
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+from rollvault.ledger.state_convert import group_header_to_state
 from rollvault.ledger.state_schema import (
     AttemptState,
     GroupHeaderState,
@@ -117,23 +118,7 @@ _REQUIRED: Final = sum(1 for default in _ATTEMPT_DEFAULTS if default is msgspec.
 
 def pack_header(record: PromptGroupRecoveryRecord) -> bytes:
     """The piece of ``record``'s header."""
-    return _ENCODER.encode(
-        PackedHeader(
-            group_id=record.group_id,
-            admission_id=record.admission_id,
-            prompt_id=record.prompt_id,
-            prompt_ref=PackedPromptRef(
-                sample_id=record.prompt_ref.sample_id, task_name=record.prompt_ref.task_name
-            ),
-            task_source=record.task_source,
-            recovery_granularity=record.recovery_granularity,
-            expected_generations=record.expected_generations,
-            target_step=record.target_step,
-            start_weight_version=record.start_weight_version,
-            phase=record.phase,
-            status=record.status,
-        )
-    )
+    return _ENCODER.encode(group_header_to_state(record, PackedHeader, PackedPromptRef))
 
 
 def pack_attempt(prefix: str, attempt: RolloutAttemptRecord) -> bytes:

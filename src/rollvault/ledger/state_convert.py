@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Iterable
+from typing import TypeVar
 
 import msgspec
 
@@ -27,6 +28,8 @@ from rollvault.ledger.state_schema import (
     PromptRefState,
     SiblingState,
 )
+
+_Header = TypeVar("_Header", bound=GroupHeaderState)
 
 
 def ledger_to_state(
@@ -131,13 +134,19 @@ def _attempt_from_state(state: AttemptState, attempt_uuid: uuid.UUID) -> Rollout
     )
 
 
-def group_header_to_state(record: PromptGroupRecoveryRecord) -> GroupHeaderState:
-    """Every persisted field of ``record`` but its siblings (a ledger segment record's header)."""
-    return GroupHeaderState(
+def group_header_to_state(
+    record: PromptGroupRecoveryRecord,
+    header: type[_Header] = GroupHeaderState,  # type: ignore[assignment]
+    prompt_ref: type[PromptRefState] = PromptRefState,
+) -> _Header:
+    """Every persisted field of ``record`` but its siblings (a ledger segment record's header),
+    as ``header`` (a subclass of :class:`GroupHeaderState` with another encoding, such as
+    the packed piece's, its prompt ref as ``prompt_ref``)."""
+    return header(
         group_id=record.group_id,
         admission_id=record.admission_id,
         prompt_id=record.prompt_id,
-        prompt_ref=PromptRefState(
+        prompt_ref=prompt_ref(
             sample_id=record.prompt_ref.sample_id, task_name=record.prompt_ref.task_name
         ),
         task_source=record.task_source,

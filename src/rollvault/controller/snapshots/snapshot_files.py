@@ -261,26 +261,13 @@ class _ControllerStateFileV1(msgspec.Struct, forbid_unknown_fields=True, frozen=
     log_sequence: int
 
 
-class _ControllerStateFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    schema_version: int
-    sampler: SamplerState
-    dataloader: DataLoaderState
-    origins: dict[str, GroupOrigin]
-    prompt_identities: dict[str, str]
-    log_sequence: int
+# Each version adds fields to the one before (a subclass's fields follow its base's).
+class _ControllerStateFileV2(_ControllerStateFileV1, frozen=True, kw_only=True):
     dispatch_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
     lost_interruptions: list[LostGroupInterruption]
 
 
-class _ControllerStateFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    schema_version: int
-    sampler: SamplerState
-    dataloader: DataLoaderState
-    origins: dict[str, GroupOrigin]
-    prompt_identities: dict[str, str]
-    log_sequence: int
-    dispatch_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
-    lost_interruptions: list[LostGroupInterruption]
+class _ControllerStateFileV3(_ControllerStateFileV2, frozen=True, kw_only=True):
     seal_journal_seq: Annotated[int, msgspec.Meta(ge=0)]
 
 
