@@ -216,7 +216,7 @@ def decode_metadata(data: bytes, path: Path) -> DataPlaneCheckpointContent:
 
 
 def replace_user_metadata(data: bytes, path: Path, user_metadata: dict[str, Any]) -> bytes:
-    """``metadata.json`` of either version with its ``user_metadata`` replaced (checksum redone)."""
+    """``metadata.json`` of any version with its ``user_metadata`` replaced (checksum redone)."""
     version, content_bytes = decode_envelope(data, path)
     content = msgspec.json.decode(content_bytes, type=dict[str, Any])
     content["user_metadata"] = check_user_metadata(user_metadata)
