@@ -163,8 +163,9 @@ def counts_from_files(snapshot: Path) -> dict[str, Any]:
     groups = read_sidecar(snapshot)["ledger"]["groups"]  # version 6: from its ledger segments
     current = Counter(s["attempts"][-1]["status"] for g in groups for s in g["siblings"])
     rows: Counter[str] = Counter()
-    for segment in load("data_plane/metadata.json")["content"]["segments"]:
-        rows[segment["partition"]] += segment["live_rows"]
+    # Version 3 lists segments as arrays: their held rows counted by the data plane's reader.
+    for segment in read_segmented_content(snapshot / "data_plane").segments:
+        rows[segment.partition] += segment.live_rows
     return {
         "step": manifest["base_train_step"],
         "mutation_version": manifest["mutation_version"],

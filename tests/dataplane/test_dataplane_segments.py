@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import dataplane_stores
+import msgspec
 import numpy as np
 import pytest
 from dataplane_helpers import Plane, PlaneFactory, assert_rows_identical, sample_row
@@ -23,13 +24,21 @@ from rollvault.dataplane import (
     DataPlaneCheckpointError,
     Row,
 )
-from rollvault.dataplane.checkpoint_format import decode_envelope, encode_envelope
+from rollvault.dataplane.checkpoint_format import (
+    SEGMENTED_V2_SCHEMA_VERSION,
+    decode_envelope,
+    encode_envelope,
+)
 from rollvault.dataplane.rows import validate_row
 from rollvault.dataplane.segmented import (
+    SegmentedCheckpointContent,
     SegmentedWriter,
+    SegmentReference,
     checkpoint_summary,
+    encode_live_bitmap,
     read_any_checkpoint,
     read_segmented,
+    read_segmented_content,
     referenced_segments,
     row_bytes,
 )
@@ -255,6 +264,32 @@ def test_a_damaged_segment_is_named(two_snapshots: tuple[Path, Path], damage: st
     refused(snapshot, segments, shared, "checksum mismatch" if damage == "flip" else "size is")
 
 
+def as_version_2(snapshot: Path) -> Path:
+    """Rewrite the ``metadata.json`` of ``snapshot`` as version 2 lists the same index."""
+    index = read_segmented_content(snapshot)
+    content = SegmentedCheckpointContent(
+        partitions=index.partitions,
+        segments=[
+            SegmentReference(
+                file=held.file,
+                partition=held.partition,
+                sha256=held.sha256,
+                byte_size=held.byte_size,
+                row_count=held.row_count,
+                live_rows=held.live_rows,
+                live=encode_live_bitmap(
+                    held.row_count, [ordinal for ordinal, kept in enumerate(held.wanted) if kept]
+                ),
+            )
+            for held in index.segments
+        ],
+        user_metadata=index.user_metadata,
+    )
+    path = snapshot / METADATA_FILENAME
+    path.write_bytes(encode_envelope(msgspec.json.encode(content), SEGMENTED_V2_SCHEMA_VERSION))
+    return path
+
+
 def rewrite_index(snapshot: Path, change: Any) -> Path:
     path = snapshot / METADATA_FILENAME
     version, content_bytes = decode_envelope(path.read_bytes(), path)
@@ -268,6 +303,7 @@ def test_a_bitmap_that_disagrees_with_its_count_is_refused(
     two_snapshots: tuple[Path, Path],
 ) -> None:
     segments, snapshot = two_snapshots
+    as_version_2(snapshot)
 
     def drop_a_row(content: dict[str, Any]) -> None:
         reference = content["segments"][0]
@@ -283,6 +319,7 @@ def test_a_segment_file_name_cannot_leave_the_segments_directory(
     two_snapshots: tuple[Path, Path],
 ) -> None:
     segments, snapshot = two_snapshots
+    as_version_2(snapshot)
     path = rewrite_index(
         snapshot, lambda c: c["segments"][0].update(file="../x.segment.safetensors")
     )
@@ -293,6 +330,7 @@ def test_a_segment_listed_under_another_partition_is_refused(
     two_snapshots: tuple[Path, Path],
 ) -> None:
     segments, snapshot = two_snapshots
+    as_version_2(snapshot)
     path = rewrite_index(snapshot, lambda c: c["segments"][0].update(partition=TRAIN_PARTITION))
     refused(
         snapshot,
@@ -344,3 +382,206 @@ def test_rows_that_differ_only_in_a_dtype_or_a_scalar_kind_get_schemas_of_their_
         assert list(loaded.rows[key]) == list(row)
         assert_rows_identical(dict(loaded.rows[key]), row)
         assert type(loaded.rows[key]["n"]) is type(row["n"])
+
+
+# -- version 3: the compact index -------------------------------------------------------
+
+
+def index_content(snapshot: Path) -> tuple[int, Any]:
+    path = snapshot / METADATA_FILENAME
+    version, content_bytes = decode_envelope(path.read_bytes(), path)
+    return version, json.loads(content_bytes)
+
+
+def test_the_index_is_written_as_version_3_one_short_array_per_segment(
+    two_snapshots: tuple[Path, Path],
+) -> None:
+    segments, snapshot = two_snapshots
+    version, content = index_content(snapshot)
+    assert version == 3
+    staging = content["partitions"].index(STAGING_PARTITION)
+    train = content["partitions"].index(TRAIN_PARTITION)
+    shared = segments / "000001-rollout_staging.segment.safetensors"
+    digest = hashlib.sha256(shared.read_bytes()).digest()
+    # [name, partition, sha256, byte_size, row_count, live]: the file name as the sequence
+    # number it derives from, the partition as an index, the raw digest, every row held.
+    assert content["segments"][0] == [
+        1,
+        staging,
+        base64.b64encode(digest).decode(),
+        shared.stat().st_size,
+        5,
+        [],
+    ]
+    assert content["segments"][1][:2] == [2, train]
+    for entry in content["segments"]:
+        assert len(json.dumps(entry, separators=(",", ":"))) < 80  # version 2: ~250
+    index = read_segmented_content(snapshot)
+    assert [(held.file, held.partition, held.live_rows) for held in index.segments] == [
+        ("000001-rollout_staging.segment.safetensors", STAGING_PARTITION, 5),
+        ("000002-train.segment.safetensors", TRAIN_PARTITION, 1),
+    ]
+    assert index.segments[0].sha256 == digest.hex()
+
+
+def test_a_version_2_index_is_still_read_to_the_same_rows(
+    two_snapshots: tuple[Path, Path], make_plane: PlaneFactory
+) -> None:
+    segments, snapshot = two_snapshots
+    expected = {STAGING_PARTITION: mixed_rows(), TRAIN_PARTITION: {"t_g0": sample_row(9)}}
+    summary = checkpoint_summary(snapshot, segments)
+    referenced = referenced_segments([snapshot])
+    as_version_2(snapshot)
+    assert index_content(snapshot)[0] == 2
+    assert_holds(snapshot, segments, expected)
+    again = checkpoint_summary(snapshot, segments)
+    assert (again.schema_version, again.row_counts, again.files) == (
+        2,
+        summary.row_counts,
+        summary.files,
+    )
+    assert referenced_segments([snapshot]) == referenced
+
+    async def main() -> None:
+        # A writer seeded from the version 2 checkpoint writes nothing old, version 3.
+        loaded = read_any_checkpoint(snapshot, segments)
+        restored = make_plane(DataPlaneMutationCut())
+        await restored.load_verified(loaded.checkpoint, source=snapshot)
+        writer = SegmentedWriter(segments)
+        writer.seed(restored.capture(), loaded)
+        info = await written(writer, restored, snapshot.parent / "s3", "000003")
+        assert info.new_rows == 0
+        assert index_content(snapshot.parent / "s3")[0] == 3
+        assert_holds(snapshot.parent / "s3", segments, expected)
+
+    asyncio.run(main())
+
+
+def test_an_unknown_index_version_is_refused_naming_the_file(
+    two_snapshots: tuple[Path, Path],
+) -> None:
+    segments, snapshot = two_snapshots
+    path = snapshot / METADATA_FILENAME
+    _version, content_bytes = decode_envelope(path.read_bytes(), path)
+    path.write_bytes(encode_envelope(content_bytes, 4))
+    refused(snapshot, segments, path, "unsupported schema_version 4")
+    with pytest.raises(DataPlaneCheckpointError, match="unsupported schema_version 4"):
+        checkpoint_summary(snapshot, segments)
+
+
+def test_held_rows_are_runs_or_a_bitmap_whichever_is_shorter(
+    tmp_path: Path, make_plane: PlaneFactory
+) -> None:
+    segments = tmp_path / "segments"
+
+    async def main() -> None:
+        plane = make_plane(DataPlaneMutationCut())
+        writer = SegmentedWriter(segments)
+        rows = {f"r{index:03d}": sample_row(index) for index in range(100)}
+        await plane.put(STAGING_PARTITION, rows)
+        await written(writer, plane, tmp_path / "s1", "000001")
+        # A contiguous block cleared: three runs (held, dropped, held).
+        block = [f"r{index:03d}" for index in range(10, 40)]
+        await plane.clear(STAGING_PARTITION, block)
+        await written(writer, plane, tmp_path / "s2", "000002")
+        (entry,) = index_content(tmp_path / "s2")[1]["segments"]
+        assert entry[5] == [10, 30, 60]
+        # Every third row cleared: the 13-byte bitmap is shorter than ~40 runs.
+        scattered = [f"r{index:03d}" for index in range(40, 100, 3)]
+        await plane.clear(STAGING_PARTITION, scattered)
+        await written(writer, plane, tmp_path / "s3", "000003")
+        (entry,) = index_content(tmp_path / "s3")[1]["segments"]
+        assert isinstance(entry[5], str) and len(base64.b64decode(entry[5])) == 13
+        # The first row cleared: the runs start with an empty held run.
+        await plane.clear(STAGING_PARTITION, ["r000"])
+        await written(writer, plane, tmp_path / "s4", "000004")
+        for name in ("s2", "s3", "s4"):
+            index = read_segmented_content(tmp_path / name)
+            (held,) = index.segments
+            kept = {key for key, _row in plane_rows(tmp_path / name, segments)}
+            assert held.live_rows == len(kept)
+        gone = {"r000", *block, *scattered}
+        assert_holds(
+            tmp_path / "s4",
+            segments,
+            {STAGING_PARTITION: {k: row for k, row in rows.items() if k not in gone}},
+        )
+        (entry,) = index_content(tmp_path / "s4")[1]["segments"]
+        assert isinstance(entry[5], str) or entry[5][:2] == [0, 1]
+
+    asyncio.run(main())
+
+
+def plane_rows(directory: Path, segments: Path) -> list[tuple[str, Any]]:
+    loaded = read_segmented(directory, segments).checkpoint
+    return [(key, row) for rows in loaded.partitions.values() for key, row in rows.items()]
+
+
+def test_a_segment_name_off_the_pattern_is_kept_as_text(
+    tmp_path: Path, make_plane: PlaneFactory
+) -> None:
+    segments = tmp_path / "segments"
+
+    async def main() -> None:
+        plane = make_plane(DataPlaneMutationCut())
+        await plane.put(STAGING_PARTITION, mixed_rows())
+        # "7" is not the zero-padded form "000007": the name cannot be derived from 7.
+        await written(SegmentedWriter(segments), plane, tmp_path / "s1", "7")
+        (entry,) = index_content(tmp_path / "s1")[1]["segments"]
+        assert entry[0] == "7-rollout_staging.segment.safetensors"
+        assert_holds(tmp_path / "s1", segments, {STAGING_PARTITION: mixed_rows()})
+
+    asyncio.run(main())
+
+
+def _set(position: int, value: Any, segment: int = 0) -> Any:
+    def change(content: dict[str, Any]) -> None:
+        content["segments"][segment][position] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_set(1, 7), r"segments\[0\]\[1\] \(partition\): 7 is not an index of"),
+        (_set(1, -1), r"Expected `int` >= 0 - at `\$.content.segments\[0\]\[1\]`"),
+        (_set(2, "AAAA"), r"Expected `bytes` of length >= 32 - at `\$.content.segments\[0\]\[2\]`"),
+        (_set(0, "../x.segment.safetensors"), r"at `\$.content.segments\[0\]\[0\]`"),
+        (_set(0, 1.5), r"at `\$.content.segments\[0\]\[0\]`"),
+        (
+            _set(5, [2, 3, 1]),
+            r"segments\[0\]\[5\] \(live\): runs add up to 6 rows, the segment has 5",
+        ),
+        (_set(5, [2, 2]), r"segments\[0\]\[5\] \(live\): runs add up to 4 rows, the segment has 5"),
+        (_set(5, [2, 0, 3]), r"segments\[0\]\[5\] \(live\): run 1 is empty"),
+        (_set(5, [5]), r"segments\[0\]\[5\] \(live\): one run holds every row"),
+        (_set(5, "AAA="), r"segments\[0\]\[5\] \(live\): 2 bytes for 5 rows \(expected 1\)"),
+        (_set(5, "IA=="), r"segments\[0\]\[5\] \(live\): bits set beyond row 5"),
+        (_set(5, None), r"at `\$.content.segments\[0\]\[5\]`"),
+        # msgspec 0.23 names the enclosing object, not the entry, for an array too long.
+        (lambda c: c["segments"][0].append(1), r"Expected `array` of at most length 6 - at `\$"),
+        (
+            lambda c: c["segments"][0].pop(),
+            r"at least length 6, got 5 - at `\$.content.segments\[0\]`",
+        ),
+        (
+            lambda c: c["segments"].append(list(c["segments"][0])),
+            r"segments\[2\]\[0\] \(name\): '000001-rollout_staging.segment.safetensors' "
+            r"listed twice \(first at segments\[0\]\)",
+        ),
+        (
+            _set(0, "000001-rollout_staging.segment.safetensors", segment=1),
+            r"segments\[1\]\[0\] \(name\): .* listed twice",
+        ),
+        (lambda c: c.update(extra=1), r"Object contains unknown field `extra` - at `\$.content`"),
+    ],
+)
+def test_a_malformed_version_3_entry_is_refused_naming_the_file_and_field(
+    two_snapshots: tuple[Path, Path], change: Any, message: str
+) -> None:
+    segments, snapshot = two_snapshots
+    path = rewrite_index(snapshot, change)
+    refused(snapshot, segments, path, message)
+    with pytest.raises(DataPlaneCheckpointError, match=message):
+        checkpoint_summary(snapshot, segments)

@@ -40,11 +40,18 @@ from rollvault.controller.snapshots.snapshot_files import (
     segments_dir_for,
 )
 from rollvault.dataplane.checkpoint_format import (
+    SEGMENTED_V2_SCHEMA_VERSION,
     decode_envelope,
+    encode_envelope,
     replace_user_metadata,
     sha256_hex,
 )
-from rollvault.dataplane.segmented import encode_live_bitmap
+from rollvault.dataplane.segmented import (
+    SegmentedCheckpointContent,
+    SegmentReference,
+    encode_live_bitmap,
+    read_segmented_content,
+)
 from rollvault.ledger.indexed_sidecar import (
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
@@ -425,3 +432,32 @@ def ledger_segments_to_form_2(snapshot: Path) -> str:
     }
     rewrite_sidecar(snapshot, state)
     return name
+
+
+def data_plane_index_to_version_2(snapshot: Path) -> None:
+    """Rewrite the snapshot's ``data_plane/metadata.json`` as version 2 lists the same
+    index (each segment an object: file name, hex digest, base64 bitmap), as the writer
+    before version 3 wrote it; the sidecars it advertises stay as they are."""
+    directory = snapshot / DATA_PLANE_DIRNAME
+    index = read_segmented_content(directory)
+    content = SegmentedCheckpointContent(
+        partitions=index.partitions,
+        segments=[
+            SegmentReference(
+                file=held.file,
+                partition=held.partition,
+                sha256=held.sha256,
+                byte_size=held.byte_size,
+                row_count=held.row_count,
+                live_rows=held.live_rows,
+                live=encode_live_bitmap(
+                    held.row_count, [ordinal for ordinal, kept in enumerate(held.wanted) if kept]
+                ),
+            )
+            for held in index.segments
+        ],
+        user_metadata=index.user_metadata,
+    )
+    (directory / _METADATA).write_bytes(
+        encode_envelope(msgspec.json.encode(content), SEGMENTED_V2_SCHEMA_VERSION)
+    )

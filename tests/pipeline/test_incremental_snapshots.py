@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pipeline_helpers import dataset_of, small_config
+from snapshot_versions import data_plane_index_to_version_2
 from test_group_entries import _reserve
 
 from rollvault.config.schema import RunConfig
@@ -35,6 +36,7 @@ from rollvault.controller.snapshots.verification import (
     VerificationLevel,
     verify_snapshot,
 )
+from rollvault.dataplane.checkpoint_format import decode_envelope
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
 from rollvault.dataplane.segmented import read_segmented_content
 from rollvault.dataplane.segments import read_segment, segment_files
@@ -249,3 +251,59 @@ def test_a_snapshot_that_failed_after_its_segment_was_written_is_retried_under_i
         retried, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
     )
     assert verification.ok, verification.problems
+
+
+def _index_version(snapshot: Path) -> int:
+    path = snapshot / DATA_PLANE_DIRNAME / "metadata.json"
+    version, _content = decode_envelope(path.read_bytes(), path)
+    return version
+
+
+def test_a_snapshot_whose_row_index_is_version_2_restores_and_the_next_writes_version_3(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+
+    async def write() -> tuple[Path, set[str], set[str]]:
+        run = Run.fresh(config)
+        finalizer = Finalizer(run.parts, end_weight_version={})
+        full = [await _reserve(run.parts, sealed=SIBLINGS, gate=run.gate) for _ in range(2)]
+        await _reserve(run.parts, sealed=2, gate=run.gate)
+        await run.snapshot()
+        await finalizer.finalize(full[0])  # rows in both partitions, holes in staging
+        newest = await run.snapshot()
+        staged, train = run.staged(), set(run.parts.data_plane.keys(TRAIN_PARTITION))
+        run.parts.logs.close()
+        return newest, staged, train
+
+    newest, staged, train = asyncio.run(write())
+    assert _index_version(newest) == 3
+    segments = _segments_of(newest)
+    data_plane_index_to_version_2(newest)  # as the writer before version 3 left it
+    assert _index_version(newest) == 2
+    assert _segments_of(newest) == segments
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+    )
+    assert verification.ok, verification.problems
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == newest
+
+    async def restart() -> tuple[Path, set[str]]:
+        run = await Run.restored(config, source)
+        assert run.staged() == staged
+        assert set(run.parts.data_plane.keys(TRAIN_PARTITION)) == train
+        before = run.staged()
+        await _reserve(run.parts, sealed=1, gate=run.gate)
+        after = await run.snapshot()
+        new = run.staged() - before
+        run.parts.logs.close()
+        return after, new
+
+    after, new = asyncio.run(restart())
+    assert _index_version(after) == 3
+    # The rows the version 2 index held are referenced, not written again.
+    fresh = set(_segments_of(after)) - set(segments)
+    assert {key for file in fresh for key in _keys_in(after, file)} == new
+    assert verify_snapshot(after, generations_per_group=SIBLINGS, level=VerificationLevel.FULL).ok

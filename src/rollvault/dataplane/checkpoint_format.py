@@ -2,8 +2,9 @@
 
 This module describes version 1, the self-contained format ``save_checkpoint``
 writes and rollout snapshots wrote before segments; rollout snapshots now
-write version 2 (:mod:`rollvault.dataplane.segmented`: rows in shared segment
-files, the directory holds only the index), in the same envelope. Both load.
+write version 3 (:mod:`rollvault.dataplane.segmented`: rows in shared segment
+files, the directory holds only the index; version 2 is the same index in a
+longer form), in the same envelope. All three load.
 
 A version 1 checkpoint directory holds exactly:
 
@@ -51,11 +52,18 @@ from rollvault.dataplane.rows import INT64_MAX, INT64_MIN, RowDtype
 SELF_CONTAINED_SCHEMA_VERSION = 1
 """Version 1 of ``metadata.json``: rows in the checkpoint's own partition files
 (this module). ``save_checkpoint`` writes it; snapshots written before segments hold it."""
-DATA_PLANE_SCHEMA_VERSION = 2
+SEGMENTED_V2_SCHEMA_VERSION = 2
 """Version 2 of ``metadata.json``: rows in shared segment files
-(:mod:`rollvault.dataplane.segmented`), what rollout snapshots write."""
+(:mod:`rollvault.dataplane.segmented`), each segment an object with its file
+name, hex SHA-256 and base64 live bitmap. Still read; no longer written."""
+DATA_PLANE_SCHEMA_VERSION = 3
+"""Version 3 of ``metadata.json``: version 2's index in a compact form (each
+segment an array, its name as a sequence number, its digest as raw bytes, its
+held rows as runs or omitted when all are held), what rollout snapshots write."""
+SEGMENTED_SCHEMA_VERSIONS = frozenset({SEGMENTED_V2_SCHEMA_VERSION, DATA_PLANE_SCHEMA_VERSION})
+"""The versions that list segments rather than partition files."""
 SUPPORTED_DATA_PLANE_SCHEMA_VERSIONS = frozenset(
-    {SELF_CONTAINED_SCHEMA_VERSION, DATA_PLANE_SCHEMA_VERSION}
+    {SELF_CONTAINED_SCHEMA_VERSION, *SEGMENTED_SCHEMA_VERSIONS}
 )
 METADATA_FILENAME = "metadata.json"
 PARTITION_FILE_SUFFIX = ".safetensors"
@@ -208,7 +216,7 @@ def decode_metadata(data: bytes, path: Path) -> DataPlaneCheckpointContent:
 
 
 def replace_user_metadata(data: bytes, path: Path, user_metadata: dict[str, Any]) -> bytes:
-    """``metadata.json`` of either version with its ``user_metadata`` replaced (checksum redone)."""
+    """``metadata.json`` of any version with its ``user_metadata`` replaced (checksum redone)."""
     version, content_bytes = decode_envelope(data, path)
     content = msgspec.json.decode(content_bytes, type=dict[str, Any])
     content["user_metadata"] = check_user_metadata(user_metadata)

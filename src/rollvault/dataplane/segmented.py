@@ -1,13 +1,25 @@
 """Incremental data-plane checkpoints: rows stored once in segments, snapshots index them.
 
-A version 2 checkpoint directory holds only ``metadata.json``. Its content
+A segmented checkpoint directory holds only ``metadata.json``. Its content
 lists the partitions (empty ones included) and every segment
 (:mod:`rollvault.dataplane.segments`) holding a row of the checkpoint: file
 name, partition, SHA-256, byte size, row count, and which of the segment's
-rows the checkpoint holds, as a bitmap over the segment's ordinals (base64,
-little-endian bit order) with its population count. The index costs a bit
-per row of the segments it references plus ~250 bytes per segment, never a
-per-row entry, so a snapshot's own bytes stay small next to its new rows.
+rows the checkpoint holds. It never has a per-row entry, so a snapshot's own
+bytes stay small next to its new rows.
+
+**Version 3** (written) lists each segment as an array
+``[name, partition, sha256, byte_size, row_count, live]``
+(:class:`SegmentEntryV3`): ``name`` is the snapshot sequence number the file
+name derives from (``segment_file_name(f"{name:06d}", partition)``), or the
+file name itself as text when it does not follow that pattern; ``partition``
+is an index into ``partitions``; ``sha256`` the raw digest (base64 in JSON);
+``live`` the held ordinals either as run lengths, held first and then
+alternately dropped and held (``[]`` when every row is held, the common case),
+or as the bitmap's raw bytes when that is shorter. About 70 bytes per segment
+whose rows are all held. **Version 2** (still read) lists each as an object
+(:class:`SegmentReference`): file name, partition name, hex SHA-256, sizes,
+``live_rows`` and the base64 bitmap (little-endian bit order), ~250 bytes.
+Both read into :class:`HeldSegment`.
 
 :class:`SegmentedWriter` writes successive checkpoints of one store into one
 segments directory. It remembers, for the last checkpoint it *committed*
@@ -45,6 +57,8 @@ from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_format import (
     DATA_PLANE_SCHEMA_VERSION,
     METADATA_FILENAME,
+    SEGMENTED_SCHEMA_VERSIONS,
+    SEGMENTED_V2_SCHEMA_VERSION,
     NonNegativeInt,
     PartitionName,
     Sha256Hex,
@@ -74,7 +88,7 @@ SegmentFileName = Annotated[
 
 
 class SegmentReference(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """One segment a checkpoint holds rows of, and which of its rows."""
+    """One segment a version 2 checkpoint holds rows of, and which of its rows."""
 
     file: SegmentFileName
     partition: PartitionName
@@ -91,6 +105,65 @@ class SegmentedCheckpointContent(msgspec.Struct, forbid_unknown_fields=True, fro
 
     partitions: list[PartitionName]
     segments: list[SegmentReference]
+    user_metadata: dict[str, Any]
+
+
+Sha256Bytes = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+"""A raw SHA-256 digest (base64 in JSON)."""
+
+_STEM_DIGITS = 6
+"""Width of the zero-padded sequence number that names a snapshot's segments."""
+
+
+class SegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """One segment of a version 3 checkpoint:
+    ``[name, partition, sha256, byte_size, row_count, live]``."""
+
+    name: NonNegativeInt | SegmentFileName
+    """The sequence number the file name derives from, or the file name as text."""
+    partition: NonNegativeInt
+    """Index into ``partitions``."""
+    sha256: Sha256Bytes
+    byte_size: NonNegativeInt
+    row_count: NonNegativeInt
+    live: list[NonNegativeInt] | bytes
+    """Held ordinals: run lengths (held, dropped, held, ...; ``[]`` = all held) or the
+    bitmap's raw bytes (little-endian bit order)."""
+
+
+_V3_FIELDS = ("name", "partition", "sha256", "byte_size", "row_count", "live")
+
+
+class SegmentedCheckpointContentV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What a version 3 ``metadata.json`` describes."""
+
+    partitions: list[PartitionName]
+    segments: list[SegmentEntryV3]
+    user_metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HeldSegment:
+    """One segment a checkpoint holds rows of, whichever version listed it."""
+
+    file: str
+    partition: str
+    sha256: str
+    """Hex SHA-256 of the file."""
+    byte_size: int
+    row_count: int
+    live_rows: int
+    wanted: list[bool]
+    """One bool per ordinal: whether the checkpoint holds that row."""
+
+
+@dataclass(frozen=True)
+class SegmentedIndex:
+    """A checked segmented ``metadata.json`` (version 2 or 3)."""
+
+    schema_version: int
+    partitions: list[str]
+    segments: list[HeldSegment]
     user_metadata: dict[str, Any]
 
 
@@ -190,9 +263,12 @@ class SegmentedWriter:
                     kept[key] = _Location(tokens[key], file, ordinal)
             locations[partition] = kept
         known = {**self._segments, **segments}
-        references = _references(locations, known)
-        content = SegmentedCheckpointContent(
-            partitions=capture.partitions(), segments=references, user_metadata=user_metadata
+        partition_names = capture.partitions()
+        references = _references(locations, known, partition_names)
+        content = SegmentedCheckpointContentV3(
+            partitions=partition_names,
+            segments=[reference for _file, reference in references],
+            user_metadata=user_metadata,
         )
         metadata = encode_envelope(msgspec.json.encode(content), DATA_PLANE_SCHEMA_VERSION)
         with open(directory / METADATA_FILENAME, "xb") as handle:
@@ -203,9 +279,9 @@ class SegmentedWriter:
             new_rows=new_rows,
             new_row_bytes=new_row_bytes,
             row_counts=capture.row_counts(),
-            referenced=tuple(reference.file for reference in references),
+            referenced=tuple(file for file, _reference in references),
         )
-        used = {reference.file: known[reference.file] for reference in references}
+        used = {file: known[file] for file, _reference in references}
         self.last_written = PendingCheckpoint(locations=locations, segments=used, info=info)
         return self.last_written
 
@@ -248,27 +324,102 @@ def row_bytes(key: str, row: RowView) -> int:
 
 
 def _references(
-    locations: Mapping[str, Mapping[str, _Location]], segments: Mapping[str, WrittenSegment]
-) -> list[SegmentReference]:
+    locations: Mapping[str, Mapping[str, _Location]],
+    segments: Mapping[str, WrittenSegment],
+    partitions: Sequence[str],
+) -> list[tuple[str, SegmentEntryV3]]:
+    """Each held segment's file name and its version 3 entry, sorted by file name."""
     held: dict[str, list[int]] = {}
     for partition_locations in locations.values():
         for location in partition_locations.values():
             held.setdefault(location.segment, []).append(location.ordinal)
+    index = {name: position for position, name in enumerate(partitions)}
     references = []
     for file in sorted(held):
         segment = segments[file]
         references.append(
-            SegmentReference(
-                file=file,
-                partition=segment.partition,
-                sha256=segment.sha256,
-                byte_size=segment.byte_size,
-                row_count=segment.row_count,
-                live_rows=len(held[file]),
-                live=encode_live_bitmap(segment.row_count, held[file]),
+            (
+                file,
+                SegmentEntryV3(
+                    name=segment_name_field(file, segment.partition),
+                    partition=index[segment.partition],
+                    sha256=bytes.fromhex(segment.sha256),
+                    byte_size=segment.byte_size,
+                    row_count=segment.row_count,
+                    live=encode_live(segment.row_count, held[file]),
+                ),
             )
         )
     return references
+
+
+def segment_name_field(file: str, partition: str) -> int | str:
+    """Version 3's ``name`` of ``file``: the sequence number where the name is
+    ``segment_file_name`` of a zero-padded one and ``partition``, else the name itself."""
+    stem, dash, rest = file.partition("-")
+    if (
+        dash
+        and stem.isascii()
+        and stem.isdigit()
+        and f"{int(stem):0{_STEM_DIGITS}d}" == stem
+        and segment_file_name(stem, partition) == file
+    ):
+        return int(stem)
+    return file
+
+
+def segment_file_from_name(name: int | str, partition: str) -> str:
+    """The file name version 3's ``name`` stands for (see :func:`segment_name_field`)."""
+    if isinstance(name, str):
+        return name
+    return segment_file_name(f"{name:0{_STEM_DIGITS}d}", partition)
+
+
+def encode_live(count: int, held: Sequence[int]) -> list[int] | bytes:
+    """Version 3's ``live`` of ``count`` ordinals with ``held`` set: ``[]`` when all are,
+    else run lengths (held first) or the raw bitmap, whichever encodes shorter in JSON."""
+    if len(set(held)) == count:
+        return []
+    bits = np.zeros(count, dtype=bool)
+    bits[list(held)] = True
+    changes = (np.flatnonzero(bits[1:] != bits[:-1]) + 1).tolist()
+    boundaries = [0, *changes, count]
+    runs = [] if bits[0] else [0]
+    runs += [end - begin for begin, end in zip(boundaries, boundaries[1:], strict=False)]
+    bitmap = np.packbits(bits, bitorder="little").tobytes()
+    if len(msgspec.json.encode(runs)) <= len(msgspec.json.encode(bitmap)):
+        return runs
+    return bitmap
+
+
+def decode_live(live: list[int] | bytes, count: int) -> list[bool]:
+    """The held ordinals version 3's ``live`` records, one bool per ordinal.
+
+    Raises ``ValueError`` saying what is wrong: runs that do not add up to
+    ``count``, a zero-length run other than the first, all rows held written as
+    runs rather than ``[]``; a bitmap of the wrong length or with bits set beyond
+    ``count``.
+    """
+    if isinstance(live, bytes):
+        if len(live) != -(-count // 8):
+            raise ValueError(f"{len(live)} bytes for {count} rows (expected {-(-count // 8)})")
+        bits = np.unpackbits(np.frombuffer(live, dtype=np.uint8), bitorder="little")
+        if bits[count:].any():
+            raise ValueError(f"bits set beyond row {count}")
+        wanted: list[bool] = bits[:count].astype(bool).tolist()
+        return wanted
+    if not live:
+        return [True] * count
+    if 0 in live[1:]:
+        raise ValueError(f"run {live.index(0, 1)} is empty (only the first run may be)")
+    if sum(live) != count:
+        raise ValueError(f"runs add up to {sum(live)} rows, the segment has {count}")
+    if len(live) == 1:
+        raise ValueError("one run holds every row (written as [])")
+    wanted = []
+    for position, length in enumerate(live):
+        wanted += [position % 2 == 0] * length
+    return wanted
 
 
 def encode_live_bitmap(count: int, held: Sequence[int]) -> str:
@@ -311,41 +462,49 @@ def decode_live_bitmap(
 
 @dataclass(frozen=True)
 class LoadedSegmented:
-    """A verified version 2 checkpoint: its rows, and where each is (to seed a writer)."""
+    """A verified segmented checkpoint: its rows, and where each is (to seed a writer)."""
 
     checkpoint: LoadedCheckpoint
     locations: dict[str, dict[str, tuple[str, int]]]
     segments: dict[str, WrittenSegment]
 
 
-def read_segmented_content(directory: Path) -> SegmentedCheckpointContent:
-    """Read and check a version 2 ``metadata.json`` (no segment is read)."""
+def read_segmented_content(directory: Path) -> SegmentedIndex:
+    """Read and check a segmented ``metadata.json`` of version 2 or 3 (no segment is read).
+
+    Every problem raises :class:`DataPlaneCheckpointError` naming the file and
+    the field; any other version is refused naming the file.
+    """
     path = directory / METADATA_FILENAME
     data = read_checkpoint_file(path)
     version, content_bytes = decode_envelope(data, path)
-    if version != DATA_PLANE_SCHEMA_VERSION:
-        raise DataPlaneCheckpointError(
-            path, f"schema_version {version} is not a segmented checkpoint"
-        )
-    content = decode_content(content_bytes, SegmentedCheckpointContent, path)
-    _check_segmented_content(content, path)
-    return content
+    if version == DATA_PLANE_SCHEMA_VERSION:
+        content = decode_content(content_bytes, SegmentedCheckpointContentV3, path)
+        return _index_v3(content, path)
+    if version == SEGMENTED_V2_SCHEMA_VERSION:
+        old = decode_content(content_bytes, SegmentedCheckpointContent, path)
+        return _index_v2(old, path)
+    raise DataPlaneCheckpointError(path, f"schema_version {version} is not a segmented checkpoint")
 
 
 def live_bitmap(reference: SegmentReference, path: Path, where: str) -> list[bool]:
-    """The held ordinals of ``reference`` as one bool per row; a malformed bitmap raises."""
+    """The held ordinals of a version 2 ``reference``, one bool per row; a malformed bitmap
+    raises."""
     try:
         return decode_live_bitmap(reference.live, reference.row_count, reference.live_rows)
     except ValueError as exc:
         raise DataPlaneCheckpointError(path, f"{where}.live: {exc}") from exc
 
 
-def _check_segmented_content(content: SegmentedCheckpointContent, path: Path) -> None:
-    if len(set(content.partitions)) != len(content.partitions):
-        raise DataPlaneCheckpointError(
-            path, f"$.content.partitions: duplicates in {content.partitions}"
-        )
+def _check_partitions(partitions: list[str], path: Path) -> None:
+    if len(set(partitions)) != len(partitions):
+        raise DataPlaneCheckpointError(path, f"$.content.partitions: duplicates in {partitions}")
+
+
+def _index_v2(content: SegmentedCheckpointContent, path: Path) -> SegmentedIndex:
+    _check_partitions(content.partitions, path)
     seen: set[str] = set()
+    segments = []
     for index, reference in enumerate(content.segments):
         where = f"$.content.segments[{index}]"
         if reference.file in seen:
@@ -355,11 +514,66 @@ def _check_segmented_content(content: SegmentedCheckpointContent, path: Path) ->
             raise DataPlaneCheckpointError(
                 path, f"{where}.partition: {reference.partition!r} is not in $.content.partitions"
             )
-        live_bitmap(reference, path, where)
+        segments.append(
+            HeldSegment(
+                file=reference.file,
+                partition=reference.partition,
+                sha256=reference.sha256,
+                byte_size=reference.byte_size,
+                row_count=reference.row_count,
+                live_rows=reference.live_rows,
+                wanted=live_bitmap(reference, path, where),
+            )
+        )
+    return SegmentedIndex(
+        SEGMENTED_V2_SCHEMA_VERSION, content.partitions, segments, content.user_metadata
+    )
+
+
+def _index_v3(content: SegmentedCheckpointContentV3, path: Path) -> SegmentedIndex:
+    _check_partitions(content.partitions, path)
+    seen: dict[str, int] = {}
+    segments = []
+    for index, entry in enumerate(content.segments):
+
+        def where(field: str, index: int = index) -> str:
+            return f"$.content.segments[{index}][{_V3_FIELDS.index(field)}] ({field})"
+
+        if entry.partition >= len(content.partitions):
+            raise DataPlaneCheckpointError(
+                path,
+                f"{where('partition')}: {entry.partition} is not an index of "
+                f"$.content.partitions ({len(content.partitions)} of them)",
+            )
+        partition = content.partitions[entry.partition]
+        file = segment_file_from_name(entry.name, partition)
+        first = seen.setdefault(file, index)
+        if first != index:
+            raise DataPlaneCheckpointError(
+                path, f"{where('name')}: {file!r} listed twice (first at segments[{first}])"
+            )
+        try:
+            wanted = decode_live(entry.live, entry.row_count)
+        except ValueError as exc:
+            raise DataPlaneCheckpointError(path, f"{where('live')}: {exc}") from exc
+        segments.append(
+            HeldSegment(
+                file=file,
+                partition=partition,
+                sha256=entry.sha256.hex(),
+                byte_size=entry.byte_size,
+                row_count=entry.row_count,
+                live_rows=wanted.count(True),
+                wanted=wanted,
+            )
+        )
+    return SegmentedIndex(
+        DATA_PLANE_SCHEMA_VERSION, content.partitions, segments, content.user_metadata
+    )
 
 
 def read_segmented(directory: Path, segments_dir: Path) -> LoadedSegmented:
-    """Read and verify a version 2 checkpoint and every segment it references.
+    """Read and verify a segmented (version 2 or 3) checkpoint and every segment it references.
 
     Raises :class:`DataPlaneCheckpointError` naming the file: ``metadata.json``
     or the segment that is missing, damaged or disagrees with the index.
@@ -375,9 +589,8 @@ def read_segmented(directory: Path, segments_dir: Path) -> LoadedSegmented:
     partitions: dict[str, dict[str, RowView]] = {name: {} for name in content.partitions}
     locations: dict[str, dict[str, tuple[str, int]]] = {name: {} for name in content.partitions}
     segments: dict[str, WrittenSegment] = {}
-    metadata_path = directory / METADATA_FILENAME
-    for index, reference in enumerate(content.segments):
-        wanted = live_bitmap(reference, metadata_path, f"$.content.segments[{index}]")
+    for reference in content.segments:
+        wanted = reference.wanted
         segment_path = segments_dir / reference.file
         loaded = read_segment(
             segment_path,
@@ -421,9 +634,9 @@ def read_segmented(directory: Path, segments_dir: Path) -> LoadedSegmented:
 
 
 def read_any_checkpoint(directory: Path, segments_dir: Path) -> LoadedSegmented:
-    """Read a checkpoint of either version: version 1 has no segments (nothing to seed)."""
+    """Read a checkpoint of any version: version 1 has no segments (nothing to seed)."""
     path = directory / METADATA_FILENAME
-    if _version(path) == DATA_PLANE_SCHEMA_VERSION:
+    if _version(path) in SEGMENTED_SCHEMA_VERSIONS:
         return read_segmented(directory, segments_dir)
     return LoadedSegmented(checkpoint=read_checkpoint(directory), locations={}, segments={})
 
@@ -435,11 +648,11 @@ def _version(path: Path) -> int:
 
 
 def checkpoint_summary(directory: Path, segments_dir: Path) -> CheckpointSummary:
-    """Read only ``metadata.json`` (either version): row counts, files and sizes, user metadata."""
+    """Read only ``metadata.json`` (any version): row counts, files and sizes, user metadata."""
     path = directory / METADATA_FILENAME
     data = read_checkpoint_file(path)
     version, _content = decode_envelope(data, path)
-    if version == DATA_PLANE_SCHEMA_VERSION:
+    if version in SEGMENTED_SCHEMA_VERSIONS:
         content = read_segmented_content(directory)
         counts = dict.fromkeys(content.partitions, 0)
         for reference in content.segments:
@@ -464,6 +677,6 @@ def referenced_segments(checkpoint_dirs: Sequence[Path]) -> set[str]:
     files: set[str] = set()
     for directory in checkpoint_dirs:
         path = directory / METADATA_FILENAME
-        if _version(path) == DATA_PLANE_SCHEMA_VERSION:
+        if _version(path) in SEGMENTED_SCHEMA_VERSIONS:
             files |= {reference.file for reference in read_segmented_content(directory).segments}
     return files
