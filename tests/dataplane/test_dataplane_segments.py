@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import dataplane_stores
-import msgspec
 import numpy as np
 import pytest
+from data_plane_v2 import index_as_version_2
 from dataplane_helpers import Plane, PlaneFactory, assert_rows_identical, sample_row
 
 from rollvault.cut import DataPlaneMutationCut
@@ -25,17 +25,13 @@ from rollvault.dataplane import (
     Row,
 )
 from rollvault.dataplane.checkpoint_format import (
-    SEGMENTED_V2_SCHEMA_VERSION,
     decode_envelope,
     encode_envelope,
 )
 from rollvault.dataplane.rows import validate_row
 from rollvault.dataplane.segmented import (
-    SegmentedCheckpointContent,
     SegmentedWriter,
-    SegmentReference,
     checkpoint_summary,
-    encode_live_bitmap,
     read_any_checkpoint,
     read_segmented,
     read_segmented_content,
@@ -264,32 +260,6 @@ def test_a_damaged_segment_is_named(two_snapshots: tuple[Path, Path], damage: st
     refused(snapshot, segments, shared, "checksum mismatch" if damage == "flip" else "size is")
 
 
-def as_version_2(snapshot: Path) -> Path:
-    """Rewrite the ``metadata.json`` of ``snapshot`` as version 2 lists the same index."""
-    index = read_segmented_content(snapshot)
-    content = SegmentedCheckpointContent(
-        partitions=index.partitions,
-        segments=[
-            SegmentReference(
-                file=held.file,
-                partition=held.partition,
-                sha256=held.sha256,
-                byte_size=held.byte_size,
-                row_count=held.row_count,
-                live_rows=held.live_rows,
-                live=encode_live_bitmap(
-                    held.row_count, [ordinal for ordinal, kept in enumerate(held.wanted) if kept]
-                ),
-            )
-            for held in index.segments
-        ],
-        user_metadata=index.user_metadata,
-    )
-    path = snapshot / METADATA_FILENAME
-    path.write_bytes(encode_envelope(msgspec.json.encode(content), SEGMENTED_V2_SCHEMA_VERSION))
-    return path
-
-
 def rewrite_index(snapshot: Path, change: Any) -> Path:
     path = snapshot / METADATA_FILENAME
     version, content_bytes = decode_envelope(path.read_bytes(), path)
@@ -303,7 +273,7 @@ def test_a_bitmap_that_disagrees_with_its_count_is_refused(
     two_snapshots: tuple[Path, Path],
 ) -> None:
     segments, snapshot = two_snapshots
-    as_version_2(snapshot)
+    index_as_version_2(snapshot)
 
     def drop_a_row(content: dict[str, Any]) -> None:
         reference = content["segments"][0]
@@ -319,7 +289,7 @@ def test_a_segment_file_name_cannot_leave_the_segments_directory(
     two_snapshots: tuple[Path, Path],
 ) -> None:
     segments, snapshot = two_snapshots
-    as_version_2(snapshot)
+    index_as_version_2(snapshot)
     path = rewrite_index(
         snapshot, lambda c: c["segments"][0].update(file="../x.segment.safetensors")
     )
@@ -330,7 +300,7 @@ def test_a_segment_listed_under_another_partition_is_refused(
     two_snapshots: tuple[Path, Path],
 ) -> None:
     segments, snapshot = two_snapshots
-    as_version_2(snapshot)
+    index_as_version_2(snapshot)
     path = rewrite_index(snapshot, lambda c: c["segments"][0].update(partition=TRAIN_PARTITION))
     refused(
         snapshot,
@@ -431,7 +401,7 @@ def test_a_version_2_index_is_still_read_to_the_same_rows(
     expected = {STAGING_PARTITION: mixed_rows(), TRAIN_PARTITION: {"t_g0": sample_row(9)}}
     summary = checkpoint_summary(snapshot, segments)
     referenced = referenced_segments([snapshot])
-    as_version_2(snapshot)
+    index_as_version_2(snapshot)
     assert index_content(snapshot)[0] == 2
     assert_holds(snapshot, segments, expected)
     again = checkpoint_summary(snapshot, segments)

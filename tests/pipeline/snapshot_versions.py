@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
+from data_plane_v2 import index_as_version_2
 from ledger_form2 import RecordOut, compact_sibling, encode_form_2_segment, encode_piece
 
 from rollvault.controller.snapshots.fact_forms import (
@@ -40,17 +41,12 @@ from rollvault.controller.snapshots.snapshot_files import (
     segments_dir_for,
 )
 from rollvault.dataplane.checkpoint_format import (
-    SEGMENTED_V2_SCHEMA_VERSION,
     decode_envelope,
-    encode_envelope,
     replace_user_metadata,
     sha256_hex,
 )
 from rollvault.dataplane.segmented import (
-    SegmentedCheckpointContent,
-    SegmentReference,
     encode_live_bitmap,
-    read_segmented_content,
 )
 from rollvault.ledger.indexed_sidecar import (
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
@@ -436,28 +432,6 @@ def ledger_segments_to_form_2(snapshot: Path) -> str:
 
 def data_plane_index_to_version_2(snapshot: Path) -> None:
     """Rewrite the snapshot's ``data_plane/metadata.json`` as version 2 lists the same
-    index (each segment an object: file name, hex digest, base64 bitmap), as the writer
-    before version 3 wrote it; the sidecars it advertises stay as they are."""
-    directory = snapshot / DATA_PLANE_DIRNAME
-    index = read_segmented_content(directory)
-    content = SegmentedCheckpointContent(
-        partitions=index.partitions,
-        segments=[
-            SegmentReference(
-                file=held.file,
-                partition=held.partition,
-                sha256=held.sha256,
-                byte_size=held.byte_size,
-                row_count=held.row_count,
-                live_rows=held.live_rows,
-                live=encode_live_bitmap(
-                    held.row_count, [ordinal for ordinal, kept in enumerate(held.wanted) if kept]
-                ),
-            )
-            for held in index.segments
-        ],
-        user_metadata=index.user_metadata,
-    )
-    (directory / _METADATA).write_bytes(
-        encode_envelope(msgspec.json.encode(content), SEGMENTED_V2_SCHEMA_VERSION)
-    )
+    index, as the writer before version 3 wrote it; the sidecars it advertises stay as
+    they are."""
+    index_as_version_2(snapshot / DATA_PLANE_DIRNAME)
