@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -33,6 +33,7 @@ from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.gates.episode_runner import Generation
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.ledger.statuses import RolloutAttemptStatus
 from rollvault.tasks.episodes import EpisodeSource
 from rollvault.tasks.protocols import Environment, PromptDataset
 from rollvault.tasks.registry import build_dataset
@@ -175,15 +176,59 @@ class SnapshotWaitingTrainer(CrashingTrainer):
         return await super().train_step(batch)
 
 
+class SealAfterSnapshotTrainer(BatchKeepingTrainer):
+    """Trains on from ``crash_after_step`` until an attempt has sealed after the newest
+    committed rollout snapshot, then crashes after that step: the crash surely finds seals
+    the snapshot does not hold, however snapshots and steps fall on the machine.
+
+    Step 1 waits for the first snapshot: the groups of the later steps are then
+    generated after it (the pump runs at most a buffer and the in-flight groups
+    ahead), so such a seal comes before the run ends.
+    """
+
+    def __init__(self, crash_after_step: int, attempts_log: Path) -> None:
+        super().__init__()
+        self._first_commit = asyncio.Event()
+        self.crash_after_step = crash_after_step
+        self._attempts_log = attempts_log
+        self._sealed_at_commit: int | None = None
+        """Sealed attempts logged when the newest snapshot committed (None: none yet)."""
+
+    def snapshot_committed(self) -> None:
+        # Counted once the commit returned, so at or after its cut: a seal beyond this
+        # count is surely after the snapshot.
+        self._sealed_at_commit = _sealed_attempts(self._attempts_log)
+        self._first_commit.set()
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        if batch.step == 1:
+            async with asyncio.timeout(120):
+                await self._first_commit.wait()
+        metrics = await super().train_step(batch)
+        # No await between the check and the raise: no snapshot can commit in between.
+        if (
+            batch.step >= self.crash_after_step
+            and self._sealed_at_commit is not None
+            and _sealed_attempts(self._attempts_log) > self._sealed_at_commit
+        ):
+            raise SimulatedCrash(f"crash after step {batch.step}")
+        return metrics
+
+
+def _sealed_attempts(attempts_log: Path) -> int:
+    records = read_jsonl(attempts_log, AttemptLogRecord)
+    return sum(1 for record in records if record.status is RolloutAttemptStatus.SEALED)
+
+
 @contextlib.contextmanager
-def _signal_committed_snapshots(committed: asyncio.Event) -> Iterator[None]:
-    """Set ``committed`` whenever a periodic rollout snapshot of this process commits."""
+def _on_committed_snapshots(callback: Callable[[], object]) -> Iterator[None]:
+    """Call ``callback`` whenever a periodic rollout snapshot of this process commits."""
     original = Checkpointer.snapshot_if_changed
 
     async def snapshot_if_changed(self: Checkpointer) -> Path | None:
         path = await original(self)
         if path is not None:
-            committed.set()
+            callback()
         return path
 
     with mock.patch.object(Checkpointer, "snapshot_if_changed", snapshot_if_changed):
@@ -210,7 +255,25 @@ def run_until_crash(
         if after_snapshot
         else CrashingTrainer(crash_after_step)
     )
+    _run_to_crash(config, crash_after_step, trainer, committed.set, environment)
 
+
+def run_until_crash_past_snapshot(config: RunConfig, crash_after_step: int) -> None:
+    """Run ``config`` and let it die after the first step from ``crash_after_step`` on at
+    which an attempt has sealed after the newest committed snapshot
+    (:class:`SealAfterSnapshotTrainer`)."""
+    attempts_log = Path(config.logging.log_dir) / ATTEMPTS_LOG_FILENAME
+    trainer = SealAfterSnapshotTrainer(crash_after_step, attempts_log)
+    _run_to_crash(config, crash_after_step, trainer, trainer.snapshot_committed, None)
+
+
+def _run_to_crash(
+    config: RunConfig,
+    crash_after_step: int,
+    trainer: BatchKeepingTrainer,
+    on_commit: Callable[[], object],
+    environment: EpisodeSource | None,
+) -> None:
     def gate(data_plane: DataPlane) -> SimulatedGate:
         return SimulatedGate(
             config.gate.simulated, data_plane, environment or ParityEnvironment(), seed=config.seed
@@ -218,11 +281,11 @@ def run_until_crash(
 
     crashed = False
     try:
-        with _signal_committed_snapshots(committed):
+        with _on_committed_snapshots(on_commit):
             asyncio.run(run(config, gate_factory=gate, trainer=trainer, dataset=dataset_of(config)))
     except* SimulatedCrash:
         crashed = True
-    assert crashed, f"the run finished before step {crash_after_step}"
+    assert crashed, f"the run finished without crashing (from step {crash_after_step} on)"
 
 
 class HoldingGate(SimulatedGate):

@@ -15,6 +15,7 @@ from pipeline_helpers import (
     run_simulated,
     run_stalled_then_kill,
     run_until_crash,
+    run_until_crash_past_snapshot,
     small_config,
 )
 
@@ -56,7 +57,7 @@ def _config(tmp_path: Path, *overrides: str) -> RunConfig:
 
 def test_seals_after_the_snapshot_are_kept_not_generated_again(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    run_until_crash(config, 6)
+    run_until_crash_past_snapshot(config, 6)
     run_simulated(config)
     history = read_run_history(Path(config.logging.log_dir))
     (restore,) = history.restores
@@ -90,7 +91,7 @@ def test_prompt_group_granularity_replays_and_trains_every_prompt_once(tmp_path:
     # An incomplete prompt_group group is redone whole after the replay (by design);
     # a complete one, replayed or adopted, trains as it was sealed.
     config = _config(tmp_path, "rollout.recovery_granularity=prompt_group")
-    run_until_crash(config, 6)
+    run_until_crash_past_snapshot(config, 6)
     run_simulated(config)
     history = read_run_history(Path(config.logging.log_dir))
     (restore,) = history.restores
@@ -100,9 +101,11 @@ def test_prompt_group_granularity_replays_and_trains_every_prompt_once(tmp_path:
 
 
 def test_without_the_journal_seals_after_the_snapshot_are_lost(tmp_path: Path) -> None:
-    # The same crash with the journal off: the loss the journal removes is real.
+    # The same crash with the journal off: the loss the journal removes is real. The crash
+    # waits for a seal after the newest snapshot (a crash right after a commit, with
+    # nothing sealed since, loses nothing, journal or not).
     config = _config(tmp_path, "rollout_checkpointing.journal.enabled=false")
-    run_until_crash(config, 6)
+    run_until_crash_past_snapshot(config, 6)
     run_simulated(config)
     history = read_run_history(Path(config.logging.log_dir))
     assert work_accounting(history).lost_tokens > 0
