@@ -131,7 +131,8 @@ class SegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=True
     bitmap's raw bytes (little-endian bit order)."""
 
 
-_V3_FIELDS = ("name", "partition", "sha256", "byte_size", "row_count", "live")
+_V3_FIELDS = SegmentEntryV3.__struct_fields__
+"""The entry's array positions, named in errors."""
 
 
 class SegmentedCheckpointContentV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
