@@ -471,6 +471,13 @@ async def measure_incremental(
                     if ledger_pending is None
                     else getattr(ledger_pending.info, "delta_records", 0)
                 ),
+                # the rewrite budget's figures (0 for a writer without one)
+                **{
+                    f"ledger_{name}": (
+                        0 if ledger_pending is None else getattr(ledger_pending.info, name, 0)
+                    )
+                    for name in ("budget", "rewritten_bytes", "forced_records", "queued_records")
+                },
                 "new_rows": info.new_rows,
                 "new_row_bytes": info.new_row_bytes,
                 "segment_bytes": info.segment_bytes,

@@ -418,11 +418,16 @@ def _chain_of(snapshot: Path, group_id: str) -> RecordChain:
     return chain
 
 
-def test_a_group_is_written_whole_once_its_deltas_outweigh_its_budget_of_whole_bytes(
+def test_a_chain_past_its_bound_is_written_whole_at_the_cap_even_with_no_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    budget = 0.6  # a seal's delta here is 0.2-0.3x its group's whole record: whole at the third
-    monkeypatch.setattr(ledger_segments, "chain_budget", lambda group_id: budget)
+    """Past its bound by bytes a chain is due: it waits for the budget (none here), but only
+    until its deltas would pass the bound plus ``CHAIN_BYTES_OVERDUE``: then it is written
+    whole whatever the budget (the budget's side: test_ledger_rewrite_budget.py)."""
+    bound, overdue = 0.3, 0.3  # a seal's delta here is 0.2-0.3x its group's whole record
+    monkeypatch.setattr(ledger_segments, "chain_budget", lambda group_id: bound)
+    monkeypatch.setattr(ledger_segments, "CHAIN_BYTES_OVERDUE", overdue)
+    monkeypatch.setattr(ledger_segments, "REWRITE_SHARE", 0.0)
     config = _config(tmp_path)
 
     async def main() -> None:
@@ -430,18 +435,19 @@ def test_a_group_is_written_whole_once_its_deltas_outweigh_its_budget_of_whole_b
         parts = run.parts
         group = await _reserve(parts, sealed=0, gate=run.gate)
         await run.snapshot()
-        lengths = []
+        lengths, ratios = [], []
         for index in range(SIBLINGS):
             await _seal(parts, run.gate, group, index)
             snapshot = await run.snapshot()
             chain = _chain_of(snapshot, group)
             whole = len(ledger_segments._Encoded.of(parts.ledger.get_group(group)).whole())
-            assert chain.delta_bytes <= budget * whole  # the bound holds after every snapshot
+            assert chain.delta_bytes <= (bound + overdue) * whole  # after every snapshot
             lengths.append(len(chain.links))
+            ratios.append(chain.delta_bytes / whole)
             assert _restored_ledger(snapshot) == _live_ledger(parts)
-        # deltas until the bytes bound, then whole (far below the count bound), then deltas on it
-        assert lengths[0] == 2 and 1 in lengths[1:] and lengths[-1] < ledger_segments.MAX_CHAIN
-        assert lengths.index(1) < len(lengths) - 1 and lengths[lengths.index(1) + 1] == 2
+        # a delta past the bound (due, no budget), one more, then whole at the cap, then a delta
+        assert lengths == [2, 3, 1, 2], (lengths, ratios)
+        assert ratios[0] > bound
         parts.logs.close()
 
     asyncio.run(main())

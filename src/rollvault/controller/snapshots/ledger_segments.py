@@ -19,34 +19,52 @@ from the first that differs on), as a *delta* record naming the group's
 previous record as its base. A seal changes one attempt, so it costs that
 attempt (~100 bytes), not its sibling's older attempts nor the group.
 
-Chains are bounded by bytes: a group is written whole once its chain's
-delta records since its whole record, this one included, would outweigh
-:func:`chain_budget` times the bytes of the group's whole record now (see
-there: between 1x and 3x, fixed per group). A whole rewrite so costs at most
-the deltas it ends, and groups changed in lockstep (every seal of a round in
-the same groups) do not all reach it in one snapshot, as they did under a
-bound by count. A group whose chain already holds :data:`MAX_CHAIN` records
-(a backstop: tiny deltas), or reaches a segment being compacted, or whose
-digests are unknown (restored from a form 1 segment), is written whole too,
-so restore follows at most :data:`MAX_CHAIN` records per group. A group
-restored from a form 1 or 2 segment is written whole (form 3) at its first
-change. A restored writer knows the chains (the restore resolved them, with
-their deltas' bytes) but not the digests: it computes them from the restored
-records, which stay frozen (shared) until the ledger changes them.
+Whole rewrites are spread over snapshots by a **budget** (:func:`rewrite_budget`):
+a snapshot may rewrite whole records *by choice* up to :data:`REWRITE_SHARE`
+times the bytes of its changes (deltas and new groups), plus what the previous
+snapshot left unspent while a rewrite was waiting. Two things make a group
+*due* a rewrite, and due groups are rewritten in priority order until the next
+does not fit; the rest wait (they are recomputed from the writer's state at
+every snapshot, so nothing about them needs saving or survives a crash):
 
-Compaction: a referenced segment whose live records (every record a live
-group's chain reaches) fall below ``compact_below`` of its records has the
-groups reaching it rewritten whole, so that it stops being referenced and
-retention deletes it. That bounds the dead bytes on disk to about as many
-again as the live ones. Unchanged groups rewritten this way go to a segment
-of their own (``<stem>-ledger-cold``), not beside the changed ones: records
-that survived a segment's decay are the cold ones (groups waiting, not being
-sealed), and mixed with hot records they would be rewritten again each time
-the hot ones around them die (the first measurement, mixed, rewrote 36% more
-records per snapshot after 10 rounds and still growing). The fraction and
-the chain bound are constants, not config fields: they trade disk and
-restore reads for write bytes only, and nothing measured yet asks to tune
-them.
+- its chain: once the chain's delta records since its whole record, this one
+  included, outweigh :func:`chain_budget` times the bytes of the group's whole
+  record now (between 1x and 3x, fixed per group, so groups changed in
+  lockstep do not come due together). A whole rewrite so costs at most the
+  deltas it ends. Until rewritten, the group goes on as deltas;
+- compaction: once more than :data:`DEAD_DUE` of the referenced segments'
+  bytes are dead (records no live group's chain reaches, estimated by record
+  counts), segments are due, the most dead bytes per live record first
+  (what leaving one frees per group rewritten), and the groups reaching them
+  are rewritten whole so that those segments stop being referenced and
+  retention deletes them. Unchanged groups rewritten this way go to a segment
+  of their own (``<stem>-ledger-cold``), not beside the changed ones: records
+  that survived a segment's decay are the cold ones (groups waiting, not being
+  sealed), and mixed with hot records they would be rewritten again each time
+  the hot ones around them die.
+
+Hard bounds force a whole rewrite whatever the budget, so restore's cost stays
+bounded: a chain of :data:`MAX_CHAIN` records (a backstop: tiny deltas), a
+chain whose deltas would pass (:func:`chain_budget` + :data:`CHAIN_BYTES_OVERDUE`)
+times the whole record (so a restore decodes at most ~6x a group's whole bytes
+and follows at most :data:`MAX_CHAIN` records per group), and segments taken
+while more than :data:`DEAD_FORCED` of the referenced bytes are dead (so at
+each snapshot's start a restore reads at most about twice the live records'
+bytes, as the earlier rule of compacting every segment below half live did).
+A group whose digests are unknown (restored from a form 1 segment) or whose
+siblings changed in number is written whole too. A group restored from a form
+1 or 2 segment is written whole (form 3) at its first change. A restored
+writer knows the chains (the restore resolved them, with their deltas' bytes)
+but not the digests: it computes them from the restored records, which stay
+frozen (shared) until the ledger changes them.
+
+Why a budget: with each segment compacted as soon as it fell below half live
+and every chain rewritten as soon as it passed its bound, the benchmark's
+steady state (``bench_snapshot_cut.py --incremental 30``) paid it all in a few
+snapshots: rounds 22-26 wrote 0.31-1.06 MB of ledger segments (1.5-2.7x the
+new rows' bytes), the delta segments of groups sealed in lockstep decaying
+together. The constants trade disk and restore reads for write bytes only;
+they are not config fields.
 
 A snapshot that fails or is never committed leaves its segment unreferenced,
 for the next collection (:mod:`.segment_retention`); the writer still
@@ -60,6 +78,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Final
 
@@ -81,8 +100,17 @@ from rollvault.ledger.ledger_records import (
 from rollvault.ledger.packed_groups import pack_attempt, pack_header
 from rollvault.ledger.records import PromptGroupRecoveryRecord
 
-COMPACT_BELOW: Final = 0.5
-"""Rewrite a segment's live records once fewer than this fraction of its records are live."""
+DEAD_DUE: Final = 0.25
+"""Once more than this share of the referenced segments' bytes is dead, segments are due
+compaction (their live groups rewritten whole within the budget), the most dead bytes per
+live group first, until the share would be back under it."""
+
+DEAD_FORCED: Final = 0.5
+"""Once more than this share is dead, those segments' live groups are rewritten whole at
+once, whatever the budget: restore reads at most twice the live records' bytes."""
+
+REWRITE_SHARE: Final = 1.0
+"""A snapshot may rewrite whole records, by choice, up to this many times its changes' bytes."""
 
 
 MAX_CHAIN: Final = 32
@@ -94,6 +122,17 @@ unless a group's deltas are tiny against it (dispatches only, no seals)."""
 CHAIN_BYTES_LOW: Final = 1.0
 CHAIN_BYTES_SPAN: Final = 2.0
 """The bound by bytes, as multiples of the group's whole bytes: from LOW to LOW + SPAN."""
+
+CHAIN_BYTES_OVERDUE: Final = 2.0
+"""How far past its bound by bytes (in whole bytes) a chain waits for the budget before it
+is written whole anyway: a chain's deltas never exceed (its bound + this) x its whole bytes."""
+
+
+def rewrite_budget(changes: int, carry: int) -> int:
+    """Bytes of whole records a snapshot may rewrite by choice: :data:`REWRITE_SHARE` times the
+    bytes of its changes (its groups' deltas as planned and its new groups' records), plus
+    what the previous snapshot left unspent while a rewrite was waiting for it."""
+    return int(REWRITE_SHARE * changes) + carry
 
 
 def chain_budget(group_id: str) -> float:
@@ -189,9 +228,13 @@ class _Encoded:
             )
         )
 
-    def whole(self) -> bytes:
-        """The group's whole record."""
+    @cached_property
+    def whole_record(self) -> bytes:
         return self.record(None, True, [(index, 0) for index in range(len(self.siblings))])
+
+    def whole(self) -> bytes:
+        """The group's whole record (encoded once: the plan, the budget and the segment use it)."""
+        return self.whole_record
 
 
 @dataclass
@@ -226,6 +269,27 @@ def _first_change(old: tuple[bytes, ...], new: tuple[bytes, ...]) -> int:
     return min(len(old), len(new))
 
 
+def _diff_of(digests: _Digests, encoded: _Encoded, known: _Placed) -> _Diff | None:
+    """``encoded``'s changes since the record ``digests`` describe; None: not as a delta
+    (its siblings are not the same ones)."""
+    header, siblings = digests
+    new_header, new_siblings = encoded.digests
+    if len(siblings) != len(new_siblings):
+        return None
+    patches = tuple(
+        (index, _first_change(old, new))
+        for index, (old, new) in enumerate(zip(siblings, new_siblings, strict=True))
+        if old != new
+    )
+    changed_header = header != new_header
+    if not patches and not changed_header:
+        return _Diff(False, (), 0)
+    # Its size as planned: the base's position in the segment being built is a small int
+    # either way, so the record written is this size or within a byte or two of it.
+    size = len(encoded.record((0, known.ordinal), changed_header, patches))
+    return _Diff(changed_header, patches, size)
+
+
 def _cold_name(stem: str) -> str:
     return ledger_segment_file_name(f"{stem}-cold")
 
@@ -241,6 +305,14 @@ class LedgerWriteInfo:
     referenced: tuple[str, ...]
     delta_records: int = 0
     """Of ``new_records``, those written as deltas (only the changed siblings)."""
+    budget: int = 0
+    """Bytes of whole records this snapshot could rewrite by choice (see :func:`rewrite_budget`)."""
+    rewritten_bytes: int = 0
+    """Bytes of the whole records it rewrote by choice: at most ``budget``."""
+    forced_records: int = 0
+    """Whole records a bound forced, outside the budget (see the module docstring)."""
+    queued_records: int = 0
+    """Groups due a rewrite (chain or sparse segment) left for a later snapshot."""
 
 
 @dataclass
@@ -251,6 +323,8 @@ class PendingLedger:
     placed: dict[str, _Placed]
     segments: dict[str, LedgerSegmentRef]
     info: LedgerWriteInfo
+    carry: int = 0
+    """The budget this snapshot left unspent, for the next one (see :func:`rewrite_budget`)."""
 
 
 @dataclass(frozen=True)
@@ -291,15 +365,51 @@ class LedgerSeed:
 
 
 @dataclass
+class _Step:
+    """One live group's part of a snapshot, planned before the budget picks the rewrites."""
+
+    record: PromptGroupRecoveryRecord
+    known: _Placed | None
+    encoded: _Encoded | None = None
+    """None: unchanged since its record, not encoded (unless chosen for a rewrite)."""
+    diff: _Diff | None = None
+    """Its changes as a delta on ``known``; None: nothing to write as a delta."""
+    whole: bool = False
+    """Written whole whatever the budget: new, or a bound forces it."""
+    due: tuple[float, float] | None = None
+    """A rewrite is due (priority, lowest first; see :meth:`LedgerSegmentWriter._plan`)."""
+    rewrite: bool = False
+    """Chosen: rewritten whole within the budget."""
+
+    def encode(self) -> _Encoded:
+        if self.encoded is None:
+            self.encoded = _Encoded.of(self.record)
+        return self.encoded
+
+    @property
+    def changed(self) -> bool:
+        return self.known is None or self.known.token is not self.record.siblings
+
+
+@dataclass(frozen=True)
+class _Diff:
+    """A changed group's delta on its newest record: which pieces, and its bytes as planned."""
+
+    header: bool
+    patches: tuple[_Patch, ...]
+    size: int
+
+
+@dataclass
 class LedgerSegmentWriter:
     """Writes the ledger part of successive snapshots into ``segments_dir`` (one per dir)."""
 
     segments_dir: Path
-    compact_below: float = COMPACT_BELOW
     last_written: PendingLedger | None = None
     """What the last :meth:`write` wrote, for the caller to pass to :meth:`committed`."""
     _placed: dict[str, _Placed] = field(default_factory=dict)
     _segments: dict[str, LedgerSegmentRef] = field(default_factory=dict)
+    _carry: int = 0
 
     def write(self, records: Sequence[PromptGroupRecoveryRecord], *, stem: str) -> PendingLedger:
         """Write the changes of ``records`` (the live groups, in ledger order).
@@ -307,38 +417,16 @@ class LedgerSegmentWriter:
         The new segments, named after ``stem``, are durable when this returns.
         Call :meth:`committed` once the snapshot that holds the index is.
         """
-        sparse = self._sparse(records)
+        compaction = self._compaction(records)
+        steps = [self._plan(record, compaction) for record in records]
+        changes = sum(
+            len(step.encode().whole()) if step.whole and step.known is None else 0 for step in steps
+        ) + sum(step.diff.size for step in steps if step.diff is not None)
+        budget = rewrite_budget(changes, self._carry)
+        spent = self._choose(steps, budget)
         fresh = _SegmentBuild(ledger_segment_file_name(stem))
         cold = _SegmentBuild(_cold_name(stem))
-        placed: dict[str, _Placed] = {}
-        deltas = compacted = 0
-        for record in records:
-            known = self._placed.get(record.group_id)
-            if known is not None and sparse.isdisjoint(file for file, _ in known.chain):
-                if known.token is record.siblings:
-                    placed[record.group_id] = known
-                    continue
-                encoded = _Encoded.of(record)
-                delta = self._delta(known, encoded, fresh, record.group_id)
-                if delta is not None:
-                    chain, delta_bytes = known.chain, known.delta_bytes
-                    if delta:
-                        chain = fresh.add(delta, known)
-                        delta_bytes += len(delta)
-                        deltas += 1
-                    # else copied by the ledger, not changed: nothing to write
-                    placed[record.group_id] = _Placed(
-                        record.siblings, chain, encoded.digests, delta_bytes=delta_bytes
-                    )
-                    continue
-            else:
-                encoded = _Encoded.of(record)
-            target = fresh
-            if known is not None and known.token is record.siblings:
-                target = cold  # unchanged, rewritten only to leave a sparse segment
-                compacted += 1
-            chain = target.add(encoded.whole())
-            placed[record.group_id] = _Placed(record.siblings, chain, encoded.digests)
+        placed = {step.record.group_id: self._emit(step, fresh, cold) for step in steps}
         segments = {
             file: self._segments[file]
             for group in placed.values()
@@ -354,40 +442,99 @@ class LedgerSegmentWriter:
                 (position[placed[r.group_id].segment], placed[r.group_id].ordinal) for r in records
             ],
         )
+        forced = sum(1 for step in steps if step.whole and step.known is not None)
         info = LedgerWriteInfo(
             segment_bytes=segment_bytes,
             new_records=len(fresh.records) + len(cold.records),
-            compacted_records=compacted,
+            compacted_records=len(cold.records),
             referenced=tuple(listed),
-            delta_records=deltas,
+            delta_records=sum(1 for s in steps if s.diff is not None and not s.rewrite),
+            budget=budget,
+            rewritten_bytes=spent,
+            forced_records=forced,
+            queued_records=sum(1 for s in steps if s.due is not None and not s.rewrite),
         )
-        self.last_written = PendingLedger(index=index, placed=placed, segments=segments, info=info)
+        # Unspent budget waits only for a due rewrite that did not fit, so it never grows past
+        # one whole record: nothing is saved up for a burst while nothing is due.
+        carry = budget - spent if info.queued_records else 0
+        self.last_written = PendingLedger(
+            index=index, placed=placed, segments=segments, info=info, carry=carry
+        )
         return self.last_written
 
+    def _plan(
+        self, record: PromptGroupRecoveryRecord, compaction: dict[str, tuple[int, bool]]
+    ) -> _Step:
+        """What ``record`` needs: nothing, a delta, whole (new or forced by a bound), or a
+        rewrite when the budget allows (``due``; by priority: groups leaving the segments due
+        compaction first, in :meth:`_compaction`'s order, then chains by how far their deltas
+        are past their bound)."""
+        known = self._placed.get(record.group_id)
+        step = _Step(record, known)
+        if known is None:
+            step.whole = True
+            return step
+        leaving = [compaction[file] for file, _ in known.chain if file in compaction]
+        if any(forced for _, forced in leaving):
+            step.whole = True  # too much is dead to wait for the budget
+            return step
+        overdue = 0.0
+        if step.changed:
+            encoded = step.encode()
+            digests = known.known_digests()
+            diff = None if digests is None else _diff_of(digests, encoded, known)
+            if diff is None or len(known.chain) >= MAX_CHAIN:
+                step.whole = True
+                return step
+            whole = len(encoded.whole())
+            chain_bytes = known.delta_bytes + diff.size
+            if chain_bytes > (chain_budget(record.group_id) + CHAIN_BYTES_OVERDUE) * whole:
+                step.whole = True  # waited long enough for the budget
+                return step
+            step.diff = diff if diff.size else None
+            overdue = chain_bytes / (chain_budget(record.group_id) * whole)
+        if leaving or overdue > 1.0:
+            rank = min((rank for rank, _ in leaving), default=len(compaction))
+            step.due = (rank, -overdue)
+        return step
+
     @staticmethod
-    def _delta(
-        known: _Placed, encoded: _Encoded, build: _SegmentBuild, group_id: str
-    ) -> bytes | None:
-        """The delta record of ``encoded`` on ``known`` for ``build``; b"": nothing changed;
-        None: write it whole (see the module docstring)."""
-        digests = known.known_digests()
-        if digests is None or len(known.chain) >= MAX_CHAIN:
-            return None
-        header, siblings = digests
-        new_header, new_siblings = encoded.digests
-        if len(siblings) != len(new_siblings):
-            return None
-        patches = [
-            (index, _first_change(old, new))
-            for index, (old, new) in enumerate(zip(siblings, new_siblings, strict=True))
-            if old != new
-        ]
-        if not patches and header == new_header:
-            return b""
-        delta = encoded.record(build.base_position(known), header != new_header, patches)
-        if known.delta_bytes + len(delta) > chain_budget(group_id) * len(encoded.whole()):
-            return None
-        return delta
+    def _choose(steps: list[_Step], budget: int) -> int:
+        """Mark the due rewrites to make, by priority, until the next does not fit ``budget``;
+        return the bytes they cost."""
+        spent = 0
+        for step in sorted((s for s in steps if s.due is not None), key=lambda s: s.due or ()):
+            cost = len(step.encode().whole())
+            if spent + cost > budget:
+                break
+            step.rewrite = True
+            spent += cost
+        return spent
+
+    @staticmethod
+    def _emit(step: _Step, fresh: _SegmentBuild, cold: _SegmentBuild) -> _Placed:
+        """Add ``step``'s record, if any, to its segment; where the group is now."""
+        record, known = step.record, step.known
+        if step.whole or step.rewrite:
+            encoded = step.encode()
+            # Unchanged groups rewritten only to leave a sparse segment go apart (cold).
+            target = cold if not step.changed else fresh
+            return _Placed(record.siblings, target.add(encoded.whole()), encoded.digests)
+        assert known is not None  # a new group is whole
+        if not step.changed:
+            return known
+        encoded = step.encode()
+        if step.diff is None:  # copied by the ledger, not changed: nothing to write
+            return _Placed(
+                record.siblings, known.chain, encoded.digests, delta_bytes=known.delta_bytes
+            )
+        delta = encoded.record(fresh.base_position(known), step.diff.header, step.diff.patches)
+        return _Placed(
+            record.siblings,
+            fresh.add(delta, known),
+            encoded.digests,
+            delta_bytes=known.delta_bytes + len(delta),
+        )
 
     def _publish(self, build: _SegmentBuild, segments: dict[str, LedgerSegmentRef]) -> int:
         """Write ``build``'s records as its segment, if any; return its bytes."""
@@ -403,23 +550,44 @@ class LedgerSegmentWriter:
         )
         return len(data)
 
-    def _sparse(self, records: Sequence[PromptGroupRecoveryRecord]) -> set[str]:
-        """Referenced segments fewer than ``compact_below`` of whose records live groups reach."""
+    def _compaction(
+        self, records: Sequence[PromptGroupRecoveryRecord]
+    ) -> dict[str, tuple[int, bool]]:
+        """The referenced segments to compact: per file its rank and whether it is forced.
+
+        A segment's dead bytes are estimated by its records no live chain reaches (records
+        of one segment are of a size). Segments are taken by dead bytes per live record (what
+        compacting one frees per group rewritten), while the dead share of the referenced
+        bytes is over :data:`DEAD_DUE`; those taken while it is over :data:`DEAD_FORCED`
+        are forced.
+        """
         live: Counter[str] = Counter()
         for record in records:
             known = self._placed.get(record.group_id)
             if known is not None:
                 live.update(file for file, _ in known.chain)
-        return {
-            file
+        dead_of = {
+            file: self._segments[file].byte_size * (1 - count / self._segments[file].record_count)
             for file, count in live.items()
-            if count < self.compact_below * self._segments[file].record_count
         }
+        total = float(sum(self._segments[file].byte_size for file in live))
+        dead = sum(dead_of.values())
+        order = sorted(live, key=lambda file: (-dead_of[file] / live[file], file))
+        compaction: dict[str, tuple[int, bool]] = {}
+        for rank, file in enumerate(order):
+            if dead <= DEAD_DUE * total or dead_of[file] <= 0:
+                break
+            compaction[file] = (rank, dead > DEAD_FORCED * total)
+            # Once compacted, its dead bytes are gone and its live ones are written again.
+            dead -= dead_of[file]
+            total -= dead_of[file]
+        return compaction
 
     def committed(self, pending: PendingLedger) -> None:
         """Make ``pending`` the base of the next snapshot: it is committed now."""
         self._placed = pending.placed
         self._segments = pending.segments
+        self._carry = pending.carry
         self.last_written = None
 
     def base_segments(self) -> set[str]:
