@@ -100,7 +100,7 @@ from rollvault.ledger.ledger_records import (
 from rollvault.ledger.packed_groups import pack_attempt, pack_header
 from rollvault.ledger.records import PromptGroupRecoveryRecord
 
-DEAD_DUE: Final = 0.25
+DEAD_DUE: Final = 0.4
 """Once more than this share of the referenced segments' bytes is dead, segments are due
 compaction (their live groups rewritten whole within the budget), the most dead bytes per
 live group first, until the share would be back under it."""
