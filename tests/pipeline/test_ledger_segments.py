@@ -409,6 +409,54 @@ def test_a_group_s_chain_of_deltas_is_bounded_then_written_whole(
     asyncio.run(main())
 
 
+def test_snapshots_under_a_small_rewrite_budget_restore_the_ledger_and_keep_what_they_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many snapshots with rewrites due (chains past a low bound, segments past a low dead
+    share) and a budget too small for all of them: every snapshot restores the live ledger,
+    and retention keeps exactly the ledger segments the kept snapshots reference."""
+    monkeypatch.setattr(ledger_segments, "chain_budget", lambda group_id: 0.3)
+    monkeypatch.setattr(ledger_segments, "DEAD_DUE", 0.1)
+    monkeypatch.setattr(ledger_segments, "REWRITE_SHARE", 0.5)
+    written: list[ledger_segments.LedgerWriteInfo] = []
+    write = LedgerSegmentWriter.write
+
+    def recording(
+        self: LedgerSegmentWriter, records: Any, *, stem: str
+    ) -> ledger_segments.PendingLedger:
+        pending = write(self, records, stem=stem)
+        written.append(pending.info)
+        return pending
+
+    monkeypatch.setattr(LedgerSegmentWriter, "write", recording)
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = Run.fresh(config)
+        parts = run.parts
+        finalizer = Finalizer(parts, end_weight_version={})
+        sealed = {await _reserve(parts, sealed=0, gate=run.gate): 0 for _ in range(6)}
+        await run.snapshot()
+        for round_ in range(2 * SIBLINGS + 1):  # until every group is sealed and finalized
+            for group_id in list(sealed)[round_ % 2 :: 2]:  # half the groups a round
+                await _seal(parts, run.gate, group_id, sealed[group_id])
+                sealed[group_id] += 1
+                if sealed[group_id] == SIBLINGS:
+                    await finalizer.finalize(group_id)
+                    del sealed[group_id]
+            snapshot = await run.snapshot()
+            assert _restored_ledger(snapshot) == _live_ledger(parts)
+            kept = committed_snapshot_paths(snapshot.parent)
+            assert _on_disk(snapshot) == set().union(*(_ledger_files(s) for s in kept))
+        parts.logs.close()
+
+    asyncio.run(main())
+    assert all(info.rewritten_bytes <= info.budget for info in written)
+    # the budget was the limit: some rewrites waited, some were made within it
+    assert sum(info.queued_records for info in written) > 0
+    assert sum(info.rewritten_bytes for info in written) > 0
+
+
 def _chain_of(snapshot: Path, group_id: str) -> RecordChain:
     loaded = read_snapshot_files(snapshot, read_snapshot_manifest(snapshot))
     groups = loaded.recovery.ledger_state["groups"]
