@@ -324,6 +324,12 @@ def _resolve_packed(
             )
         raw = segment.records[ordinal]
         record = _decode(_PACKED_RECORD_DECODER, raw, file, ordinal, where)
+        if len(links) == 1 and record.base is None and _whole(record):
+            # The chain is this one whole record (most groups): nothing to merge. What
+            # the loop below checks of it holds (checked by _whole), so it is skipped.
+            assert record.header is not None  # _whole checked it
+            pieces = [(patch.generation_index, patch.attempts) for patch in record.siblings]
+            return group_state(record.header, pieces), RecordChain(tuple(links), True, 0)
         if header is None:
             header = record.header
         listed: set[int] = set()
@@ -372,6 +378,16 @@ def _resolve_packed(
     assert header is not None  # a whole record has one
     group = group_state(header, [(index, have[index][1]) for index in range(count)])
     return group, RecordChain(tuple(links), True, delta_bytes)
+
+
+def _whole(record: _PackedRecordIn) -> bool:
+    """Whether ``record`` holds its group whole: the header and every sibling 0..n-1,
+    each from its first attempt, with at least one attempt (what :func:`_resolve_packed`
+    requires of a record without a base, and of the group it ends with)."""
+    return record.header is not None and all(
+        patch.generation_index == number and patch.start == 0 and patch.attempts
+        for number, patch in enumerate(record.siblings)
+    )
 
 
 def _use(
