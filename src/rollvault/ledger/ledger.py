@@ -807,7 +807,16 @@ class RolloutRecoveryLedger:
         record: PromptGroupRecoveryRecord, interrupted: list[InterruptedAttempt], transition: str
     ) -> None:
         require_group_status(record, allowed=GENERATING_ONLY, transition=transition)
+        siblings = len(record.siblings)
         for item in interrupted:
+            if (
+                type(item) is InterruptedAttempt
+                and type(item.generation_index) is int
+                and 0 <= item.generation_index < siblings
+                and type(item.reason) is str
+                and item.reason
+            ):
+                continue  # what a restore records by the thousand: nothing more to check
             if not isinstance(item, InterruptedAttempt):
                 raise InvalidLedgerInputError(
                     f"group {record.group_id!r}: {transition}: expected InterruptedAttempt "
