@@ -534,6 +534,7 @@ def test_load_parsed_state_builds_what_load_state_dict_builds(ledger: Harness) -
     ledger.mutate(lambda: checked.load_state_dict(ledger.cut, parsed.ledger_state))
     assert fast.state_dict() == checked.state_dict() == parsed.ledger_state
     # The records share nothing with the typed state they were built from.
+    assert parsed.checked_ledger is not None  # a version 5 sidecar: the typed state
     typed = parsed.checked_ledger.groups[0].siblings[0].attempts[0]
     typed.staging_keys.append("forged")
     assert typed.receipt is not None
@@ -552,6 +553,7 @@ def test_the_parsed_ledger_state_is_built_only_when_asked_for(ledger: Harness) -
     assert parsed.ledger_state is parsed.ledger_state  # built once
     # The builtins are a copy: changing them changes neither the typed state nor the ledger.
     parsed.ledger_state["groups"][0]["siblings"][0]["attempts"][0]["status"] = "failed"
+    assert parsed.checked_ledger is not None
     assert parsed.checked_ledger.groups[0].siblings[0].attempts[0].status != "failed"
     assert loaded.state_dict() == json.loads(json.dumps(state))["ledger"]
 

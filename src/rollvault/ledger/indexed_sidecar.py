@@ -33,26 +33,23 @@ from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
+from rollvault.ledger.checked_groups import CheckedGroups, GroupSource
 from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.ledger_records import (
     LEDGER_SEGMENT_SUFFIX,
     LedgerSegmentFileName,
     RecordChain,
     SegmentRecords,
-    resolve_group,
+    resolve_group_source,
 )
 from rollvault.ledger.reward_penalties import CaptureRewardSettings
 from rollvault.ledger.sidecar import (
     ParsedRolloutRecoveryState,
+    parsed_from_checked_groups,
     sidecar_envelope_fields,
-    split_sidecar,
 )
 from rollvault.ledger.state_schema import (
-    ROLLOUT_RECOVERY_SCHEMA_VERSION,
-    GroupState,
-    LedgerState,
     RolloutRecoveryState,
-    SidecarState,
 )
 
 INDEXED_SIDECAR_SCHEMA_VERSION: Final = 6
@@ -163,37 +160,39 @@ def assemble_indexed_ledger(
 ) -> tuple[ParsedRolloutRecoveryState, list[RecordChain]]:
     """The parsed sidecar of ``state`` and, per live group in index order, its chain of records.
 
-    Every rule a version 5 sidecar is held to applies (the records become a
-    version 5 ledger state, checked as one), plus the index's own: each entry
+    Every rule a version 5 sidecar is held to applies (the groups become the
+    records a restore loads, checked by the version 5 state's rules:
+    :mod:`rollvault.ledger.checked_groups`), plus the index's own: each entry
     names a listed segment and one of its records, every base a chain reaches
     is in a listed segment, and no record is reached twice
     (:func:`~rollvault.ledger.ledger_records.resolve_group`).
     """
     refs = state.ledger_index.segments
     listed = {ref.file: segments[ref.file] for ref in refs}
-    groups: list[GroupState] = []
+    groups: list[GroupSource] = []
     chains: list[RecordChain] = []
     used: set[tuple[str, int]] = set()
     for position, (segment, ordinal) in enumerate(state.ledger_index.groups):
         where = f"{_WHAT} $.ledger_index.groups[{position}]"
         if segment >= len(refs):
             raise LedgerStateError(f"{where}: segment {segment} of {len(refs)} listed")
-        group, chain = resolve_group((refs[segment].file, ordinal), listed, used, where=where)
+        group, chain = resolve_group_source(
+            (refs[segment].file, ordinal), listed, used, where=where
+        )
         groups.append(group)
         chains.append(chain)
-    try:
-        typed = SidecarState(
-            schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
-            ledger=LedgerState(schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION, groups=groups),
-            batch_shortfall=state.batch_shortfall,
-            sampler_stamps_target_steps=state.sampler_stamps_target_steps,
-            finalizer_metrics_by_group=state.finalizer_metrics_by_group,
-            finalizer_rewards_by_group=state.finalizer_rewards_by_group,
-            reward_settings=state.reward_settings,
-        )
-    except (TypeError, msgspec.ValidationError) as exc:
-        raise LedgerStateError(f"{_WHAT}: {exc}") from exc
-    return split_sidecar(typed), chains
+    # The records a restore loads, built from the decoded pieces and checked as a
+    # version 5 ledger state is (the same rules, the same paths in messages).
+    checked = CheckedGroups(groups, path="$.ledger.groups")
+    parsed = parsed_from_checked_groups(
+        checked,
+        batch_shortfall=state.batch_shortfall,
+        sampler_stamps_target_steps=state.sampler_stamps_target_steps,
+        finalizer_metrics_by_group=state.finalizer_metrics_by_group,
+        finalizer_rewards_by_group=state.finalizer_rewards_by_group,
+        reward_settings=state.reward_settings,
+    )
+    return parsed, chains
 
 
 # -- version 7: the finalizer maps held apart ------------------------------------------

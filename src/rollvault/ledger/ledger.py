@@ -69,7 +69,6 @@ from rollvault.ledger.sealing import (
 from rollvault.ledger.state_convert import ledger_to_state
 from rollvault.ledger.state_load import (
     group_record_from_state,
-    records_from_checked_state,
     records_from_state,
 )
 from rollvault.ledger.state_schema import (
@@ -808,7 +807,16 @@ class RolloutRecoveryLedger:
         record: PromptGroupRecoveryRecord, interrupted: list[InterruptedAttempt], transition: str
     ) -> None:
         require_group_status(record, allowed=GENERATING_ONLY, transition=transition)
+        siblings = len(record.siblings)
         for item in interrupted:
+            if (
+                type(item) is InterruptedAttempt
+                and type(item.generation_index) is int
+                and 0 <= item.generation_index < siblings
+                and type(item.reason) is str
+                and item.reason
+            ):
+                continue  # what a restore records by the thousand: nothing more to check
             if not isinstance(item, InterruptedAttempt):
                 raise InvalidLedgerInputError(
                     f"group {record.group_id!r}: {transition}: expected InterruptedAttempt "
@@ -1016,10 +1024,12 @@ class RolloutRecoveryLedger:
 
         Not in the reference API. The same result as ``load_state_dict(cut,
         parsed.ledger_state)``, without checking again what parsing checked:
-        the records are built from the typed state that parsing accepted
-        (``parsed.checked_ledger``), which must not have been changed since,
-        and the builtins ``parsed.ledger_state`` are never built. A ledger
-        state made by hand is loaded by ``load_state_dict``.
+        the records are the checked ones of a ledger read from segments
+        (``parsed.checked_groups``, handed over without a copy the first
+        time) or built from the typed state that parsing accepted
+        (``parsed.checked_ledger``), which must not have been changed since;
+        the builtins ``parsed.ledger_state`` are never built. A ledger state
+        made by hand is loaded by ``load_state_dict``.
         """
         self._enter(cut, "load_parsed_state")
         if self._groups:
@@ -1027,7 +1037,7 @@ class RolloutRecoveryLedger:
                 f"load_parsed_state needs an empty ledger; this one holds {len(self._groups)} "
                 "group(s)"
             )
-        self._groups = records_from_checked_state(parsed.checked_ledger)
+        self._groups = parsed.take_records()
         self._captured = set()
 
     @classmethod

@@ -46,7 +46,7 @@ import msgspec
 
 from rollvault.ledger.compact_siblings import CompactSiblingState, expand_siblings
 from rollvault.ledger.errors import LedgerStateError
-from rollvault.ledger.packed_groups import PackedAttempt, PackedHeader, group_state
+from rollvault.ledger.packed_groups import PackedAttempt, PackedGroup, PackedHeader, group_state
 from rollvault.ledger.state_schema import (
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
     GroupHeaderState,
@@ -232,6 +232,21 @@ def resolve_group(
     record reached (a record reached twice is refused). ``where`` names the
     index entry in messages.
     """
+    group, chain = resolve_group_source(link, segments, used, where=where)
+    if isinstance(group, PackedGroup):
+        return group_state(group.header, group.siblings), chain
+    return group, chain
+
+
+def resolve_group_source(
+    link: RecordLink,
+    segments: Mapping[str, SegmentRecords],
+    used: set[RecordLink],
+    *,
+    where: str,
+) -> tuple[GroupState | PackedGroup, RecordChain]:
+    """:func:`resolve_group`, a form 3 group left as its decoded pieces (a restore builds
+    its records from them: :mod:`rollvault.ledger.checked_groups`)."""
     segment = segments.get(link[0])
     if segment is not None and segment.form == LEDGER_SEGMENT_FORMAT:
         return _resolve_packed(link, segments, used, where=where)
@@ -302,8 +317,8 @@ def _resolve_packed(
     used: set[RecordLink],
     *,
     where: str,
-) -> tuple[GroupState, RecordChain]:
-    """:func:`resolve_group` for a form 3 chain.
+) -> tuple[PackedGroup, RecordChain]:
+    """:func:`resolve_group_source` for a form 3 chain.
 
     Newest record first: each sibling's attempts are known from some
     position on (``have``: that position and the attempts from it); an older
@@ -324,6 +339,12 @@ def _resolve_packed(
             )
         raw = segment.records[ordinal]
         record = _decode(_PACKED_RECORD_DECODER, raw, file, ordinal, where)
+        if len(links) == 1 and record.base is None and _whole(record):
+            # The chain is this one whole record (most groups): nothing to merge. What
+            # the loop below checks of it holds (checked by _whole), so it is skipped.
+            assert record.header is not None  # _whole checked it
+            pieces = [(patch.generation_index, patch.attempts) for patch in record.siblings]
+            return PackedGroup(record.header, pieces), RecordChain(tuple(links), True, 0)
         if header is None:
             header = record.header
         listed: set[int] = set()
@@ -370,8 +391,18 @@ def _resolve_packed(
     if empty:
         raise LedgerStateError(f"{where}: siblings {empty} have no attempt ({link[0]})")
     assert header is not None  # a whole record has one
-    group = group_state(header, [(index, have[index][1]) for index in range(count)])
+    group = PackedGroup(header, [(index, have[index][1]) for index in range(count)])
     return group, RecordChain(tuple(links), True, delta_bytes)
+
+
+def _whole(record: _PackedRecordIn) -> bool:
+    """Whether ``record`` holds its group whole: the header and every sibling 0..n-1,
+    each from its first attempt, with at least one attempt (what :func:`_resolve_packed`
+    requires of a record without a base, and of the group it ends with)."""
+    return record.header is not None and all(
+        patch.generation_index == number and patch.start == 0 and patch.attempts
+        for number, patch in enumerate(record.siblings)
+    )
 
 
 def _use(

@@ -172,7 +172,11 @@ def record_interruption(record: PromptGroupRecoveryRecord, interrupted: Interrup
     index = interrupted.generation_index
     sibling = record.siblings[index]
     current = sibling.attempts[-1]
-    if current.attempt_uuid == interrupted.attempt_uuid:
+    # Identity first: a restore's crash evidence hands over the current attempt's own
+    # UUID object (~8k per restore), and UUID equality is a Python-level call.
+    if current.attempt_uuid is interrupted.attempt_uuid or (
+        current.attempt_uuid == interrupted.attempt_uuid
+    ):
         _fail_interrupted(record, index, current, interrupted.reason)
         return
     if any(attempt.attempt_uuid == interrupted.attempt_uuid for attempt in sibling.attempts):

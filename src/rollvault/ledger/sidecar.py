@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Collection, Mapping
-from typing import Final
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Final
 
 import msgspec
 
+from rollvault.ledger.checked_groups import CheckedGroups
 from rollvault.ledger.errors import InvalidLedgerInputError, LedgerStateError
 from rollvault.ledger.ledger import RolloutRecoveryLedger
+from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.reward_penalties import CaptureRewardSettings, FinalizedReward
 from rollvault.ledger.state_checks import check_ledger_state
+from rollvault.ledger.state_load import records_from_checked_state
 from rollvault.ledger.state_schema import (
     _SIDECAR_STATE_FIELDS,
     ROLLOUT_RECOVERY_SCHEMA_VERSION,
+    GroupState,
     LedgerState,
     RolloutRecoveryState,
     SidecarState,
@@ -46,20 +50,25 @@ _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 class ParsedRolloutRecoveryState(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     """Validated controller and ledger state loaded from one checkpoint sidecar.
 
-    Nothing in it aliases the state it was parsed from. The ledger part is kept
-    as the typed state parsing checked (``checked_ledger``); the reference
-    API's builtins form, ``ledger_state``, is built from it when first asked
-    for (``dict=True`` holds the cached value): a restore reads the typed
-    state only, and building the builtins of 16k attempts cost ~20 ms per
-    restore that nothing on that path used.
+    Nothing in it aliases the state it was parsed from. The ledger part is in
+    one of two checked forms: the typed state parsing checked (``checked_ledger``:
+    a sidecar of version 5 or before, or a state made by hand), or, for a ledger
+    read from ledger segments, the records a restore loads, checked as such
+    (``checked_groups``, :mod:`rollvault.ledger.checked_groups`; then
+    ``checked_ledger`` is None). Read it through :meth:`ledger_groups` and
+    :meth:`take_records`. The reference API's builtins form, ``ledger_state``,
+    is built when first asked for (``dict=True`` holds the cached value): a
+    restore never reads it (~20 ms at 16k attempts).
     """
 
-    checked_ledger: LedgerState
+    checked_ledger: LedgerState | None
     """The ledger state parsing decoded and checked; shares nothing with anyone.
+    None when the ledger is ``checked_groups``.
 
     :meth:`RolloutRecoveryLedger.load_parsed_state` builds the records from it
     without checking again, so only parsing makes it (a ledger state made by
-    hand goes through ``load_state_dict``, which checks it).
+    hand goes through ``load_state_dict``, which checks it). Replaced
+    (``msgspec.structs.replace``), it is the ledger, whatever ``checked_groups`` holds.
     """
     batch_shortfall: dict[int, int]
     """Target step -> prompt groups permanently lost at that step."""
@@ -67,13 +76,37 @@ class ParsedRolloutRecoveryState(msgspec.Struct, frozen=True, kw_only=True, dict
     finalizer_metrics_by_group: dict[str, dict[str, float]]
     finalizer_rewards_by_group: dict[str, list[FinalizedReward]]
     reward_settings: CaptureRewardSettings | None
+    checked_groups: CheckedGroups | None = None
+    """The ledger read from ledger segments, as checked records (when ``checked_ledger``
+    is None)."""
+
+    def ledger_groups(self) -> Sequence[GroupState] | Sequence[PromptGroupRecoveryRecord]:
+        """The ledger's groups in order, to read only: the typed states, or records."""
+        if self.checked_ledger is not None:
+            return self.checked_ledger.groups
+        return self._checked_groups().view()
+
+    def take_records(self) -> dict[str, PromptGroupRecoveryRecord]:
+        """The ledger's groups as records for a ledger to own, by group id; each call
+        gives records no one else holds."""
+        if self.checked_ledger is not None:
+            return records_from_checked_state(self.checked_ledger)
+        return self._checked_groups().take()
+
+    def _checked_groups(self) -> CheckedGroups:
+        if self.checked_groups is None:
+            raise LedgerStateError(f"{_WHAT}: a parsed state holds neither ledger form")
+        return self.checked_groups
 
     @functools.cached_property
     def ledger_state(self) -> RolloutRecoveryState:
         """The ledger state as JSON-safe builtins, for :meth:`RolloutRecoveryLedger.from_state_dict`
         / ``load_state_dict``; equal to the ``ledger`` part of the sidecar it was parsed from
         (after any upgrade). A fresh copy per parsed state: changing it changes nothing else."""
-        state: RolloutRecoveryState = msgspec.to_builtins(self.checked_ledger)
+        typed = self.checked_ledger
+        if typed is None:
+            typed = self._checked_groups().state()
+        state: RolloutRecoveryState = msgspec.to_builtins(typed)
         return state
 
 
@@ -329,6 +362,28 @@ def _split(typed: SidecarState, *, from_bytes: bool) -> ParsedRolloutRecoverySta
         finalizer_metrics_by_group=_validate_finalizer_metrics(typed.finalizer_metrics_by_group),
         finalizer_rewards_by_group=_validate_finalizer_rewards(typed.finalizer_rewards_by_group),
         reward_settings=_validate_reward_settings(typed.reward_settings),
+    )
+
+
+def parsed_from_checked_groups(
+    groups: CheckedGroups,
+    *,
+    batch_shortfall: dict[str, Any],
+    sampler_stamps_target_steps: bool | None,
+    finalizer_metrics_by_group: dict[str, Any],
+    finalizer_rewards_by_group: dict[str, Any],
+    reward_settings: CaptureRewardSettings | None,
+) -> ParsedRolloutRecoveryState:
+    """The parsed sidecar of a ledger read from segments (``groups``, checked) and the
+    controller state beside it, freshly decoded, checked as :func:`split_sidecar` checks it."""
+    return ParsedRolloutRecoveryState(
+        checked_ledger=None,
+        batch_shortfall=_validate_batch_shortfall(batch_shortfall),
+        sampler_stamps_target_steps=sampler_stamps_target_steps,
+        finalizer_metrics_by_group=_validate_finalizer_metrics(finalizer_metrics_by_group),
+        finalizer_rewards_by_group=_validate_finalizer_rewards(finalizer_rewards_by_group),
+        reward_settings=_validate_reward_settings(reward_settings),
+        checked_groups=groups,
     )
 
 

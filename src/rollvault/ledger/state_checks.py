@@ -8,17 +8,30 @@ path and the group, sibling and attempt it is about.
 Attempt-level checks raise a location-free ``_Problem``; the group loop adds
 the location. Restore checks tens of thousands of attempts, so nothing is
 formatted unless something is wrong.
+
+The checks read a group's fields by name, so they run on either form of a
+group: the persisted state (:class:`~rollvault.ledger.state_schema.GroupState`,
+attempt ids as hex) or the live record a restore builds straight from a
+ledger segment's pieces (:class:`~rollvault.ledger.records.PromptGroupRecoveryRecord`,
+attempt ids as UUIDs), with the same rules and the same messages.
 """
 
 from __future__ import annotations
 
 import math
+import uuid
+from collections.abc import Sequence
 
 import msgspec
 
 from rollvault.ledger.errors import InvalidReceiptError, LedgerStateError
 from rollvault.ledger.receipts import GateReceipt, check_receipt_semantics
-from rollvault.ledger.state_schema import AttemptState, GroupState, LedgerState
+from rollvault.ledger.records import (
+    PromptGroupRecoveryRecord,
+    RolloutAttemptRecord,
+    RolloutSiblingRecord,
+)
+from rollvault.ledger.state_schema import AttemptState, GroupState, LedgerState, SiblingState
 from rollvault.ledger.statuses import PromptGroupPhase, PromptGroupStatus, RolloutAttemptStatus
 from rollvault.ledger.transitions import ALL_SEALED_STATUSES, RETRYABLE_ATTEMPT_STATUSES
 
@@ -46,20 +59,31 @@ def _fail(where: str, message: str, *, label: str = "") -> LedgerStateError:
     return LedgerStateError(f"rollout recovery ledger state: {where}{about}: {message}")
 
 
+_Group = GroupState | PromptGroupRecoveryRecord
+_Attempt = AttemptState | RolloutAttemptRecord
+
+
 def check_ledger_state(state: LedgerState, *, path: str = "$") -> None:
     """Check every group of ``state`` and the uniqueness rules across groups."""
+    check_ledger_groups(state.groups, path=f"{path}.groups")
+
+
+def check_ledger_groups(groups: Sequence[_Group], *, path: str) -> None:
+    """Check every group of a ledger (``path``: where its list of groups is, as
+    ``"$.ledger.groups"``) and the uniqueness rules across groups."""
     seen_groups: set[str] = set()
-    seen_attempts: set[str] = set()
-    for position, group in enumerate(state.groups):
-        where = f"{path}.groups[{position}]"
+    seen_attempts: set[str | int] = set()
+    for position, group in enumerate(groups):
+        where = f"{path}[{position}]"
         if group.group_id in seen_groups:
             raise _fail(where, f"group id {group.group_id!r} appears more than once")
         seen_groups.add(group.group_id)
         check_group_state(group, where=where, seen_attempts=seen_attempts)
 
 
-def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str]) -> None:
-    """Check one group; adds its attempt ids to ``seen_attempts`` (ledger-wide uniqueness)."""
+def check_group_state(group: _Group, *, where: str, seen_attempts: set[str | int]) -> None:
+    """Check one group; adds its attempt ids to ``seen_attempts`` (ledger-wide uniqueness:
+    a state's as hex, a record's as its UUID's int)."""
     group_id = group.group_id
     if len(group.siblings) != group.expected_generations:
         raise _fail(
@@ -69,8 +93,9 @@ def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str])
             label=f"group {group_id!r}",
         )
     before_admission = group.phase is PromptGroupPhase.RESERVED
-    unsealed: tuple[int, AttemptState] | None = None
-    for position, sibling in enumerate(group.siblings):
+    unsealed: tuple[int, _Attempt] | None = None
+    siblings: Sequence[SiblingState | RolloutSiblingRecord] = group.siblings
+    for position, sibling in enumerate(siblings):
         if sibling.generation_index != position:
             raise _fail(
                 f"{where}.siblings[{position}].generation_index",
@@ -78,11 +103,14 @@ def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str])
                 f"{sibling.generation_index}, expected {position} (siblings are 0..N-1 in order)",
                 label=f"group {group_id!r}",
             )
-        last = len(sibling.attempts) - 1
-        for number, attempt in enumerate(sibling.attempts):
+        attempts: Sequence[_Attempt] = sibling.attempts
+        last = len(attempts) - 1
+        for number, attempt in enumerate(attempts):
+            attempt_id = attempt.attempt_uuid
             try:
                 _check_attempt(
                     attempt,
+                    attempt_id,
                     group_id=group_id,
                     position=position,
                     current=number == last,
@@ -93,15 +121,15 @@ def check_group_state(group: GroupState, *, where: str, seen_attempts: set[str])
                 raise _fail(
                     f"{where}.siblings[{position}].attempts[{number}].{problem.field}",
                     problem.message,
-                    label=f"group {group_id!r} sibling {position} attempt {attempt.attempt_uuid}",
+                    label=f"group {group_id!r} sibling {position} attempt {_hex(attempt_id)}",
                 ) from None
-        if unsealed is None and sibling.attempts[last].status is not _SEALED:
-            unsealed = (position, sibling.attempts[last])
+        if unsealed is None and attempts[last].status is not _SEALED:
+            unsealed = (position, attempts[last])
     _check_group_status(group, where=where, unsealed=unsealed)
 
 
 def _check_group_status(
-    group: GroupState, *, where: str, unsealed: tuple[int, AttemptState] | None
+    group: _Group, *, where: str, unsealed: tuple[int, _Attempt] | None
 ) -> None:
     status = group.status
     label = f"group {group.group_id!r}"
@@ -117,7 +145,7 @@ def _check_group_status(
         raise _fail(
             f"{where}.status",
             f"status {status.value!r} contradicts sibling {position}, whose current attempt "
-            f"{attempt.attempt_uuid} is {attempt.status.value!r} (every current attempt must "
+            f"{_hex(attempt.attempt_uuid)} is {attempt.status.value!r} (every current attempt must "
             "be sealed)",
             label=label,
         )
@@ -129,20 +157,29 @@ def _check_group_status(
         )
 
 
+def _hex(attempt_id: str | uuid.UUID) -> str:
+    """An attempt's id as persisted (32 hex digits): a state's as is, a record's UUID's hex."""
+    return attempt_id if isinstance(attempt_id, str) else attempt_id.hex
+
+
 def _check_attempt(
-    attempt: AttemptState,
+    attempt: _Attempt,
+    attempt_id: str | uuid.UUID,
     *,
     group_id: str,
     position: int,
     current: bool,
     before_admission: bool,
-    seen_attempts: set[str],
+    seen_attempts: set[str | int],
 ) -> None:
-    if attempt.attempt_uuid in seen_attempts:
+    # A record's UUID is told apart by its int (a slot, hashed in C; its hex is a
+    # Python property): one form per ledger, so an int never meets a hex string.
+    key = attempt_id if isinstance(attempt_id, str) else attempt_id.int
+    if key in seen_attempts:
         raise _Problem(
-            "attempt_uuid", f"duplicate attempt UUID {attempt.attempt_uuid} (already used above)"
+            "attempt_uuid", f"duplicate attempt UUID {_hex(attempt_id)} (already used above)"
         )
-    seen_attempts.add(attempt.attempt_uuid)
+    seen_attempts.add(key)
     status = attempt.status
     if not current and status not in RETRYABLE_ATTEMPT_STATUSES:
         raise _Problem(
@@ -157,12 +194,12 @@ def _check_attempt(
             "group is dispatched only after admission",
         )
     if status is _SEALED:
-        _check_sealed(attempt, gate_rollout_id=f"{group_id}_g{position}_a{attempt.attempt_uuid}")
+        _check_sealed(attempt, gate_rollout_id=f"{group_id}_g{position}_a{_hex(attempt_id)}")
     else:
         _check_unsealed(attempt)
 
 
-def _check_sealed(attempt: AttemptState, *, gate_rollout_id: str) -> None:
+def _check_sealed(attempt: _Attempt, *, gate_rollout_id: str) -> None:
     if attempt.receipt is None:
         raise _Problem("receipt", "a sealed attempt needs a receipt, got null")
     if attempt.mask_sample is None:
@@ -196,8 +233,9 @@ def _check_sealed(attempt: AttemptState, *, gate_rollout_id: str) -> None:
         raise _Problem("failure_kind", "a sealed attempt has no failure_kind")
 
 
-def _check_unsealed(attempt: AttemptState) -> None:
-    status = attempt.status.value
+def _check_unsealed(attempt: _Attempt) -> None:
+    # The status's text only for a message: an enum's ``.value`` is a Python-level
+    # descriptor, and a restore checks ~8.5k unsealed attempts that pass.
     if not (
         attempt.receipt is None
         and attempt.reward is None
@@ -206,10 +244,14 @@ def _check_unsealed(attempt: AttemptState) -> None:
         and attempt.reward_log_context is None
     ):
         name = next(name for name in _RESULT_FIELDS if getattr(attempt, name) is not None)
-        raise _Problem(name, f"only a sealed attempt carries a {name}; this attempt is {status!r}")
+        raise _Problem(
+            name,
+            f"only a sealed attempt carries a {name}; this attempt is {attempt.status.value!r}",
+        )
     if attempt.staging_keys:
         raise _Problem(
-            "staging_keys", f"only a sealed attempt owns staging keys; this attempt is {status!r}"
+            "staging_keys",
+            f"only a sealed attempt owns staging keys; this attempt is {attempt.status.value!r}",
         )
     if attempt.status is _FAILED:
         if not attempt.failure_reason:
@@ -219,10 +261,12 @@ def _check_unsealed(attempt: AttemptState) -> None:
     elif attempt.failure_reason is not None:
         raise _Problem(
             "failure_reason",
-            f"only a failed attempt carries a failure_reason; this attempt is {status!r}",
+            "only a failed attempt carries a failure_reason; this attempt is "
+            f"{attempt.status.value!r}",
         )
     elif attempt.failure_kind is not None:
         raise _Problem(
             "failure_kind",
-            f"only a failed attempt carries a failure_kind; this attempt is {status!r}",
+            "only a failed attempt carries a failure_kind; this attempt is "
+            f"{attempt.status.value!r}",
         )

@@ -41,18 +41,24 @@ def records_from_checked_state(state: LedgerState) -> dict[str, PromptGroupRecov
     """Every group of ``state`` as a live record, for a state ``check_ledger_state`` accepted.
 
     No check runs again (group ids and attempt ids are unique, every lineage is
-    one the state machines allow: the check said so). The records are built
-    by one C-level conversion of the whole ledger (the fields of a persisted
-    group are a record's, an attempt's hex id becomes its UUID), not a Python
-    constructor per attempt (16k at 1,024 x 16: 25 ms against 17). It copies
-    every container but the values of a receipt, typed ``Any``; the receipts
-    are copied in one more call, so the records share nothing with ``state``.
+    one the state machines allow: the check said so).
+    """
+    return {record.group_id: record for record in records_of_states(state.groups)}
+
+
+def records_of_states(groups: list[GroupState]) -> list[PromptGroupRecoveryRecord]:
+    """Each of ``groups`` (strictly decoded) as a live record, in order, sharing nothing
+    with them; the state checks are the caller's (before, or on the records).
+
+    The records are built by one C-level conversion of all of them (the fields
+    of a persisted group are a record's, an attempt's hex id becomes its UUID),
+    not a Python constructor per attempt (16k at 1,024 x 16: 25 ms against 17).
+    It copies every container but the values of a receipt, typed ``Any``; the
+    receipts are copied in one more call.
     """
     try:
-        records = msgspec.convert(
-            state.groups, list[PromptGroupRecoveryRecord], from_attributes=True
-        )
-    except msgspec.ValidationError as exc:  # a checked state converts: a bug, said plainly
+        records = msgspec.convert(groups, list[PromptGroupRecoveryRecord], from_attributes=True)
+    except msgspec.ValidationError as exc:  # a decoded state converts: a bug, said plainly
         raise LedgerStateError(f"rollout recovery ledger state: {exc}") from exc
     sealed = [
         attempt
@@ -64,7 +70,7 @@ def records_from_checked_state(state: LedgerState) -> dict[str, PromptGroupRecov
     copies = msgspec.to_builtins([attempt.receipt for attempt in sealed])
     for attempt, receipt in zip(sealed, copies, strict=True):
         attempt.receipt = receipt
-    return {record.group_id: record for record in records}
+    return records
 
 
 def group_record_from_state(

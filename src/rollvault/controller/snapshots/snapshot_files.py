@@ -755,7 +755,7 @@ def _with_advertised_count(
     digest: SidecarDigest,
     decoded: tuple[ParsedRolloutRecoveryState, IndexedLedger | None],
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
-    groups = len(decoded[0].checked_ledger.groups)
+    groups = len(decoded[0].ledger_groups())
     if groups != digest.group_count:
         raise SnapshotCorruptError(
             path,

@@ -302,7 +302,7 @@ def _origin_problems(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     path = _facts_file(snapshot, CONTROLLER_STATE_FILENAME)
     problems = [
         SnapshotProblem(ProblemKind.INCONSISTENT, path, f"no origin for ledger group {group_id!r}")
-        for group_id in (group.group_id for group in snapshot.recovery.checked_ledger.groups)
+        for group_id in (group.group_id for group in snapshot.recovery.ledger_groups())
         if group_id not in origins
     ]
     problems += [
@@ -325,7 +325,7 @@ def _group_size_problems(snapshot: LoadedSnapshot, expected: int | None) -> list
             f"group {group.group_id!r} expects {group.expected_generations} generations; "
             f"the run makes {expected} per prompt",
         )
-        for group in snapshot.recovery.checked_ledger.groups
+        for group in snapshot.recovery.ledger_groups()
         if group.expected_generations != expected
     ]
     problems += [
@@ -347,7 +347,7 @@ def _missing_staged_rows(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     held = staging.__contains__
     sealed = RolloutAttemptStatus.SEALED
     problems = []
-    for group in snapshot.recovery.checked_ledger.groups:
+    for group in snapshot.recovery.ledger_groups():
         for sibling in group.siblings:
             attempt = sibling.attempts[-1]
             if attempt.status is sealed:
@@ -383,7 +383,7 @@ def _env_rollout_problems(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     path = snapshot.path / ENV_ROLLOUTS_FILENAME
     episodes = dict(snapshot.env_rollouts.episodes)
     problems = []
-    for group in snapshot.recovery.checked_ledger.groups:
+    for group in snapshot.recovery.ledger_groups():
         for sibling in group.siblings:
             attempt = sibling.attempts[-1]
             logical = f"{group.group_id}_g{sibling.generation_index}"
@@ -539,7 +539,7 @@ def _unfinished_work(snapshot: LoadedSnapshot) -> list[SnapshotProblem]:
     """No group may be left in the ledger, and the replay index may hold only the
     groups trained since the last trainer checkpoint (kept for a rollback)."""
     problems = []
-    groups = len(snapshot.recovery.checked_ledger.groups)
+    groups = len(snapshot.recovery.ledger_groups())
     if groups:
         problems.append(
             SnapshotProblem(
