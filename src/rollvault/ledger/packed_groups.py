@@ -54,13 +54,11 @@ from rollvault.ledger.records import (
     RolloutSiblingRecord,
 )
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
-from rollvault.ledger.state_convert import group_header_to_state
+from rollvault.ledger.state_convert import group_header_to_state, group_to_state
 from rollvault.ledger.state_schema import (
-    AttemptState,
     GroupHeaderState,
     GroupState,
     PromptRefState,
-    SiblingState,
 )
 from rollvault.ledger.statuses import AttemptFailureKind, RolloutAttemptStatus
 
@@ -334,96 +332,17 @@ def _attempt_records(
 
 
 def group_state(
-    header: PackedHeader, siblings: Sequence[tuple[int, list[PackedAttempt]]]
+    header: PackedHeader, siblings: list[tuple[int, list[PackedAttempt]]]
 ) -> GroupState:
     """The version 5 state of a group from its decoded pieces: ``siblings`` are
-    ``(generation_index, attempts)``, each with at least one attempt (the caller checks)."""
-    group_id = header.group_id
-    prompt_ref = header.prompt_ref
-    return GroupState(
-        group_id=group_id,
-        admission_id=header.admission_id,
-        prompt_id=header.prompt_id,
-        prompt_ref=PromptRefState(sample_id=prompt_ref.sample_id, task_name=prompt_ref.task_name),
-        task_source=header.task_source,
-        recovery_granularity=header.recovery_granularity,
-        expected_generations=header.expected_generations,
-        target_step=header.target_step,
-        start_weight_version=header.start_weight_version,
-        siblings=[
-            SiblingState(
-                generation_index=index, attempts=_attempt_states(f"{group_id}_g{index}_a", attempts)
-            )
-            for index, attempts in siblings
-        ],
-        phase=header.phase,
-        status=header.status,
-    )
+    ``(generation_index, attempts)``, each with at least one attempt (the caller checks).
 
-
-def _attempt_states(prefix: str, attempts: list[PackedAttempt]) -> list[AttemptState]:
-    """The states of one sibling's attempts; ``prefix`` is its ``"{group_id}_g{index}_a"``.
-
-    One loop per sibling, not a call per attempt: a restore builds ~16.5k, half
-    of them unsealed (no receipt, no keys, no reward checks), which take the
-    short path.
+    Built through the group's record (:func:`group_records`), whose containers are
+    new, so the state shares nothing with the pieces. Not on a restore's path (it
+    loads the records), so the second conversion costs nothing that is measured.
     """
-    states = []
-    for attempt in attempts:
-        hex_id = attempt.attempt_uuid.hex()
-        stored = attempt.staging_keys
-        receipt = attempt.receipt
-        checks = attempt.reward_checks
-        context = attempt.reward_log_context
-        if stored == 0 and receipt is None and checks is None and context is None:
-            states.append(
-                AttemptState(
-                    attempt_uuid=hex_id,
-                    status=attempt.status,
-                    receipt=None,
-                    reward=attempt.reward,
-                    mask_sample=attempt.mask_sample,
-                    reward_checks=None,
-                    reward_log_context=None,
-                    staging_keys=[],
-                    failure_reason=attempt.failure_reason,
-                    failure_kind=attempt.failure_kind,
-                    turn_keys=attempt.turn_keys[:],
-                    env_state_revision=attempt.env_state_revision,
-                )
-            )
-            continue
-        gate_id = prefix + hex_id
-        if isinstance(stored, int):  # the derived keys
-            keys = [f"{gate_id}/{number}" for number in range(stored)]
-        else:
-            keys = stored[:]
-        receipt = (
-            _receipt(receipt, gate_id, keys)
-            if isinstance(receipt, PackedReceipt)
-            else copy_receipt(receipt)
-        )
-        states.append(
-            AttemptState(
-                attempt_uuid=hex_id,
-                status=attempt.status,
-                receipt=receipt,
-                reward=attempt.reward,
-                mask_sample=attempt.mask_sample,
-                reward_checks=None if checks is None else _reward_checks(checks),
-                reward_log_context=(
-                    None
-                    if context is None
-                    else RewardLogContext(response_length=context[0], stop_reason=context[1])
-                ),
-                staging_keys=keys,
-                failure_reason=attempt.failure_reason,
-                failure_kind=attempt.failure_kind,
-                turn_keys=attempt.turn_keys[:],
-                env_state_revision=attempt.env_state_revision,
-            )
-        )
-    return states
+    (record,) = group_records([PackedGroup(header, siblings)])
+    return group_to_state(record)
 
 
 def _receipt(packed: PackedReceipt, gate_id: str, keys: list[str]) -> dict[str, Any]:
