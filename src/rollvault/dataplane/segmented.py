@@ -477,8 +477,12 @@ def read_segmented_content(directory: Path) -> SegmentedIndex:
     the field; any other version is refused naming the file.
     """
     path = directory / METADATA_FILENAME
-    data = read_checkpoint_file(path)
-    version, content_bytes = decode_envelope(data, path)
+    version, content_bytes = decode_envelope(read_checkpoint_file(path), path)
+    return _segmented_index(version, content_bytes, path)
+
+
+def _segmented_index(version: int, content_bytes: bytes, path: Path) -> SegmentedIndex:
+    """:func:`read_segmented_content` of an envelope already read and decoded."""
     if version == DATA_PLANE_SCHEMA_VERSION:
         content = decode_content(content_bytes, SegmentedCheckpointContentV3, path)
         return _index_v3(content, path)
@@ -652,9 +656,9 @@ def checkpoint_summary(directory: Path, segments_dir: Path) -> CheckpointSummary
     """Read only ``metadata.json`` (any version): row counts, files and sizes, user metadata."""
     path = directory / METADATA_FILENAME
     data = read_checkpoint_file(path)
-    version, _content = decode_envelope(data, path)
+    version, content_bytes = decode_envelope(data, path)
     if version in SEGMENTED_SCHEMA_VERSIONS:
-        content = read_segmented_content(directory)
+        content = _segmented_index(version, content_bytes, path)
         counts = dict.fromkeys(content.partitions, 0)
         for reference in content.segments:
             counts[reference.partition] += reference.live_rows
@@ -678,6 +682,8 @@ def referenced_segments(checkpoint_dirs: Sequence[Path]) -> set[str]:
     files: set[str] = set()
     for directory in checkpoint_dirs:
         path = directory / METADATA_FILENAME
-        if _version(path) in SEGMENTED_SCHEMA_VERSIONS:
-            files |= {reference.file for reference in read_segmented_content(directory).segments}
+        version, content_bytes = decode_envelope(read_checkpoint_file(path), path)
+        if version in SEGMENTED_SCHEMA_VERSIONS:
+            index = _segmented_index(version, content_bytes, path)
+            files |= {reference.file for reference in index.segments}
     return files
