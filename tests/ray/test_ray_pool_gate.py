@@ -260,8 +260,8 @@ def test_a_run_survives_a_killed_generation_actor_and_resumes_after_its_trainer_
     assert config.trainer.placement is TrainerPlacement.RAY
     prepared = prepare(config)
     assert isinstance(prepared.trainer, RayTrainer)
-    killed: list[tuple[str, int]] = []
-    """(actor, trainer version at the kill) of the generation actor killed."""
+    killed: list[tuple[str, int, bool]] = []
+    """(actor, trainer version at the kill, generating a batch then) of the actor killed."""
 
     def kill_actors(parts: RolloutParts, metrics: dict[str, float]) -> None:
         gate = prepared.gates[0]
@@ -270,8 +270,9 @@ def test_a_run_survives_a_killed_generation_actor_and_resumes_after_its_trainer_
         up = [(name, pid) for name, pid in gate.actor_pids.items() if pid is not None]
         if not killed and up:
             name, pid = up[0]
+            mid_batch = gate.actor_running[name] > 0
             os.kill(pid, signal.SIGKILL)  # a generation actor's process, mid-run
-            killed.append((name, parts.trainer_version))
+            killed.append((name, parts.trainer_version, mid_batch))
         elif killed and parts.trainer_version >= killed[0][1] + 3:
             assert isinstance(prepared.trainer, RayTrainer)
             ray.kill(prepared.trainer.actor, no_restart=True)
@@ -287,6 +288,10 @@ def test_a_run_survives_a_killed_generation_actor_and_resumes_after_its_trainer_
     assert check.problems == []
     assert all(a.trained == a.expected and a.pending == 0 for a in check.epochs)
     assert check.history.restores and check.history.drops == []
-    # The kill failed attempts as infra (retried elsewhere).
+    # The kill failed attempts as infra (retried elsewhere): the batch the actor was
+    # generating, or one sent to it before its death was noticed. Killed between batches
+    # and noticed first (a loaded machine: CI saw it once), it failed none, as it should.
     failed = [a for a in check.history.attempts if a.status is RolloutAttemptStatus.FAILED]
-    assert failed and all(killed[0][0] in (a.reason or "") for a in failed)
+    assert all(killed[0][0] in (a.reason or "") for a in failed)
+    if killed[0][2]:
+        assert failed, "the actor was killed mid-batch, yet no attempt failed"

@@ -139,6 +139,11 @@ class RayPoolGate(LocalModelGate):
         return {lane.name: lane.pid for lane in self._lanes}
 
     @property
+    def actor_running(self) -> dict[str, int]:
+        """Requests each actor is generating now (0: between batches)."""
+        return {lane.name: lane.running for lane in self._lanes}
+
+    @property
     def actor_health(self) -> dict[str, ActorHealth]:
         return {lane.name: lane.health for lane in self._lanes}
 

@@ -116,6 +116,11 @@ class ActorLane:
         return len(self._pending) + self._running
 
     @property
+    def running(self) -> int:
+        """Requests of the batch the actor is generating now (0: between batches)."""
+        return self._running
+
+    @property
     def gone(self) -> bool:
         """Never to take work again: given up, or unable to load the model."""
         return self.fatal is not None or self.given_up is not None
