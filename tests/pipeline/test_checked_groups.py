@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_ledger_record_forms import _group, _group_record
+from test_ledger_record_forms import _forge_containers, _group, _group_record
 
 from rollvault.ledger.checked_groups import CheckedGroups
 from rollvault.ledger.errors import LedgerStateError
@@ -58,13 +58,7 @@ def _spoil(records: list[PromptGroupRecoveryRecord]) -> None:
                 RolloutAttemptRecord(attempt_uuid=uuid.uuid4(), status=RolloutAttemptStatus.FAILED)
             )
             for attempt in sibling.attempts:
-                attempt.staging_keys.append("forged")
-                attempt.turn_keys.append("forged")
-                if attempt.receipt is not None:
-                    attempt.receipt["forged"] = True
-                    for value in attempt.receipt.values():
-                        if isinstance(value, list):
-                            value.append("forged")
+                _forge_containers(attempt)
         record.status = PromptGroupStatus.FINALIZATION_UNKNOWN
 
 

@@ -547,13 +547,7 @@ def test_a_checked_state_loads_into_the_records_one_at_a_time_conversion_builds(
     for persisted in state.groups:
         for sibling in persisted.siblings:
             for attempt in sibling.attempts:
-                attempt.staging_keys.append("forged")
-                attempt.turn_keys.append("forged")
-                if attempt.receipt is not None:
-                    attempt.receipt["forged"] = True
-                    for value in attempt.receipt.values():
-                        if isinstance(value, list):
-                            value.append("forged")
+                _forge_containers(attempt)
     assert (
         loaded
         == one_by_one
@@ -562,3 +556,14 @@ def test_a_checked_state_loads_into_the_records_one_at_a_time_conversion_builds(
             for group in unique
         }
     )
+
+
+def _forge_containers(attempt: AttemptState | RolloutAttemptRecord) -> None:
+    """Change every container of ``attempt`` in place: a form that shares one shows it."""
+    attempt.staging_keys.append("forged")
+    attempt.turn_keys.append("forged")
+    if attempt.receipt is not None:
+        attempt.receipt["forged"] = True
+        for value in attempt.receipt.values():
+            if isinstance(value, list):
+                value.append("forged")
