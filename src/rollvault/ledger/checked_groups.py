@@ -5,7 +5,7 @@ A form 3 segment's group is decoded into packed pieces
 turn them into the persisted state (``GroupState``), check that, and convert
 it into the ledger's records: three forms of 16k attempts at 1,024 x 16. Here
 the pieces become the records at once
-(:func:`~rollvault.ledger.packed_groups.group_record`) and the state checks
+(:func:`~rollvault.ledger.packed_groups.group_records`) and the state checks
 run on the records (:func:`~rollvault.ledger.state_checks.check_ledger_groups`:
 the same rules and messages as on the persisted state). A group of an older
 form (a ``GroupState`` decoded from a JSON segment) is converted and checked

@@ -184,14 +184,7 @@ def assemble_indexed_ledger(
     # The records a restore loads, built from the decoded pieces and checked as a
     # version 5 ledger state is (the same rules, the same paths in messages).
     checked = CheckedGroups(groups, path="$.ledger.groups")
-    parsed = parsed_from_checked_groups(
-        checked,
-        batch_shortfall=state.batch_shortfall,
-        sampler_stamps_target_steps=state.sampler_stamps_target_steps,
-        finalizer_metrics_by_group=state.finalizer_metrics_by_group,
-        finalizer_rewards_by_group=state.finalizer_rewards_by_group,
-        reward_settings=state.reward_settings,
-    )
+    parsed = parsed_from_checked_groups(checked, state)
     return parsed, chains
 
 

@@ -216,7 +216,7 @@ class PackedGroup:
     """A group as its decoded pieces: the header and, per sibling 0..n-1 in order,
     ``(generation_index, attempts)``, each with at least one attempt (the resolver checks).
 
-    Kept as read: :func:`group_record` and :func:`group_state` build what they
+    Kept as read: :func:`group_records` and :func:`group_state` build what they
     return without sharing a mutable container with it, so it can be built from again.
     """
 

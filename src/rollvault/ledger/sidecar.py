@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -355,35 +355,51 @@ def _split(typed: SidecarState, *, from_bytes: bool) -> ParsedRolloutRecoverySta
         if from_bytes
         else msgspec.convert(msgspec.to_builtins(typed.ledger), LedgerState)
     )
-    return ParsedRolloutRecoveryState(
-        checked_ledger=checked,
-        batch_shortfall=_validate_batch_shortfall(typed.batch_shortfall),
-        sampler_stamps_target_steps=typed.sampler_stamps_target_steps,
-        finalizer_metrics_by_group=_validate_finalizer_metrics(typed.finalizer_metrics_by_group),
-        finalizer_rewards_by_group=_validate_finalizer_rewards(typed.finalizer_rewards_by_group),
-        reward_settings=_validate_reward_settings(typed.reward_settings),
-    )
+    return _parsed(typed, checked_ledger=checked)
+
+
+class ControllerPart(Protocol):
+    """The controller state a sidecar holds beside its ledger, as decoded (any version)."""
+
+    @property
+    def batch_shortfall(self) -> dict[str, Any]: ...
+    @property
+    def sampler_stamps_target_steps(self) -> bool | None: ...
+    @property
+    def finalizer_metrics_by_group(self) -> dict[str, Any]: ...
+    @property
+    def finalizer_rewards_by_group(self) -> dict[str, Any]: ...
+    @property
+    def reward_settings(self) -> CaptureRewardSettings | None: ...
 
 
 def parsed_from_checked_groups(
-    groups: CheckedGroups,
-    *,
-    batch_shortfall: dict[str, Any],
-    sampler_stamps_target_steps: bool | None,
-    finalizer_metrics_by_group: dict[str, Any],
-    finalizer_rewards_by_group: dict[str, Any],
-    reward_settings: CaptureRewardSettings | None,
+    groups: CheckedGroups, controller: ControllerPart
 ) -> ParsedRolloutRecoveryState:
     """The parsed sidecar of a ledger read from segments (``groups``, checked) and the
-    controller state beside it, freshly decoded, checked as :func:`split_sidecar` checks it."""
+    controller state beside it, checked as :func:`split_sidecar` checks it."""
+    return _parsed(controller, checked_ledger=None, checked_groups=groups)
+
+
+def _parsed(
+    controller: ControllerPart,
+    *,
+    checked_ledger: LedgerState | None,
+    checked_groups: CheckedGroups | None = None,
+) -> ParsedRolloutRecoveryState:
+    """The parsed state of a checked ledger (either form) and ``controller``, which this checks."""
     return ParsedRolloutRecoveryState(
-        checked_ledger=None,
-        batch_shortfall=_validate_batch_shortfall(batch_shortfall),
-        sampler_stamps_target_steps=sampler_stamps_target_steps,
-        finalizer_metrics_by_group=_validate_finalizer_metrics(finalizer_metrics_by_group),
-        finalizer_rewards_by_group=_validate_finalizer_rewards(finalizer_rewards_by_group),
-        reward_settings=_validate_reward_settings(reward_settings),
-        checked_groups=groups,
+        checked_ledger=checked_ledger,
+        batch_shortfall=_validate_batch_shortfall(controller.batch_shortfall),
+        sampler_stamps_target_steps=controller.sampler_stamps_target_steps,
+        finalizer_metrics_by_group=_validate_finalizer_metrics(
+            controller.finalizer_metrics_by_group
+        ),
+        finalizer_rewards_by_group=_validate_finalizer_rewards(
+            controller.finalizer_rewards_by_group
+        ),
+        reward_settings=_validate_reward_settings(controller.reward_settings),
+        checked_groups=checked_groups,
     )
 
 
