@@ -488,7 +488,7 @@ def test_a_chain_past_its_bound_is_written_whole_at_the_cap_even_with_no_budget(
             await _seal(parts, run.gate, group, index)
             snapshot = await run.snapshot()
             chain = _chain_of(snapshot, group)
-            whole = len(ledger_segments._Encoded.of(parts.ledger.get_group(group)).whole())
+            whole = len(ledger_segments._Encoded.of(parts.ledger.get_group(group)).whole_bytes)
             assert chain.delta_bytes <= (bound + overdue) * whole  # after every snapshot
             lengths.append(len(chain.links))
             ratios.append(chain.delta_bytes / whole)

@@ -229,12 +229,9 @@ class _Encoded:
         )
 
     @cached_property
-    def whole_record(self) -> bytes:
-        return self.record(None, True, [(index, 0) for index in range(len(self.siblings))])
-
-    def whole(self) -> bytes:
+    def whole_bytes(self) -> bytes:
         """The group's whole record (encoded once: the plan, the budget and the segment use it)."""
-        return self.whole_record
+        return self.record(None, True, [(index, 0) for index in range(len(self.siblings))])
 
 
 @dataclass
@@ -420,7 +417,8 @@ class LedgerSegmentWriter:
         compaction = self._compaction(records)
         steps = [self._plan(record, compaction) for record in records]
         changes = sum(
-            len(step.encode().whole()) if step.whole and step.known is None else 0 for step in steps
+            len(step.encode().whole_bytes) if step.whole and step.known is None else 0
+            for step in steps
         ) + sum(step.diff.size for step in steps if step.diff is not None)
         budget = rewrite_budget(changes, self._carry)
         spent = self._choose(steps, budget)
@@ -486,13 +484,14 @@ class LedgerSegmentWriter:
             if diff is None or len(known.chain) >= MAX_CHAIN:
                 step.whole = True
                 return step
-            whole = len(encoded.whole())
+            whole = len(encoded.whole_bytes)
             chain_bytes = known.delta_bytes + diff.size
-            if chain_bytes > (chain_budget(record.group_id) + CHAIN_BYTES_OVERDUE) * whole:
+            bound = chain_budget(record.group_id)
+            if chain_bytes > (bound + CHAIN_BYTES_OVERDUE) * whole:
                 step.whole = True  # waited long enough for the budget
                 return step
             step.diff = diff if diff.size else None
-            overdue = chain_bytes / (chain_budget(record.group_id) * whole)
+            overdue = chain_bytes / (bound * whole)
         if leaving or overdue > 1.0:
             rank = min((rank for rank, _ in leaving), default=len(compaction))
             step.due = (rank, -overdue)
@@ -504,7 +503,7 @@ class LedgerSegmentWriter:
         return the bytes they cost."""
         spent = 0
         for step in sorted((s for s in steps if s.due is not None), key=lambda s: s.due or ()):
-            cost = len(step.encode().whole())
+            cost = len(step.encode().whole_bytes)
             if spent + cost > budget:
                 break
             step.rewrite = True
@@ -519,7 +518,7 @@ class LedgerSegmentWriter:
             encoded = step.encode()
             # Unchanged groups rewritten only to leave a sparse segment go apart (cold).
             target = cold if not step.changed else fresh
-            return _Placed(record.siblings, target.add(encoded.whole()), encoded.digests)
+            return _Placed(record.siblings, target.add(encoded.whole_bytes), encoded.digests)
         assert known is not None  # a new group is whole
         if not step.changed:
             return known
