@@ -414,6 +414,69 @@ def test_beyond_the_bound_the_smallest_fact_segments_are_merged(
     assert read_group_facts(path, data, tmp_path).origins == _origins(range(11))
 
 
+def test_past_the_due_count_merges_are_spread_by_the_budget_and_the_hard_bound_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four new groups a snapshot, none dying: past the due count each snapshot merges the
+    smallest segments only within its budget (its new facts' bytes plus the carry), never
+    all at once; the count never passes the hard bound, which forces merges once the
+    budget lags; every fact stays readable through the index."""
+    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 4)
+    monkeypatch.setattr(fact_segments, "MAX_REFERENCED", 8)
+    writer = FactSegmentWriter(tmp_path)
+    infos = []
+    referenced: tuple[str, ...] = ()
+    for step in range(1, 41):
+        pending = _write(writer, _origins(range(4 * step)), f"{step:06d}")
+        info = pending.info
+        infos.append(info)
+        assert len(info.referenced) <= 8 and info.merged_bytes <= info.budget
+        merged = set(referenced) - set(info.referenced)
+        if not info.forced_segments:
+            # By choice only: the merged segments' bytes (every fact live, so all of each
+            # file) fit in the budget, its own new facts' bytes plus the carry.
+            assert sum((tmp_path / file).stat().st_size for file in merged) <= info.budget
+        referenced = info.referenced
+    # Nothing is merged until 4 are referenced and the new one would pass the due count.
+    assert all(info.compacted_facts == 0 for info in infos[:4])
+    merging = [step for step, info in enumerate(infos, 1) if info.compacted_facts]
+    assert merging and merging[0] == 5
+    # The budget lags the doubling sizes; the hard bound then forces merges.
+    assert any(info.forced_segments for info in infos)
+    data = encode_group_facts_file(pending.index)
+    assert read_group_facts(tmp_path / "i.json", data, tmp_path).origins == _origins(range(160))
+
+
+def test_the_unspent_budget_is_carried_only_by_a_committed_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A due merge bigger than one snapshot's budget waits, the unspent budget carried to
+    the next snapshot; a write never committed (its snapshot failed) carries nothing."""
+    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 2)
+    writer = FactSegmentWriter(tmp_path)
+    _write(writer, _origins(range(8)), "000001")  # a big segment: 8 facts
+    second = _write(writer, _origins(range(9)), "000002")  # 1 new fact: 2 referenced
+    assert second.info.waiting_segments == 0 and len(second.info.referenced) == 2
+    # Now 3 would be referenced: the smallest (000002's one fact) fits in one fact's budget.
+    third = writer.write(_origins(range(10)), {}, {}, stem="000003")
+    assert third.info.compacted_facts == 1 and third.info.waiting_segments == 0
+    writer.committed(third)
+    # 000003 (2 facts) and 000001 (8): a due merge of 2 facts does not fit one fact's budget.
+    fourth = writer.write(_origins(range(11)), {}, {}, stem="000004")
+    assert fourth.info.waiting_segments == 1 and fourth.info.compacted_facts == 0
+    assert fourth.carry == fourth.info.budget > 0
+    # Never committed: the retry starts from the committed state, without the carry.
+    retry = writer.write(_origins(range(11)), {}, {}, stem="000005")
+    assert retry.info.budget == fourth.info.budget and retry.info.waiting_segments == 1
+    writer.committed(retry)
+    # 000001 (8 facts), 000003 (2), 000005 (1): the next snapshot's budget is its own new
+    # fact's bytes (as the retry's) plus the retry's carry; the smallest fits, 000003 waits.
+    fifth = writer.write(_origins(range(12)), {}, {}, stem="000006")
+    assert retry.carry > 0 and fifth.info.budget == retry.info.budget + retry.carry
+    assert (fifth.info.compacted_facts, fifth.info.waiting_segments) == (1, 1)
+    assert "000005-facts" + FACT_SEGMENT_SUFFIX not in fifth.info.referenced
+
+
 def test_a_seeded_writer_writes_nothing_for_the_facts_it_was_seeded_with(tmp_path: Path) -> None:
     writer = FactSegmentWriter(tmp_path)
     origins = _origins(range(3))
