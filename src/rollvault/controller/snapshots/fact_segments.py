@@ -17,8 +17,10 @@ durably before the snapshot that references it commits), the way rows and
 ledger records are, and each
 snapshot holds only an index, ``group_facts.json`` (:class:`GroupFactsFile`):
 the segments it references, each with its SHA-256, size and fact count, and
-which of its facts are live, as a bitmap over the segment's ordinals (the
-data plane's form, :func:`~rollvault.dataplane.segmented.encode_live_bitmap`).
+which of its facts are live (version 3, written: a compact row in the data
+plane's ``metadata.json`` version 3 forms, :class:`FactSegmentEntryV3`; version
+2, read: a bitmap over the segment's ordinals,
+:func:`~rollvault.dataplane.segmented.encode_live_bitmap`, and the live count).
 The files that held the maps no longer do; :mod:`.snapshot_files` resolves
 the index and gives restore the same maps as before. Since index version 2
 the replay index's entries are facts too (a canonical group's entry is set
@@ -85,7 +87,12 @@ from rollvault.controller.snapshots.fact_forms import (
     decode_fact_segment,
     encode_fact_segment,
 )
-from rollvault.dataplane.segmented import decode_live_bitmap, encode_live_bitmap
+from rollvault.dataplane.segmented import (
+    decode_live,
+    decode_live_bitmap,
+    encode_live,
+    encode_live_bitmap,
+)
 from rollvault.durable.segment_store import (
     RecordedSegmentError,
     publish_fact_segment,
@@ -95,16 +102,19 @@ from rollvault.ledger.reward_penalties import FinalizedReward
 
 GROUP_FACTS_FILENAME: Final = "group_facts.json"
 """The snapshot's index of its fact segments (advertised like every sidecar)."""
-GROUP_FACTS_SCHEMA_VERSION: Final = 2
-"""Version 2 references form 2 segments (``*.facts-segment.msgpack``, which hold replay
-entries too) besides form 1 ones; version 1, form 1 segments only, is still read."""
-SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS: Final = frozenset({1, 2})
+GROUP_FACTS_SCHEMA_VERSION: Final = 3
+"""Version 3 (written) lists each segment as a compact row (:class:`FactSegmentEntryV3`,
+~60 bytes against version 2's ~130: every snapshot of an anchor repeats every referenced
+segment's row). Version 2 references form 2 segments (``*.facts-segment.msgpack``, which
+hold replay entries too) besides form 1 ones; version 1, form 1 segments only. Both are
+still read."""
+SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
 COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live facts once fewer than this fraction of its facts are live."""
-DUE_REFERENCED: Final = 32
+DUE_REFERENCED: Final = 48
 """Past this many referenced segments (the new one included) the smallest are due to be
 merged into the new one, within the budget (:func:`merge_budget`)."""
-MAX_REFERENCED: Final = 48
+MAX_REFERENCED: Final = 64
 """Most segments an index references: past it the smallest are merged whatever the budget
 (restore opens at most this many fact segments)."""
 MERGE_SHARE: Final = 1.0
@@ -184,13 +194,93 @@ class _GroupFactsFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True,
     segments: list[FactSegmentRow]
 
 
+_STEM_DIGITS: Final = 6
+"""Width of the zero-padded sequence number that names a snapshot's fact segment."""
+
+
+class FactSegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A :class:`FactSegmentRef` as version 3 writes it: ``[name, sha256, byte_size,
+    fact_count, live]``, the data plane's compact forms (its ``metadata.json`` version 3)."""
+
+    name: _NonNegativeInt | FactSegmentFileName
+    """The snapshot sequence number the file name derives from
+    (:func:`fact_segment_file_name` of it, zero-padded), or the file name as text."""
+    sha256: Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+    """The raw digest (base64 in JSON)."""
+    byte_size: _NonNegativeInt
+    fact_count: _PositiveInt
+    live: list[_NonNegativeInt] | bytes
+    """Live ordinals: ``[]`` when all are, else run lengths (live first, then alternately
+    dead and live) or the bitmap's raw bytes, whichever is shorter
+    (:func:`~rollvault.dataplane.segmented.encode_live`); the live count is derived."""
+
+
+class _GroupFactsFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``group_facts.json`` version 3 as it is on disk: each segment a compact row."""
+
+    schema_version: int
+    segments: list[FactSegmentEntryV3]
+
+
+def _entry_v3(ref: FactSegmentRef) -> FactSegmentEntryV3:
+    """``ref`` as a version 3 row (its bitmap was checked when the writer built it)."""
+    bits = decode_live_bitmap(ref.live, ref.fact_count, ref.live_facts)
+    held = [ordinal for ordinal, live in enumerate(bits) if live]
+    return FactSegmentEntryV3(
+        name=_name_field(ref.file),
+        sha256=bytes.fromhex(ref.sha256),
+        byte_size=ref.byte_size,
+        fact_count=ref.fact_count,
+        live=encode_live(ref.fact_count, held),
+    )
+
+
+def _ref_v3(entry: FactSegmentEntryV3, where: str) -> FactSegmentRef:
+    """The :class:`FactSegmentRef` a version 3 row stands for; ``ValueError`` naming the
+    field at ``where`` when its live ordinals do not fit its fact count."""
+    try:
+        bits = decode_live(entry.live, entry.fact_count)
+    except ValueError as exc:
+        raise ValueError(f"{where}[4] (live): {exc}") from exc
+    held = [ordinal for ordinal, live in enumerate(bits) if live]
+    return FactSegmentRef(
+        file=_file_of(entry.name),
+        sha256=entry.sha256.hex(),
+        byte_size=entry.byte_size,
+        fact_count=entry.fact_count,
+        live_facts=len(held),
+        live=encode_live_bitmap(entry.fact_count, held),
+    )
+
+
+def _name_field(file: str) -> int | str:
+    """Version 3's ``name`` of ``file``: the sequence number when the name is this writer's
+    for a zero-padded one, else the name itself (a form 1 segment, another writer's)."""
+    stem, dash, _rest = file.partition("-")
+    if (
+        dash
+        and stem.isascii()
+        and stem.isdigit()
+        and f"{int(stem):0{_STEM_DIGITS}d}" == stem
+        and fact_segment_file_name(stem) == file
+    ):
+        return int(stem)
+    return file
+
+
+def _file_of(name: int | str) -> str:
+    """The file name version 3's ``name`` stands for (see :func:`_name_field`)."""
+    return name if isinstance(name, str) else fact_segment_file_name(f"{name:0{_STEM_DIGITS}d}")
+
+
 class _Versioned(msgspec.Struct):
     schema_version: int
 
 
 class GroupFactsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """``group_facts.json``: the fact segments a snapshot references (version 1 on disk
-    exactly; version 2 writes each as a :class:`FactSegmentRow`)."""
+    exactly; version 2 writes each as a :class:`FactSegmentRow`, version 3 as a
+    :class:`FactSegmentEntryV3`)."""
 
     schema_version: int
     segments: list[FactSegmentRef]
@@ -578,12 +668,12 @@ class LoadedFacts:
 
 
 def encode_group_facts_file(index: GroupFactsFile) -> bytes:
-    """The bytes of ``group_facts.json`` for ``index``: version 2, each segment a row."""
+    """The bytes of ``group_facts.json`` for ``index``: version 3, each segment a compact row."""
     if index.schema_version != GROUP_FACTS_SCHEMA_VERSION:
         raise ValueError(f"only version {GROUP_FACTS_SCHEMA_VERSION} is written")
-    on_disk = _GroupFactsFileV2(
+    on_disk = _GroupFactsFileV3(
         schema_version=index.schema_version,
-        segments=[FactSegmentRow.of(ref) for ref in index.segments],
+        segments=[_entry_v3(ref) for ref in index.segments],
     )
     return _INDEX_ENCODER.encode(on_disk)
 
@@ -597,12 +687,21 @@ def decode_group_facts_file(path: Path, data: bytes) -> GroupFactsFile:
             raise FactsError(path, f"unsupported schema_version {version} (supported: {supported})")
         if version == 1:
             index = msgspec.json.decode(data, type=GroupFactsFile, strict=True)
-        else:
+        elif version == 2:
             rows = msgspec.json.decode(data, type=_GroupFactsFileV2, strict=True)
             index = GroupFactsFile(
                 schema_version=version, segments=[row.ref() for row in rows.segments]
             )
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        else:
+            entries = msgspec.json.decode(data, type=_GroupFactsFileV3, strict=True)
+            index = GroupFactsFile(
+                schema_version=version,
+                segments=[
+                    _ref_v3(entry, f"$.segments[{position}]")
+                    for position, entry in enumerate(entries.segments)
+                ],
+            )
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
         raise FactsError(path, str(exc)) from exc
     seen: set[str] = set()
     for position, ref in enumerate(index.segments):
