@@ -12,7 +12,8 @@
                                      controller state;
                                      since version 7 without the finalizer maps (in the
                                      group facts); since version 8 the index's groups
-                                     as runs of consecutive records
+                                     as runs of consecutive records; since version 9
+                                     its segments as compact rows
       replay_buffer_metadata.json    canonical groups waiting to train (before version 2
                                      also each one's attempts, now in the group facts);
                                      since version 3 only their order, each entry a
@@ -29,8 +30,8 @@
                                      group's origin and prompt identity, each canonical
                                      group's finalization (attempt ids, rewards, metrics)
                                      and (index version 2) each waiting group's replay
-                                     entry, written once per anchor, and a bitmap of the
-                                     live ones
+                                     entry, written once per anchor, and which are live
+                                     (since index version 3 each segment a compact row)
       env_rollouts.json              the environment state of every in-flight episode at
                                      its last committed turn (absent before multi-turn
                                      episodes: then no episode is in flight)
