@@ -17,8 +17,14 @@ step is the manifest's dispatch index), an
 empty data plane (what segment retention reads), commit, retention (keep 2),
 then segment collection.
 
+With ``FACT_MERGE_BOUNDS_ENV`` set to ``"<due>,<max>"`` no segment counts as sparse
+and the writer's bounds on referenced segments are those: every step then merges
+segments by the budget (past ``due``) or by force (past ``max``) instead of compacting
+sparse ones, so the kills land in merging snapshots.
+
 Modes:
-  commit   one step as above (the first one starts from step 0)
+  commit   one step as above (the first one starts from step 0); prints what the fact
+           writer did (facts written, compacted, segments forced, bytes merged by choice)
   verify   print a JSON report: every committed snapshot's facts read and checked
            against its step, the fact segments on disk and referenced
   recover  verify, commit one step, verify again; print both reports
@@ -26,7 +32,10 @@ Modes:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,6 +45,7 @@ from segment_crash_support import KEEP_LATEST_K, files_in, manifest_for
 
 from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
+from rollvault.controller.snapshots import fact_segments
 from rollvault.controller.snapshots.fact_forms import FACT_SEGMENT_SUFFIXES
 from rollvault.controller.snapshots.fact_segments import (
     GROUP_FACTS_FILENAME,
@@ -69,6 +79,20 @@ def finalization(idx: int) -> FinalizedGroup:
         metrics={"reward_mean": idx / 2},
         gate_rollout_ids=[f"g{idx}_g0_a{idx:032x}"],
     )
+
+
+FACT_MERGE_BOUNDS_ENV = "ROLLVAULT_TEST_FACT_MERGE_BOUNDS"
+
+
+def _merge_bounds() -> None:
+    """Apply ``FACT_MERGE_BOUNDS_ENV`` (see the module docstring) if it is set."""
+    bounds = os.environ.get(FACT_MERGE_BOUNDS_ENV)
+    if bounds is None:
+        return
+    due, most = (int(part) for part in bounds.split(","))
+    fact_segments.COMPACT_BELOW = 0.0  # type: ignore[misc]
+    fact_segments.DUE_REFERENCED = due  # type: ignore[misc]
+    fact_segments.MAX_REFERENCED = most  # type: ignore[misc]
 
 
 Facts = tuple[dict[str, GroupOrigin], dict[str, str], dict[str, FinalizedGroup], list[ReplayEntry]]
@@ -129,8 +153,16 @@ def commit(checkpoint_dir: Path) -> None:
         anchor, manifest=manifest_for(step), write_payload=payload, keep_latest_k=KEEP_LATEST_K
     )
     assert writer.last_written is not None
+    info = writer.last_written.info
     writer.committed(writer.last_written)
     collect_segments(root, also_keep=writer.base_segments())
+    done = {
+        "written": info.new_facts,
+        "compacted": info.compacted_facts,
+        "forced": info.forced_segments,
+        "merged_bytes": info.merged_bytes,
+    }
+    print(json.dumps(done))
 
 
 def verify(checkpoint_dir: Path) -> dict[str, Any]:
@@ -159,13 +191,15 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
 
 def main() -> None:
     mode, checkpoint_dir = sys.argv[1], Path(sys.argv[2])
+    _merge_bounds()
     if mode == "commit":
         commit(checkpoint_dir)
     elif mode == "verify":
         print(json.dumps(verify(checkpoint_dir)))
     elif mode == "recover":
         before = verify(checkpoint_dir)
-        commit(checkpoint_dir)
+        with contextlib.redirect_stdout(io.StringIO()):  # one JSON report
+            commit(checkpoint_dir)
         print(json.dumps({"before": before, "after": verify(checkpoint_dir)}))
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -49,9 +49,11 @@ from rollvault.dataplane.segmented import (
     encode_live_bitmap,
 )
 from rollvault.ledger.indexed_sidecar import (
+    COMPACT_SIDECAR_SCHEMA_VERSION,
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
     RUNS_SIDECAR_SCHEMA_VERSION,
+    LedgerSegmentEntryV9,
     assemble_indexed_sidecar,
     decode_indexed_sidecar,
 )
@@ -137,9 +139,25 @@ def _user_metadata(metadata_path: Path) -> dict[str, Any]:
     return user_metadata
 
 
+def sidecar_as_version_8(state: dict[str, Any]) -> dict[str, Any]:
+    """A sidecar (builtins); a version 9 one as version 8, what main wrote before it: each
+    segment a row naming its file, with the hex digest (any other version as it is)."""
+    if state["schema_version"] != COMPACT_SIDECAR_SCHEMA_VERSION:
+        return state
+    index = state["ledger_index"]
+    rows = [
+        msgspec.json.decode(msgspec.json.encode(row), type=LedgerSegmentEntryV9).ref()
+        for row in index["segments"]
+    ]
+    segments = [[ref.file, ref.sha256, ref.byte_size, ref.record_count] for ref in rows]
+    ledger_index = dict(index, segments=segments)
+    return dict(state, schema_version=RUNS_SIDECAR_SCHEMA_VERSION, ledger_index=ledger_index)
+
+
 def sidecar_as_version_7(state: dict[str, Any]) -> dict[str, Any]:
-    """A sidecar (builtins); a version 8 one as version 7: its index's runs as the pairs
+    """A sidecar (builtins); a version 8 or 9 one as version 7: its index's runs as the pairs
     they stand for, its segments as objects (any other version as it is)."""
+    state = sidecar_as_version_8(state)
     if state["schema_version"] != RUNS_SIDECAR_SCHEMA_VERSION:
         return state
     index = state["ledger_index"]
@@ -155,7 +173,7 @@ def sidecar_as_version_7(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_sidecar_json(snapshot: Path) -> dict[str, Any]:
-    """The snapshot's sidecar as builtins, a version 8 one as version 7."""
+    """The snapshot's sidecar as builtins, a version 8 or 9 one as version 7."""
     state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
     return sidecar_as_version_7(state)
 
@@ -202,7 +220,7 @@ def facts_to_inline(snapshot: Path) -> None:
     encode = msgspec.json.Encoder(order="sorted").encode
     state = read_sidecar_json(snapshot)
     if state["schema_version"] != FACTS_APART_SIDECAR_SCHEMA_VERSION:
-        raise ValueError(f"expected a version 7 or 8 sidecar, got {state['schema_version']}")
+        raise ValueError(f"expected a version 7, 8 or 9 sidecar, got {state['schema_version']}")
     rewrite_sidecar(snapshot, sidecar_with_finalizer_maps(state, facts))
     controller = json.loads((snapshot / CONTROLLER_STATE_FILENAME).read_bytes())
     controller.update(

@@ -9,6 +9,7 @@ merged away, and snapshots of the files before group facts still load."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 from pathlib import Path
@@ -83,12 +84,18 @@ _REF_FIELDS = ("file", "sha256", "byte_size", "fact_count", "live_facts", "live"
 
 def _index(snapshot: Path) -> dict[str, Any]:
     """The snapshot's ``group_facts.json`` as builtins, each segment as an object (version
-    2 writes each as an array of the same fields)."""
-    index: dict[str, Any] = json.loads((snapshot / GROUP_FACTS_FILENAME).read_bytes())
+    2 writes each as an array of the same fields; version 3 as a compact array, given here
+    as the module reads it)."""
+    path = snapshot / GROUP_FACTS_FILENAME
+    index: dict[str, Any] = json.loads(path.read_bytes())
     if index["schema_version"] == 2:
         rows = index["segments"]
         assert all(isinstance(row, list) for row in rows)
         index["segments"] = [dict(zip(_REF_FIELDS, row, strict=True)) for row in rows]
+    elif index["schema_version"] == 3:
+        assert all(isinstance(row, list) and len(row) == 5 for row in index["segments"])
+        decoded = fact_segments.decode_group_facts_file(path, path.read_bytes())
+        index["segments"] = msgspec.to_builtins(decoded.segments)
     return index
 
 
@@ -165,7 +172,7 @@ def test_each_snapshot_writes_only_the_facts_new_since_the_one_before(tmp_path: 
         assert (controller["schema_version"], replay["schema_version"]) == (5, 3)
         assert "origins" not in controller and "canonical_attempts" not in replay
         assert replay == {"schema_version": 3, "index_schema_version": 1, "order": [[0, 1]]}
-        assert sidecar["schema_version"] == 8 and "finalizer_rewards_by_group" not in sidecar
+        assert sidecar["schema_version"] == 9 and "finalizer_rewards_by_group" not in sidecar
         await finalizer.finalize(b)
         c = await _reserve(parts, sealed=0, gate=run.gate)
         second = await run.snapshot()
@@ -262,6 +269,17 @@ def test_a_missing_or_damaged_fact_segment_rejects_its_snapshot_and_restore_fall
 def _rewrite_index(snapshot: Path, index: dict[str, Any]) -> str:
     """Write ``index`` as the snapshot's ``group_facts.json``, advertised anew, and return
     the one problem a restorable verification finds."""
+    _write_index(snapshot, index)
+    verification = verify_snapshot(
+        snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    return f"{problem.path.name}: {problem.problem}"
+
+
+def _write_index(snapshot: Path, index: dict[str, Any]) -> None:
+    """Write ``index`` (segments as objects for version 2) as the snapshot's
+    ``group_facts.json`` and advertise it anew in the data plane's metadata."""
     if index["schema_version"] == 2:
         rows = [[ref[name] for name in _REF_FIELDS] for ref in index["segments"]]
         index = dict(index, segments=rows)
@@ -272,14 +290,10 @@ def _rewrite_index(snapshot: Path, index: dict[str, Any]) -> str:
     user_metadata = json.loads(content)["user_metadata"]
     advertised = user_metadata[SIDECARS_METADATA_KEY][GROUP_FACTS_FILENAME]
     advertised["sha256"] = hashlib.sha256(data).hexdigest()
+    advertised["schema_version"] = index["schema_version"]
     metadata_path.write_bytes(
         replace_user_metadata(metadata_path.read_bytes(), metadata_path, user_metadata)
     )
-    verification = verify_snapshot(
-        snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
-    )
-    (problem,) = verification.problems
-    return f"{problem.path.name}: {problem.problem}"
 
 
 def test_an_index_whose_bitmap_or_liveness_is_wrong_is_rejected_naming_the_entry(
@@ -287,7 +301,7 @@ def test_an_index_whose_bitmap_or_liveness_is_wrong_is_rejected_naming_the_entry
 ) -> None:
     config = _config(tmp_path)
     _older, newest = _two_snapshots(config)
-    index = _index(newest)
+    index = dict(_index(newest), schema_version=2)  # version 2 records the live count
     index["segments"][0]["live_facts"] += 1
     problem = _rewrite_index(newest, index)
     assert problem.startswith(f"{GROUP_FACTS_FILENAME}: $.segments[0].live: ")
@@ -414,6 +428,69 @@ def test_beyond_the_bound_the_smallest_fact_segments_are_merged(
     assert read_group_facts(path, data, tmp_path).origins == _origins(range(11))
 
 
+def test_past_the_due_count_merges_are_spread_by_the_budget_and_the_hard_bound_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four new groups a snapshot, none dying: past the due count each snapshot merges the
+    smallest segments only within its budget (its new facts' bytes plus the carry), never
+    all at once; the count never passes the hard bound, which forces merges once the
+    budget lags; every fact stays readable through the index."""
+    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 4)
+    monkeypatch.setattr(fact_segments, "MAX_REFERENCED", 8)
+    writer = FactSegmentWriter(tmp_path)
+    infos = []
+    referenced: tuple[str, ...] = ()
+    for step in range(1, 41):
+        pending = _write(writer, _origins(range(4 * step)), f"{step:06d}")
+        info = pending.info
+        infos.append(info)
+        assert len(info.referenced) <= 8 and info.merged_bytes <= info.budget
+        merged = set(referenced) - set(info.referenced)
+        if not info.forced_segments:
+            # By choice only: the merged segments' bytes (every fact live, so all of each
+            # file) fit in the budget, its own new facts' bytes plus the carry.
+            assert sum((tmp_path / file).stat().st_size for file in merged) <= info.budget
+        referenced = info.referenced
+    # Nothing is merged until 4 are referenced and the new one would pass the due count.
+    assert all(info.compacted_facts == 0 for info in infos[:4])
+    merging = [step for step, info in enumerate(infos, 1) if info.compacted_facts]
+    assert merging and merging[0] == 5
+    # The budget lags the doubling sizes; the hard bound then forces merges.
+    assert any(info.forced_segments for info in infos)
+    data = encode_group_facts_file(pending.index)
+    assert read_group_facts(tmp_path / "i.json", data, tmp_path).origins == _origins(range(160))
+
+
+def test_the_unspent_budget_is_carried_only_by_a_committed_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A due merge bigger than one snapshot's budget waits, the unspent budget carried to
+    the next snapshot; a write never committed (its snapshot failed) carries nothing."""
+    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 2)
+    writer = FactSegmentWriter(tmp_path)
+    _write(writer, _origins(range(8)), "000001")  # a big segment: 8 facts
+    second = _write(writer, _origins(range(9)), "000002")  # 1 new fact: 2 referenced
+    assert second.info.waiting_segments == 0 and len(second.info.referenced) == 2
+    # Now 3 would be referenced: the smallest (000002's one fact) fits in one fact's budget.
+    third = writer.write(_origins(range(10)), {}, {}, stem="000003")
+    assert third.info.compacted_facts == 1 and third.info.waiting_segments == 0
+    writer.committed(third)
+    # 000003 (2 facts) and 000001 (8): a due merge of 2 facts does not fit one fact's budget.
+    fourth = writer.write(_origins(range(11)), {}, {}, stem="000004")
+    assert fourth.info.waiting_segments == 1 and fourth.info.compacted_facts == 0
+    assert fourth.carry == fourth.info.budget > 0
+    # Never committed: the retry starts from the committed state, without the carry.
+    retry = writer.write(_origins(range(11)), {}, {}, stem="000005")
+    assert retry.info.budget == fourth.info.budget and retry.info.waiting_segments == 1
+    writer.committed(retry)
+    # 000001 (8 facts), 000003 (2), 000005 (1): the next snapshot's budget is its own new
+    # fact's bytes (as the retry's) plus the retry's carry; the smallest fits, 000003 waits.
+    fifth = writer.write(_origins(range(12)), {}, {}, stem="000006")
+    assert retry.carry > 0 and fifth.info.budget == retry.info.budget + retry.carry
+    assert (fifth.info.compacted_facts, fifth.info.waiting_segments) == (1, 1)
+    assert "000005-facts" + FACT_SEGMENT_SUFFIX not in fifth.info.referenced
+
+
 def test_a_seeded_writer_writes_nothing_for_the_facts_it_was_seeded_with(tmp_path: Path) -> None:
     writer = FactSegmentWriter(tmp_path)
     origins = _origins(range(3))
@@ -463,7 +540,7 @@ def test_a_snapshot_of_form_1_fact_segments_restores_and_its_segment_stays_refer
     async def restart() -> None:
         run = await Run.restored(config, source)
         after = await run.snapshot()
-        assert _index(after)["schema_version"] == 2
+        assert _index(after)["schema_version"] == 3
         assert old_segment in _fact_files(after)
         (new,) = _fact_files(after) - {old_segment}
         assert new.endswith(".facts-segment.msgpack")
@@ -510,7 +587,91 @@ def test_an_unknown_group_facts_version_is_refused_naming_file_and_version(
 ) -> None:
     config = _config(tmp_path)
     _older, newest = _two_snapshots(config)
-    index = _index(newest)
-    index["schema_version"] = 3
+    index = dict(_index(newest), schema_version=2)
+    index["schema_version"] = 4
     problem = _rewrite_index(newest, index)
-    assert problem == f"{GROUP_FACTS_FILENAME}: unsupported schema_version 3 (supported: 1, 2)"
+    assert problem == f"{GROUP_FACTS_FILENAME}: unsupported schema_version 4 (supported: 1, 2, 3)"
+
+
+def test_version_3_rows_are_compact_and_read_back_to_the_same_references(tmp_path: Path) -> None:
+    """Version 3: a segment of this writer is named by its sequence number, any other by its
+    file name; the digest is raw; all live is ``[]``, else runs or a bitmap. Each row reads
+    back to the reference written, about half version 2's bytes."""
+    refs = [
+        fact_segments.FactSegmentRef(
+            file=name,
+            sha256=hashlib.sha256(name.encode()).hexdigest(),
+            byte_size=1000 + position,
+            fact_count=count,
+            live_facts=len(held),
+            live=encode_live_bitmap(count, held),
+        )
+        for position, (name, count, held) in enumerate(
+            [
+                (f"000007-facts{FACT_SEGMENT_SUFFIX}", 24, list(range(24))),
+                ("snapshot_000003-form1.facts-segment.json", 100, list(range(50))),
+                (f"7-facts{FACT_SEGMENT_SUFFIX}", 9, list(range(0, 9, 2))),  # not zero-padded
+                (f"1234567-facts{FACT_SEGMENT_SUFFIX}", 3, [1]),
+            ]
+        )
+    ]
+    index = fact_segments.GroupFactsFile(schema_version=3, segments=refs)
+    data = encode_group_facts_file(index)
+    rows = json.loads(data)["segments"]
+    assert [row[0] for row in rows] == [
+        7,
+        "snapshot_000003-form1.facts-segment.json",
+        f"7-facts{FACT_SEGMENT_SUFFIX}",
+        1234567,
+    ]
+    assert rows[0][4] == [] and rows[1][4] == [50, 50]  # all live; runs
+    assert rows[2][4] == base64.b64encode(bytes([0b01010101, 1])).decode()  # the bitmap
+    assert fact_segments.decode_group_facts_file(tmp_path / "i.json", data) == index
+    # The common row, an all-live segment of this writer: about half version 2's.
+    row_2 = msgspec.json.encode([getattr(refs[0], field) for field in _REF_FIELDS])
+    assert len(msgspec.json.encode(rows[0])) < 0.55 * len(row_2)
+
+
+def test_a_version_3_row_whose_live_runs_do_not_fit_is_refused_naming_it(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    path = newest / GROUP_FACTS_FILENAME
+    index = json.loads(path.read_bytes())
+    assert index["schema_version"] == 3
+    count = index["segments"][0][3]
+    index["segments"][0][4] = [count - 1, 2]  # runs adding up past the segment's facts
+    problem = _rewrite_index(newest, index)
+    assert problem.startswith(f"{GROUP_FACTS_FILENAME}: $.segments[0][4] (live): runs add up")
+
+
+def test_a_version_2_group_facts_as_main_wrote_it_restores_and_the_next_snapshot_writes_3(
+    tmp_path: Path,
+) -> None:
+    """The writer before version 3 wrote each segment as a version 2 row: such a snapshot
+    verifies and restores to the same maps, and the restart's next snapshot writes version 3
+    referencing the same segments (none of its facts written again but the restart's)."""
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    expected = _maps(_loaded(newest))
+    files = _fact_files(newest)
+    index = dict(_index(newest), schema_version=2)
+    _write_index(newest, index)
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+    )
+    assert verification.ok, verification.problems
+    assert json.loads((newest / GROUP_FACTS_FILENAME).read_bytes())["schema_version"] == 2
+    assert _maps(_loaded(newest)) == expected
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == newest
+
+    async def restart() -> None:
+        run = await Run.restored(config, source)
+        after = await run.snapshot()
+        assert _index(after)["schema_version"] == 3
+        assert files <= _fact_files(after)
+        assert _maps(_loaded(after)) == expected
+        run.parts.logs.close()
+
+    asyncio.run(restart())

@@ -14,7 +14,12 @@ from typing import Any
 import msgspec
 import pytest
 from pipeline_helpers import small_config
-from snapshot_versions import advertise_sidecar, rewrite_sidecar, sidecar_as_version_7
+from snapshot_versions import (
+    advertise_sidecar,
+    rewrite_sidecar,
+    sidecar_as_version_7,
+    sidecar_as_version_8,
+)
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
 
@@ -27,10 +32,12 @@ from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.indexed_sidecar import (
     LedgerIndex,
     LedgerRunsIndex,
+    LedgerSegmentEntryV9,
     LedgerSegmentRef,
     LedgerSegmentRow,
     expand_runs,
     index_runs,
+    ledger_segment_file_name,
 )
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 
@@ -107,10 +114,18 @@ def test_a_snapshot_writes_runs_and_restores_the_ledger_the_pairs_of_version_7_d
     config = _config(tmp_path)
     snapshot = _snapshot(config, groups=6)
     state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-    assert state["schema_version"] == 8 and "groups" not in state["ledger_index"]
+    assert state["schema_version"] == 9 and "groups" not in state["ledger_index"]
     assert state["ledger_index"]["runs"] == [[0, 0, 6]]  # one segment, in ledger order
     ledger = _ledger(snapshot)
     assert len(ledger[0]["groups"]) == 6
+    # Version 8 (each segment named by its file, the digest in hex), what main wrote
+    # before version 9, is still read, the same.
+    rewrite_sidecar(snapshot, sidecar_as_version_8(state))
+    written = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    assert written["schema_version"] == 8 and isinstance(
+        written["ledger_index"]["segments"][0][0], str
+    )
+    assert _ledger(snapshot) == ledger
     # The writer before version 8 (version 7: a pair per group) is still read, the same.
     rewrite_sidecar(snapshot, sidecar_as_version_7(state))
     assert json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())["ledger_index"][
@@ -121,6 +136,38 @@ def test_a_snapshot_writes_runs_and_restores_the_ledger_the_pairs_of_version_7_d
         snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
     )
     assert verification.ok, verification.problems
+
+
+def test_version_9_rows_name_this_writer_s_segments_by_number_and_read_back_the_same() -> None:
+    files = [
+        ledger_segment_file_name("000012"),  # the writer's: its number
+        ledger_segment_file_name("000012-cold"),  # a cold segment: its name
+        ledger_segment_file_name("12"),  # not zero-padded: its name
+        ledger_segment_file_name("1234567"),  # past six digits: its number
+    ]
+    refs = [
+        LedgerSegmentRef(file=file, sha256=f"{n:064x}", byte_size=100 + n, record_count=1 + n)
+        for n, file in enumerate(files)
+    ]
+    rows = [LedgerSegmentEntryV9.of(ref) for ref in refs]
+    assert [row.name for row in rows] == [12, files[1], files[2], 1234567]
+    decoded = msgspec.json.decode(msgspec.json.encode(rows), type=list[LedgerSegmentEntryV9])
+    assert [row.ref() for row in decoded] == refs
+    # The common row, about half version 8's.
+    compact = len(msgspec.json.encode(rows[0]))
+    assert compact < 0.55 * len(msgspec.json.encode(LedgerSegmentRow.of(refs[0])))
+
+
+def test_a_version_9_row_with_a_digest_of_the_wrong_length_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    snapshot = _snapshot(_config(tmp_path), groups=3)
+    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    assert state["schema_version"] == 9
+    state["ledger_index"]["segments"][0][1] = "AAAA"  # 3 bytes, base64
+    rewrite_sidecar(snapshot, state)
+    problem = _problem(snapshot)
+    assert "$.ledger_index.segments[0][1]" in problem and "length" in problem
 
 
 def test_overlapping_runs_reach_a_record_twice_and_are_refused(tmp_path: Path) -> None:
@@ -143,11 +190,11 @@ def test_an_unknown_sidecar_version_is_refused_naming_it_and_retention_deletes_n
     tmp_path: Path,
 ) -> None:
     snapshot = _snapshot(_config(tmp_path), groups=2)
-    advertise_sidecar(snapshot, schema_version=9)
+    advertise_sidecar(snapshot, schema_version=10)
     problem = _problem(snapshot)
-    assert "ledger schema 9" in problem and "reads schemas 3, 4, 5, 6, 7, 8" in problem
+    assert "ledger schema 10" in problem and "reads schemas 3, 4, 5, 6, 7, 8, 9" in problem
     state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-    state["schema_version"] = 9
+    state["schema_version"] = 10
     rewrite_sidecar(snapshot, state)
     segments = sorted(p.name for p in (snapshot.parent / "segments").iterdir())
     assert collect_segments(snapshot.parent) is None  # what it references is unknown

@@ -59,8 +59,9 @@ def _config(tmp_path: Path) -> RunConfig:
 
 def _index(snapshot: Path) -> dict[str, Any]:
     written = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-    # 7: the finalizer maps in the group facts; 8: the index's groups as runs too.
-    assert written["schema_version"] in (6, 7, 8)
+    # 7: the finalizer maps in the group facts; 8: the index's groups as runs too; 9: its
+    # segments as compact rows too.
+    assert written["schema_version"] in (6, 7, 8, 9)
     index: dict[str, Any] = sidecar_as_version_7(written)["ledger_index"]
     return index
 

@@ -16,6 +16,7 @@ kept snapshots reference.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -42,9 +43,13 @@ class CrashCase:
     the commit and prune sequence is the durable layer's, killed by its own tests)."""
     required: frozenset[str]
     """Points the traced commit must pass through."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Set for every run of the child."""
+    name: str = ""
+    """The test id (default: the child's name)."""
 
     def __str__(self) -> str:
-        return self.child.stem
+        return self.name or self.child.stem
 
 
 ROWS = CrashCase(
@@ -109,6 +114,14 @@ FACTS = CrashCase(
     ),
 )
 
+FACT_MERGES = dataclasses.replace(
+    FACTS,
+    # No segment counts as sparse, and past one referenced segment the older one is due a
+    # merge: every step merges by the budget (see fact_segments_crash_child.py).
+    env=(("ROLLVAULT_TEST_FACT_MERGE_BOUNDS", "1,2"),),
+    name="fact_segments_merging",
+)
+
 
 @dataclass(frozen=True)
 class Child:
@@ -119,6 +132,7 @@ class Child:
 
     def run(self, mode: str, directory: Path, **env: str) -> subprocess.CompletedProcess[str]:
         environ = {k: v for k, v in os.environ.items() if k not in (KILL_AT_ENV, TRACE_ENV)}
+        environ.update(self.case.env)
         environ.update(env)
         return self.zygote.run([mode, str(directory)], environ)
 
@@ -136,7 +150,7 @@ def _template(child: Child, directory: Path) -> Path:
     report: dict[str, Any] = json.loads(child.ok("verify", directory))
     assert report["steps"] == [2, 3] and report["problems"] == {}
     assert report["segments"] == report["referenced"]
-    if case in (LEDGER, FACTS):
+    if case in (LEDGER, FACTS, FACT_MERGES):
         assert len(report["referenced"]) > 1  # the third snapshot references an older segment
     return directory
 
@@ -145,7 +159,10 @@ def _kill_points(child: Child, template: Path, tmp_path: Path) -> list[tuple[str
     work = tmp_path / "traced"
     shutil.copytree(template, work)
     trace = tmp_path / "trace.txt"
-    child.ok("commit", work, **{TRACE_ENV: str(trace)})
+    done = child.ok("commit", work, **{TRACE_ENV: str(trace)})
+    if child.case is FACT_MERGES:  # the commit killed below merges by the budget
+        info = json.loads(done)
+        assert info["compacted"] > 0 and info["merged_bytes"] > 0 and info["forced"] == 0
     seen: Counter[str] = Counter()
     points = []
     for name in trace.read_text().splitlines():
@@ -155,7 +172,7 @@ def _kill_points(child: Child, template: Path, tmp_path: Path) -> list[tuple[str
     return [(name, nth) for name, nth in points if name.startswith(child.case.steps)]
 
 
-@pytest.mark.parametrize("case", [ROWS, LEDGER, FACTS], ids=str)
+@pytest.mark.parametrize("case", [ROWS, LEDGER, FACTS, FACT_MERGES], ids=str)
 def test_a_kill_at_every_fault_point_of_an_incremental_snapshot_leaves_it_loadable(
     case: CrashCase, tmp_path: Path
 ) -> None:

@@ -16,8 +16,9 @@ own fields are those of version 6 before delta records; the segment's form
 says how to read it, so the file's version stays 6.)
 
 Version 7 holds the finalizer maps apart (the snapshot layer's group facts),
-and version 8 writes the index's groups as runs (:data:`RUNS_SIDECAR_SCHEMA_VERSION`);
-both decode to version 6's state.
+version 8 writes the index's groups as runs (:data:`RUNS_SIDECAR_SCHEMA_VERSION`),
+and version 9 each listed segment as a compact row
+(:data:`COMPACT_SIDECAR_SCHEMA_VERSION`); all decode to version 6's state.
 
 This module is the format only (no I/O): building and decoding the sidecar,
 and assembling a decoded index and its segments into the same
@@ -232,7 +233,9 @@ def decode_facts_apart_sidecar(
     )
 
 
-_Versioned = TypeVar("_Versioned", "FactsApartSidecarState", "RunsSidecarState")
+_Versioned = TypeVar(
+    "_Versioned", "FactsApartSidecarState", "RunsSidecarState", "CompactSidecarState"
+)
 
 
 def _decode_versioned(data: bytes, kind: type[_Versioned], version: int) -> _Versioned:
@@ -250,7 +253,7 @@ def _decode_versioned(data: bytes, kind: type[_Versioned], version: int) -> _Ver
 
 
 def _with_finalizer_maps(
-    state: FactsApartSidecarState | RunsSidecarState,
+    state: FactsApartSidecarState | RunsSidecarState | CompactSidecarState,
     index: LedgerIndex,
     *,
     finalizer_metrics_by_group: dict[str, Any],
@@ -347,9 +350,13 @@ def expand_runs(index: LedgerRunsIndex) -> LedgerIndex:
     count can make this build); anything else about the pairs is checked where
     version 7's are (:func:`assemble_indexed_ledger`).
     """
-    refs = [row.ref() for row in index.segments]
+    return _expand([row.ref() for row in index.segments], index.runs)
+
+
+def _expand(refs: list[LedgerSegmentRef], runs: list[tuple[int, int, int]]) -> LedgerIndex:
+    """The version 7 index of ``refs`` and ``runs`` (see :func:`expand_runs`)."""
     groups: list[tuple[int, int]] = []
-    for position, (segment, first, count) in enumerate(index.runs):
+    for position, (segment, first, count) in enumerate(runs):
         where = f"{_WHAT} $.ledger_index.runs[{position}]"
         if segment >= len(refs):
             raise LedgerStateError(f"{where}: segment {segment} of {len(refs)} listed")
@@ -364,7 +371,15 @@ def expand_runs(index: LedgerRunsIndex) -> LedgerIndex:
 
 def encode_runs_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> bytes:
     """A version 8 sidecar: ``envelope`` with ``index`` (its groups as runs), its finalizer
-    maps left out (the caller stores them elsewhere). Versions 6 and 7 are only read now."""
+    maps left out (the caller stores them elsewhere). Written before version 9; kept to
+    write what older snapshots hold (tests of reading them)."""
+    return _encode_apart(envelope, RUNS_SIDECAR_SCHEMA_VERSION, index_runs(index))
+
+
+def _encode_apart(
+    envelope: RolloutRecoveryState, version: int, index: LedgerRunsIndex | LedgerCompactIndex
+) -> bytes:
+    """``envelope`` as a sidecar of ``version`` with ``index``, its finalizer maps left out."""
     missing = sorted(sidecar_envelope_fields() - envelope.keys())
     extra = sorted(envelope.keys() - sidecar_envelope_fields())
     if missing or extra:
@@ -372,7 +387,7 @@ def encode_runs_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> b
             f"{_WHAT}: the envelope lacks {missing} / has unknown fields {extra}"
         )
     state = {key: value for key, value in envelope.items() if key not in _FINALIZER_MAPS}
-    state.update(schema_version=RUNS_SIDECAR_SCHEMA_VERSION, ledger_index=index_runs(index))
+    state.update(schema_version=version, ledger_index=index)
     try:
         return _ENCODER.encode(state)
     except (TypeError, msgspec.EncodeError) as exc:
@@ -399,12 +414,127 @@ def decode_runs_sidecar(
 def referenced_ledger_segment_files(data: bytes) -> set[str]:
     """The ledger segment files a sidecar of version 6 or later lists (what retention needs)."""
     version = sidecar_file_version(data)
-    if version is not None and version > RUNS_SIDECAR_SCHEMA_VERSION:
+    if version is not None and version > COMPACT_SIDECAR_SCHEMA_VERSION:
         raise LedgerStateError(f"{_WHAT}: unsupported schema_version {version}")
-    if version != RUNS_SIDECAR_SCHEMA_VERSION:
+    if version not in (RUNS_SIDECAR_SCHEMA_VERSION, COMPACT_SIDECAR_SCHEMA_VERSION):
         return {ref.file for ref in decode_ledger_index(data).segments}
     try:
-        index = msgspec.json.decode(data, type=_RunsIndexOnly, strict=True).ledger_index
+        if version == RUNS_SIDECAR_SCHEMA_VERSION:
+            rows = msgspec.json.decode(data, type=_RunsIndexOnly, strict=True).ledger_index
+            return {row.file for row in rows.segments}
+        compact = msgspec.json.decode(data, type=_CompactIndexOnly, strict=True).ledger_index
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise LedgerStateError(f"{_WHAT} $.ledger_index: {exc}") from exc
-    return {ref.file for ref in index.segments}
+    return {row.ref().file for row in compact.segments}
+
+
+# -- version 9: each listed segment as a compact row -----------------------------------
+
+COMPACT_SIDECAR_SCHEMA_VERSION: Final = 9
+"""The sidecar file's version when its index lists each segment as a compact row.
+
+Every snapshot of an anchor lists every ledger segment a live group's chain reaches,
+one more each snapshot until compaction drops some: version 8's row, ``[file, hex
+sha256, byte_size, record_count]``, is ~120 bytes (~8 KB at round 30 of the
+benchmark's anchor, +~120 bytes a round). Version 9's (:class:`LedgerSegmentEntryV9`)
+names a segment by the sequence number its file name derives from and holds the raw
+digest (base64 in JSON): ~60 bytes. Decoded, it is version 8 (and so version 7)
+exactly."""
+
+_STEM_DIGITS: Final = 6
+"""Width of the zero-padded sequence number that names a snapshot's ledger segment."""
+
+
+class LedgerSegmentEntryV9(
+    msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True
+):
+    """A :class:`LedgerSegmentRef` as version 9 writes it: ``[name, sha256, byte_size,
+    record_count]``."""
+
+    name: _NonNegativeInt | LedgerSegmentFileName
+    """The sequence number when the file name is :func:`ledger_segment_file_name` of it,
+    zero-padded; else the file name as text (a cold segment's, another writer's)."""
+    sha256: Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+    """The raw digest (base64 in JSON)."""
+    byte_size: _NonNegativeInt
+    record_count: Annotated[int, msgspec.Meta(ge=1)]
+
+    @classmethod
+    def of(cls, ref: LedgerSegmentRef) -> LedgerSegmentEntryV9:
+        return cls(
+            _name_field(ref.file), bytes.fromhex(ref.sha256), ref.byte_size, ref.record_count
+        )
+
+    def ref(self) -> LedgerSegmentRef:
+        name = self.name
+        return LedgerSegmentRef(
+            file=name
+            if isinstance(name, str)
+            else ledger_segment_file_name(f"{name:0{_STEM_DIGITS}d}"),
+            sha256=self.sha256.hex(),
+            byte_size=self.byte_size,
+            record_count=self.record_count,
+        )
+
+
+def _name_field(file: str) -> int | str:
+    """Version 9's ``name`` of ``file`` (see :attr:`LedgerSegmentEntryV9.name`)."""
+    stem, dash, _rest = file.partition("-")
+    if (
+        dash
+        and stem.isascii()
+        and stem.isdigit()
+        and f"{int(stem):0{_STEM_DIGITS}d}" == stem
+        and ledger_segment_file_name(stem) == file
+    ):
+        return int(stem)
+    return file
+
+
+class LedgerCompactIndex(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Version 9's index: version 8's with each segment a :class:`LedgerSegmentEntryV9`."""
+
+    segments: list[LedgerSegmentEntryV9]
+    runs: list[tuple[_NonNegativeInt, _NonNegativeInt, Annotated[int, msgspec.Meta(ge=1)]]]
+    """``(position in segments, first record ordinal, count)``, in ledger order."""
+
+
+class CompactSidecarState(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A version 9 ``rollout_recovery.json``: version 8 with compact segment rows."""
+
+    schema_version: int
+    ledger_index: LedgerCompactIndex
+    batch_shortfall: dict[str, Any]
+    sampler_stamps_target_steps: bool | None
+    reward_settings: CaptureRewardSettings | None
+
+
+class _CompactIndexOnly(msgspec.Struct):
+    ledger_index: LedgerCompactIndex
+
+
+def encode_compact_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> bytes:
+    """A version 9 sidecar: ``envelope`` with ``index`` (its groups as runs, its segments as
+    compact rows), its finalizer maps left out (the caller stores them elsewhere)."""
+    runs = index_runs(index).runs
+    segments = [LedgerSegmentEntryV9.of(ref) for ref in index.segments]
+    compact = LedgerCompactIndex(segments=segments, runs=runs)
+    return _encode_apart(envelope, COMPACT_SIDECAR_SCHEMA_VERSION, compact)
+
+
+def decode_compact_sidecar(
+    data: bytes,
+    *,
+    finalizer_metrics_by_group: dict[str, Any],
+    finalizer_rewards_by_group: dict[str, Any],
+) -> IndexedSidecarState:
+    """A version 9 sidecar's bytes, strictly decoded, its rows and runs expanded, with the
+    finalizer maps the caller read from where they are held (as :func:`decode_runs_sidecar`)."""
+    state = _decode_versioned(data, CompactSidecarState, COMPACT_SIDECAR_SCHEMA_VERSION)
+    refs = [row.ref() for row in state.ledger_index.segments]
+    return _with_finalizer_maps(
+        state,
+        _expand(refs, state.ledger_index.runs),
+        finalizer_metrics_by_group=finalizer_metrics_by_group,
+        finalizer_rewards_by_group=finalizer_rewards_by_group,
+    )

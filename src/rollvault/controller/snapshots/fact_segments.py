@@ -17,8 +17,10 @@ durably before the snapshot that references it commits), the way rows and
 ledger records are, and each
 snapshot holds only an index, ``group_facts.json`` (:class:`GroupFactsFile`):
 the segments it references, each with its SHA-256, size and fact count, and
-which of its facts are live, as a bitmap over the segment's ordinals (the
-data plane's form, :func:`~rollvault.dataplane.segmented.encode_live_bitmap`).
+which of its facts are live (version 3, written: a compact row in the data
+plane's ``metadata.json`` version 3 forms, :class:`FactSegmentEntryV3`; version
+2, read: a bitmap over the segment's ordinals,
+:func:`~rollvault.dataplane.segmented.encode_live_bitmap`, and the live count).
 The files that held the maps no longer do; :mod:`.snapshot_files` resolves
 the index and gives restore the same maps as before. Since index version 2
 the replay index's entries are facts too (a canonical group's entry is set
@@ -39,9 +41,20 @@ Bounding the disk and the index: a referenced segment fewer than
 into the new segment (facts die when their group is dropped or forgotten at a
 trainer checkpoint, which starts a new anchor anyway); and since within one
 anchor facts rarely die, every snapshot would otherwise add a segment to
-every later index: beyond :data:`MAX_REFERENCED` referenced segments the
-smallest are merged into the new one until half remain, so each fact is
-rewritten a few times at most, not at every snapshot.
+every later index. Merging segments is spread over snapshots by a **budget**,
+as the ledger segments' whole rewrites are (:mod:`.ledger_segments`): past
+:data:`DUE_REFERENCED` referenced segments the smallest (by their live facts'
+bytes) are *due* to be merged into the new one, and a snapshot merges them,
+smallest first, while they fit in :data:`MERGE_SHARE` times the bytes of its
+own new facts plus what the previous snapshot left unspent while a merge
+waited (:func:`merge_budget`). The hard bound forces merges whatever the
+budget: a snapshot references at most :data:`MAX_REFERENCED` fact segments,
+each at least :data:`COMPACT_BELOW` live, so a restore opens at most that
+many and reads at most about twice its live facts' bytes. (Before, past 32
+referenced segments the smallest were merged until half remained, ~80 KB in
+one snapshot of the benchmark's long anchor, 1.24-1.42x its new rows.) The
+budget's carry is the writer's memory only: nothing new is persisted, the
+reader is unchanged.
 
 This module is the format, the writer and the reader; it raises
 :class:`FactsError` naming the file, which the snapshot layer reports as a
@@ -74,7 +87,12 @@ from rollvault.controller.snapshots.fact_forms import (
     decode_fact_segment,
     encode_fact_segment,
 )
-from rollvault.dataplane.segmented import decode_live_bitmap, encode_live_bitmap
+from rollvault.dataplane.segmented import (
+    decode_live,
+    decode_live_bitmap,
+    encode_live,
+    encode_live_bitmap,
+)
 from rollvault.durable.segment_store import (
     RecordedSegmentError,
     publish_fact_segment,
@@ -84,14 +102,32 @@ from rollvault.ledger.reward_penalties import FinalizedReward
 
 GROUP_FACTS_FILENAME: Final = "group_facts.json"
 """The snapshot's index of its fact segments (advertised like every sidecar)."""
-GROUP_FACTS_SCHEMA_VERSION: Final = 2
-"""Version 2 references form 2 segments (``*.facts-segment.msgpack``, which hold replay
-entries too) besides form 1 ones; version 1, form 1 segments only, is still read."""
-SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS: Final = frozenset({1, 2})
+GROUP_FACTS_SCHEMA_VERSION: Final = 3
+"""Version 3 (written) lists each segment as a compact row (:class:`FactSegmentEntryV3`,
+~60 bytes against version 2's ~130: every snapshot of an anchor repeats every referenced
+segment's row). Version 2 references form 2 segments (``*.facts-segment.msgpack``, which
+hold replay entries too) besides form 1 ones; version 1, form 1 segments only. Both are
+still read."""
+SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
 COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live facts once fewer than this fraction of its facts are live."""
-MAX_REFERENCED: Final = 32
-"""Most segments an index references before the smallest are merged into the new one."""
+DUE_REFERENCED: Final = 48
+"""Past this many referenced segments (the new one included) the smallest are due to be
+merged into the new one, within the budget (:func:`merge_budget`)."""
+MAX_REFERENCED: Final = 64
+"""Most segments an index references: past it the smallest are merged whatever the budget
+(restore opens at most this many fact segments)."""
+MERGE_SHARE: Final = 1.0
+"""A snapshot may merge due segments of up to this many times the bytes of its new facts
+(plus the carry; see :func:`merge_budget`)."""
+
+
+def merge_budget(change_bytes: int, carry: int) -> int:
+    """Bytes of live facts a snapshot may merge by choice: :data:`MERGE_SHARE` times the bytes
+    of the facts it writes anyway (``change_bytes``), plus ``carry``, what the previous
+    snapshot left unspent while a due merge waited for it."""
+    return int(MERGE_SHARE * change_bytes) + carry
+
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 _GroupId = Annotated[str, msgspec.Meta(min_length=1)]
@@ -158,13 +194,93 @@ class _GroupFactsFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True,
     segments: list[FactSegmentRow]
 
 
+_STEM_DIGITS: Final = 6
+"""Width of the zero-padded sequence number that names a snapshot's fact segment."""
+
+
+class FactSegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A :class:`FactSegmentRef` as version 3 writes it: ``[name, sha256, byte_size,
+    fact_count, live]``, the data plane's compact forms (its ``metadata.json`` version 3)."""
+
+    name: _NonNegativeInt | FactSegmentFileName
+    """The snapshot sequence number the file name derives from
+    (:func:`fact_segment_file_name` of it, zero-padded), or the file name as text."""
+    sha256: Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+    """The raw digest (base64 in JSON)."""
+    byte_size: _NonNegativeInt
+    fact_count: _PositiveInt
+    live: list[_NonNegativeInt] | bytes
+    """Live ordinals: ``[]`` when all are, else run lengths (live first, then alternately
+    dead and live) or the bitmap's raw bytes, whichever is shorter
+    (:func:`~rollvault.dataplane.segmented.encode_live`); the live count is derived."""
+
+
+class _GroupFactsFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``group_facts.json`` version 3 as it is on disk: each segment a compact row."""
+
+    schema_version: int
+    segments: list[FactSegmentEntryV3]
+
+
+def _entry_v3(ref: FactSegmentRef) -> FactSegmentEntryV3:
+    """``ref`` as a version 3 row (its bitmap was checked when the writer built it)."""
+    bits = decode_live_bitmap(ref.live, ref.fact_count, ref.live_facts)
+    held = [ordinal for ordinal, live in enumerate(bits) if live]
+    return FactSegmentEntryV3(
+        name=_name_field(ref.file),
+        sha256=bytes.fromhex(ref.sha256),
+        byte_size=ref.byte_size,
+        fact_count=ref.fact_count,
+        live=encode_live(ref.fact_count, held),
+    )
+
+
+def _ref_v3(entry: FactSegmentEntryV3, where: str) -> FactSegmentRef:
+    """The :class:`FactSegmentRef` a version 3 row stands for; ``ValueError`` naming the
+    field at ``where`` when its live ordinals do not fit its fact count."""
+    try:
+        bits = decode_live(entry.live, entry.fact_count)
+    except ValueError as exc:
+        raise ValueError(f"{where}[4] (live): {exc}") from exc
+    held = [ordinal for ordinal, live in enumerate(bits) if live]
+    return FactSegmentRef(
+        file=_file_of(entry.name),
+        sha256=entry.sha256.hex(),
+        byte_size=entry.byte_size,
+        fact_count=entry.fact_count,
+        live_facts=len(held),
+        live=encode_live_bitmap(entry.fact_count, held),
+    )
+
+
+def _name_field(file: str) -> int | str:
+    """Version 3's ``name`` of ``file``: the sequence number when the name is this writer's
+    for a zero-padded one, else the name itself (a form 1 segment, another writer's)."""
+    stem, dash, _rest = file.partition("-")
+    if (
+        dash
+        and stem.isascii()
+        and stem.isdigit()
+        and f"{int(stem):0{_STEM_DIGITS}d}" == stem
+        and fact_segment_file_name(stem) == file
+    ):
+        return int(stem)
+    return file
+
+
+def _file_of(name: int | str) -> str:
+    """The file name version 3's ``name`` stands for (see :func:`_name_field`)."""
+    return name if isinstance(name, str) else fact_segment_file_name(f"{name:0{_STEM_DIGITS}d}")
+
+
 class _Versioned(msgspec.Struct):
     schema_version: int
 
 
 class GroupFactsFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """``group_facts.json``: the fact segments a snapshot references (version 1 on disk
-    exactly; version 2 writes each as a :class:`FactSegmentRow`)."""
+    exactly; version 2 writes each as a :class:`FactSegmentRow`, version 3 as a
+    :class:`FactSegmentEntryV3`)."""
 
     schema_version: int
     segments: list[FactSegmentRef]
@@ -208,6 +324,14 @@ class FactWriteInfo:
     compacted_facts: int
     """Of ``new_facts``, unchanged facts rewritten to leave a sparse or small segment."""
     referenced: tuple[str, ...]
+    budget: int = 0
+    """Bytes of live facts this snapshot could merge by choice (:func:`merge_budget`)."""
+    merged_bytes: int = 0
+    """Estimated bytes of the due segments' live facts it merged by choice: at most ``budget``."""
+    forced_segments: int = 0
+    """Segments merged past :data:`MAX_REFERENCED`, outside the budget."""
+    waiting_segments: int = 0
+    """Due segments left for a later snapshot's budget."""
 
 
 @dataclass
@@ -223,6 +347,56 @@ class PendingFacts:
     replay_order: list[tuple[int, int]] = field(default_factory=list)
     """The replay entries' order as runs over the index's live replay facts
     (:func:`replay_order_runs`), for ``replay_buffer_metadata.json``."""
+    carry: int = 0
+    """The merge budget this snapshot left unspent, for the next one (:func:`merge_budget`)."""
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """The facts a snapshot holds, by group: origins (with identities), finalizations and
+    replay entries."""
+
+    origins: Mapping[str, tuple[GroupOrigin, str | None]]
+    finalized: Mapping[str, FinalizedGroup]
+    replay: Mapping[str, ReplayEntry]
+
+
+@dataclass
+class _Placement:
+    """Where a snapshot's facts are: the held ones, and those its new segment holds."""
+
+    origins: dict[str, _Held]
+    finalized: dict[str, _Held]
+    replay: dict[str, _Held]
+    facts: list[Fact]
+    """The new segment's facts, in ordinal order."""
+    moved: int
+    """Of ``facts``, unchanged ones rewritten to leave a sparse or merged segment."""
+
+    def placed(self) -> tuple[_Held, ...]:
+        return (*self.origins.values(), *self.finalized.values(), *self.replay.values())
+
+
+@dataclass(frozen=True)
+class _MergePlan:
+    sparse: set[str]
+    forced: set[str]
+    """Rewritten whatever the budget: the sparse segments and those past the hard bound."""
+    due: list[tuple[int, str]]
+    """``(estimated live bytes, file)`` due a merge, smallest first."""
+
+
+def _choose(due: Sequence[tuple[int, str]], budget: int) -> tuple[set[str], int, int]:
+    """The due segments merged within ``budget``, smallest first until the next does not fit;
+    the bytes they cost; how many are left waiting."""
+    chosen: set[str] = set()
+    spent = 0
+    for cost, file in due:
+        if spent + cost > budget:
+            break
+        chosen.add(file)
+        spent += cost
+    return chosen, spent, len(due) - len(chosen)
 
 
 @dataclass
@@ -236,6 +410,7 @@ class FactSegmentWriter:
     _finalized: dict[str, _Held] = field(default_factory=dict)
     _replay: dict[str, _Held] = field(default_factory=dict)
     _segments: dict[str, _SegmentInfo] = field(default_factory=dict)
+    _carry: int = 0
 
     def write(
         self,
@@ -257,33 +432,19 @@ class FactSegmentWriter:
         replay_values = {entry.group_id: entry for entry in replay}
         if len(replay_values) != len(replay):
             raise ValueError("a group is in the replay entries twice")
-        moving = self._moving(origin_values.keys(), finalized.keys(), replay_values.keys())
+        wanted = _Wanted(origin_values, finalized, replay_values)
         file = fact_segment_file_name(stem)
-        placed_origins, new_origins, moved = self._place(self._origins, origin_values, moving)
-        placed_finals, new_finals, moved_finals = self._place(self._finalized, finalized, moving)
-        placed_replay, new_replay, moved_replay = self._place(self._replay, replay_values, moving)
-        facts: list[Fact] = []
-        for group_id in sorted(new_origins):  # sorted: equal states give equal bytes
-            origin, identity = origin_values[group_id]
-            placed_origins[group_id] = _Held((origin, identity), file, len(facts))
-            facts.append(OriginFact(group_id, origin.epoch, origin.dataset_idx, identity))
-        for group_id in sorted(new_finals):
-            group = finalized[group_id]
-            _check_writable(group_id, group)
-            placed_finals[group_id] = _Held(group, file, len(facts))
-            facts.append(
-                FinalizedFact(
-                    group_id,
-                    list(group.rewards),
-                    group.metrics_dict(),
-                    list(group.gate_rollout_ids),
-                )
-            )
-        for group_id in new_replay:  # in the index's order: its order costs one run
-            entry = replay_values[group_id]
-            placed_replay[group_id] = _Held(entry, file, len(facts))
-            facts.append(ReplayFact.of(entry))
-        placed = (*placed_origins.values(), *placed_finals.values(), *placed_replay.values())
+        plan = self._plan_merges(wanted)
+        # The budget is the bytes of the facts written anyway (changed or new, none moved).
+        changes = self._placement(wanted, set(), file)
+        budget = merge_budget(
+            len(encode_fact_segment(changes.facts)) if changes.facts else 0, self._carry
+        )
+        chosen, spent, waiting = _choose(plan.due, budget)
+        moving = plan.forced | chosen
+        placement = changes if not moving else self._placement(wanted, moving, file)
+        facts = placement.facts
+        placed = placement.placed()
         segments = {held.file: self._segments[held.file] for held in placed if held.file != file}
         segment_bytes = 0
         if facts:
@@ -295,14 +456,56 @@ class FactSegmentWriter:
         info = FactWriteInfo(
             segment_bytes=segment_bytes,
             new_facts=len(facts),
-            compacted_facts=moved + moved_finals + moved_replay,
+            compacted_facts=placement.moved,
             referenced=tuple(ref.file for ref in index.segments),
+            budget=budget,
+            merged_bytes=spent,
+            forced_segments=len(plan.forced - plan.sparse),
+            waiting_segments=waiting,
         )
-        order = replay_order_runs([placed_replay[entry.group_id] for entry in replay])
+        order = replay_order_runs([placement.replay[entry.group_id] for entry in replay])
         self.last_written = PendingFacts(
-            index, placed_origins, placed_finals, segments, info, placed_replay, order
+            index,
+            placement.origins,
+            placement.finalized,
+            segments,
+            info,
+            placement.replay,
+            order,
+            # Unspent budget waits only for a due merge that did not fit, so it never grows
+            # past what that merge costs plus one snapshot's share.
+            carry=budget - spent if waiting else 0,
         )
         return self.last_written
+
+    def _placement(self, wanted: _Wanted, moving: set[str], file: str) -> _Placement:
+        """Where each wanted fact is if the live facts of ``moving`` are rewritten: the held
+        ones as they are, the rest (new, changed or moved) written into ``file``."""
+        origins, new_origins, moved = self._place(self._origins, wanted.origins, moving)
+        finals, new_finals, moved_finals = self._place(self._finalized, wanted.finalized, moving)
+        replay, new_replay, moved_replay = self._place(self._replay, wanted.replay, moving)
+        facts: list[Fact] = []
+        for group_id in sorted(new_origins):  # sorted: equal states give equal bytes
+            origin, identity = wanted.origins[group_id]
+            origins[group_id] = _Held((origin, identity), file, len(facts))
+            facts.append(OriginFact(group_id, origin.epoch, origin.dataset_idx, identity))
+        for group_id in sorted(new_finals):
+            group = wanted.finalized[group_id]
+            _check_writable(group_id, group)
+            finals[group_id] = _Held(group, file, len(facts))
+            facts.append(
+                FinalizedFact(
+                    group_id,
+                    list(group.rewards),
+                    group.metrics_dict(),
+                    list(group.gate_rollout_ids),
+                )
+            )
+        for group_id in new_replay:  # in the index's order: its order costs one run
+            entry = wanted.replay[group_id]
+            replay[group_id] = _Held(entry, file, len(facts))
+            facts.append(ReplayFact.of(entry))
+        return _Placement(origins, finals, replay, facts, moved + moved_finals + moved_replay)
 
     @staticmethod
     def _place(
@@ -324,30 +527,43 @@ class FactSegmentWriter:
             new.append(group_id)
         return placed, new, moved
 
-    def _moving(
-        self, origins: Iterable[str], finalized: Iterable[str], replay: Iterable[str]
-    ) -> set[str]:
-        """Referenced segments whose live facts are rewritten into the new one: the sparse
-        ones, and the smallest while more than :data:`MAX_REFERENCED` are referenced."""
+    def _plan_merges(self, wanted: _Wanted) -> _MergePlan:
+        """Which referenced segments have their live facts rewritten into the new one: the
+        sparse ones and, past :data:`MAX_REFERENCED`, the smallest (forced); and which are
+        due past :data:`DUE_REFERENCED` (smallest first, for the budget to choose from)."""
         live: Counter[str] = Counter()
         for held, groups in (
-            (self._origins, origins),
-            (self._finalized, finalized),
-            (self._replay, replay),
+            (self._origins, wanted.origins),
+            (self._finalized, wanted.finalized),
+            (self._replay, wanted.replay),
         ):
             for group_id in groups:
                 known = held.get(group_id)
                 if known is not None:
                     live[known.file] += 1
-        moving = {
+        sparse = {
             file
             for file, count in live.items()
             if count < COMPACT_BELOW * self._segments[file].fact_count
         }
-        kept = sorted((count, file) for file, count in live.items() if file not in moving)
-        if len(kept) > MAX_REFERENCED:
-            moving |= {file for _count, file in kept[: len(kept) - MAX_REFERENCED // 2]}
-        return moving
+        # Smallest first by the bytes a merge would rewrite (the file name breaks ties, so
+        # equal states plan alike).
+        kept = sorted(
+            (self._live_bytes(file, count), file)
+            for file, count in live.items()
+            if file not in sparse
+        )
+        # The new segment counts: after this write at most MAX_REFERENCED are referenced.
+        forced_count = max(0, len(kept) + 1 - MAX_REFERENCED)
+        forced = {file for _bytes, file in kept[:forced_count]}
+        kept = kept[forced_count:]
+        due = kept[: max(0, len(kept) + 1 - DUE_REFERENCED)]
+        return _MergePlan(sparse=sparse, forced=sparse | forced, due=due)
+
+    def _live_bytes(self, file: str, live: int) -> int:
+        """The estimated bytes of ``live`` of ``file``'s facts (its bytes pro rata)."""
+        segment = self._segments[file]
+        return -(-segment.byte_size * live // segment.fact_count)
 
     def committed(self, pending: PendingFacts) -> None:
         """Make ``pending`` the base of the next snapshot: it is committed now."""
@@ -355,6 +571,7 @@ class FactSegmentWriter:
         self._finalized = pending.finalized
         self._replay = pending.replay
         self._segments = pending.segments
+        self._carry = pending.carry
         self.last_written = None
 
     def base_segments(self) -> set[str]:
@@ -451,12 +668,12 @@ class LoadedFacts:
 
 
 def encode_group_facts_file(index: GroupFactsFile) -> bytes:
-    """The bytes of ``group_facts.json`` for ``index``: version 2, each segment a row."""
+    """The bytes of ``group_facts.json`` for ``index``: version 3, each segment a compact row."""
     if index.schema_version != GROUP_FACTS_SCHEMA_VERSION:
         raise ValueError(f"only version {GROUP_FACTS_SCHEMA_VERSION} is written")
-    on_disk = _GroupFactsFileV2(
+    on_disk = _GroupFactsFileV3(
         schema_version=index.schema_version,
-        segments=[FactSegmentRow.of(ref) for ref in index.segments],
+        segments=[_entry_v3(ref) for ref in index.segments],
     )
     return _INDEX_ENCODER.encode(on_disk)
 
@@ -470,12 +687,21 @@ def decode_group_facts_file(path: Path, data: bytes) -> GroupFactsFile:
             raise FactsError(path, f"unsupported schema_version {version} (supported: {supported})")
         if version == 1:
             index = msgspec.json.decode(data, type=GroupFactsFile, strict=True)
-        else:
+        elif version == 2:
             rows = msgspec.json.decode(data, type=_GroupFactsFileV2, strict=True)
             index = GroupFactsFile(
                 schema_version=version, segments=[row.ref() for row in rows.segments]
             )
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        else:
+            entries = msgspec.json.decode(data, type=_GroupFactsFileV3, strict=True)
+            index = GroupFactsFile(
+                schema_version=version,
+                segments=[
+                    _ref_v3(entry, f"$.segments[{position}]")
+                    for position, entry in enumerate(entries.segments)
+                ],
+            )
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
         raise FactsError(path, str(exc)) from exc
     seen: set[str] = set()
     for position, ref in enumerate(index.segments):

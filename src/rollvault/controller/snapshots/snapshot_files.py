@@ -12,7 +12,8 @@
                                      controller state;
                                      since version 7 without the finalizer maps (in the
                                      group facts); since version 8 the index's groups
-                                     as runs of consecutive records
+                                     as runs of consecutive records; since version 9
+                                     its segments as compact rows
       replay_buffer_metadata.json    canonical groups waiting to train (before version 2
                                      also each one's attempts, now in the group facts);
                                      since version 3 only their order, each entry a
@@ -29,8 +30,8 @@
                                      group's origin and prompt identity, each canonical
                                      group's finalization (attempt ids, rewards, metrics)
                                      and (index version 2) each waiting group's replay
-                                     entry, written once per anchor, and a bitmap of the
-                                     live ones
+                                     entry, written once per anchor, and which are live
+                                     (since index version 3 each segment a compact row)
       env_rollouts.json              the environment state of every in-flight episode at
                                      its last committed turn (absent before multi-turn
                                      episodes: then no episode is in flight)
@@ -104,16 +105,18 @@ from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.durable.segment_store import RecordedSegmentError, read_recorded_segment
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
+    COMPACT_SIDECAR_SCHEMA_VERSION,
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
     RUNS_SIDECAR_SCHEMA_VERSION,
     LedgerIndex,
     LedgerSegmentRef,
     assemble_indexed_ledger,
+    decode_compact_sidecar,
     decode_facts_apart_sidecar,
     decode_indexed_sidecar,
     decode_runs_sidecar,
-    encode_runs_sidecar,
+    encode_compact_sidecar,
 )
 from rollvault.ledger.ledger_records import RecordChain, SegmentRecords, decode_ledger_segment
 from rollvault.ledger.records import PromptGroupRecoveryRecord
@@ -149,10 +152,22 @@ once, and the file holds their order (:class:`_ReplayBufferFileV3`)."""
 SUPPORTED_REPLAY_BUFFER_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
 _FIRST_REPLAY_WITH_FACTS: Final = 2
 _FACTS_APART_SIDECAR_VERSIONS: Final = frozenset(
-    {FACTS_APART_SIDECAR_SCHEMA_VERSION, RUNS_SIDECAR_SCHEMA_VERSION}
+    {
+        FACTS_APART_SIDECAR_SCHEMA_VERSION,
+        RUNS_SIDECAR_SCHEMA_VERSION,
+        COMPACT_SIDECAR_SCHEMA_VERSION,
+    }
 )
 """Ledger sidecar versions whose finalizer maps are in the group facts (8: the index's
-groups as runs, :data:`~rollvault.ledger.indexed_sidecar.RUNS_SIDECAR_SCHEMA_VERSION`)."""
+groups as runs, :data:`~rollvault.ledger.indexed_sidecar.RUNS_SIDECAR_SCHEMA_VERSION`;
+9, written: its segments as compact rows too,
+:data:`~rollvault.ledger.indexed_sidecar.COMPACT_SIDECAR_SCHEMA_VERSION`)."""
+_SIDECAR_DECODERS: Final = {
+    FACTS_APART_SIDECAR_SCHEMA_VERSION: decode_facts_apart_sidecar,
+    RUNS_SIDECAR_SCHEMA_VERSION: decode_runs_sidecar,
+    COMPACT_SIDECAR_SCHEMA_VERSION: decode_compact_sidecar,
+}
+"""The decoder of each version of :data:`_FACTS_APART_SIDECAR_VERSIONS`."""
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -520,10 +535,10 @@ def _recovery_sidecar(
             f"the writer writes {writer.segments_dir}"
         )
     pending = writer.write(records, stem=_segment_stem(directory))
-    # The finalizer maps are in the group facts, written once per canonical group, and
-    # the index's groups are runs (version 8).
-    data = encode_runs_sidecar(capture.recovery_state, pending.index)
-    return data, RUNS_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
+    # The finalizer maps are in the group facts, written once per canonical group, the
+    # index's groups are runs (version 8) and its segments compact rows (version 9).
+    data = encode_compact_sidecar(capture.recovery_state, pending.index)
+    return data, COMPACT_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
 
 
 def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> LoadedSnapshot:
@@ -623,7 +638,7 @@ def read_facts(path: Path, raw: Mapping[str, bytes]) -> LoadedFacts | None:
 def _facts_for_sidecar(
     path: Path, digests: Mapping[str, SidecarDigest], facts: LoadedFacts | None, version: int
 ) -> LoadedFacts:
-    """The group facts a version 7 or 8 sidecar at ``path`` needs: ``facts``, or read beside
+    """The group facts a version 7, 8 or 9 sidecar at ``path`` needs: ``facts``, or read beside
     it."""
     if facts is None:
         digest = digests.get(GROUP_FACTS_FILENAME)
@@ -693,7 +708,7 @@ def read_recovery_sidecar_indexed(
     path: Path, digests: Mapping[str, SidecarDigest], *, facts: LoadedFacts | None = None
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
     """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6,
-    7 or 8 sidecar. ``facts``: the snapshot's group facts if already read (versions 7 and
+    7, 8 or 9 sidecar. ``facts``: the snapshot's group facts if already read (versions 7 to
     8 take their finalizer maps from them; else they are read beside it)."""
     data, digest, key = _sidecar_bytes(path, digests)
     cached = _LAST_DECODED.pop(key, None)
@@ -771,18 +786,13 @@ def _decode_indexed(
     *,
     version: int = INDEXED_SIDECAR_SCHEMA_VERSION,
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger]:
-    """A version 6 sidecar, or a version 7 or 8 one with the finalizer maps of ``facts``,
+    """A version 6 sidecar, or a version 7, 8 or 9 one with the finalizer maps of ``facts``,
     and its ledger segments (beside the snapshot), checked."""
     try:
         if facts is None:
             state = decode_indexed_sidecar(data)
         else:
-            decode = (
-                decode_runs_sidecar
-                if version == RUNS_SIDECAR_SCHEMA_VERSION
-                else decode_facts_apart_sidecar
-            )
-            state = decode(
+            state = _SIDECAR_DECODERS[version](
                 data,
                 finalizer_metrics_by_group=facts.metrics(),
                 finalizer_rewards_by_group=facts.rewards(),
