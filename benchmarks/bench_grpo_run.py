@@ -142,6 +142,43 @@ class WriterCpu:
         return wrapper
 
 
+class DurableLatency:
+    """Seal-to-durable latency: from a non-lazy record's queueing (``JournalWriter._enqueue``,
+    on the event loop) to the end of the group write that made it durable
+    (``_write_group``, on the writer thread): what a crash in between loses."""
+
+    def __init__(self) -> None:
+        self.queued: dict[int, float] = {}
+        self.latencies_ms: list[float] = []
+        self._originals: dict[str, Any] = {}
+
+    def install(self) -> None:
+        enqueue, write_group = JournalWriter._enqueue, JournalWriter._write_group
+        self._originals = {"_enqueue": enqueue, "_write_group": write_group}
+
+        def timed_enqueue(writer: JournalWriter, payloads: Any, lazy: bool) -> range:
+            seqs = enqueue(writer, payloads, lazy)
+            if not lazy:
+                now = time.perf_counter()
+                self.queued.update((seq, now) for seq in seqs)
+            return seqs
+
+        def timed_write_group(writer: JournalWriter, batch: list[Any]) -> None:
+            write_group(writer, batch)
+            now = time.perf_counter()
+            for seq, _, _ in batch:
+                queued = self.queued.pop(seq, None)
+                if queued is not None:
+                    self.latencies_ms.append(1000 * (now - queued))
+
+        JournalWriter._enqueue = timed_enqueue  # type: ignore[method-assign,assignment]
+        JournalWriter._write_group = timed_write_group  # type: ignore[method-assign,assignment]
+
+    def remove(self) -> None:
+        for name, function in self._originals.items():
+            setattr(JournalWriter, name, function)
+
+
 class JournalLoopCpu:
     """Thread CPU seconds of the seal journal's own calls on the event loop: building each
     seal's record (``RolloutPump._staged_seal``) and handing records over (packing,
@@ -225,6 +262,8 @@ class RunResult:
     )
     journal: dict[str, float] = field(default_factory=dict)
     """The seal journal's metrics at the last step (``journal/...``; empty: off)."""
+    durable_latency_ms: list[float] = field(default_factory=list)
+    """Per non-lazy journal record, queued to durable (:class:`DurableLatency`)."""
     load_average: tuple[float, float] = (0.0, 0.0)
     """The machine's 1-minute load average at the run's start and end (other processes'
     work included: the shared machine's noise, for reading the ratios)."""
@@ -362,6 +401,8 @@ def run_arm(
     JournalWriter._run = writer_cpu.wrap(original_run)  # type: ignore[method-assign,assignment]
     journal_loop_cpu = JournalLoopCpu()
     journal_loop_cpu.install()
+    durable_latency = DurableLatency()
+    durable_latency.install()
     profiler = cProfile.Profile() if profile is not None else None
     try:
         if profiler is not None:
@@ -375,6 +416,7 @@ def run_arm(
         setup.close()
         JournalWriter._run = original_run  # type: ignore[method-assign]
         journal_loop_cpu.remove()
+        durable_latency.remove()
         for name, function in originals.items():
             setattr(checkpointer_module, name, function)
     if profiler is not None and profile is not None:
@@ -393,6 +435,7 @@ def run_arm(
     # The writer runs from the run's start to its end: per step of the whole run.
     result.writer_cpu_ms_per_step = 1000 * writer_cpu.seconds / len(marks)
     result.journal_loop_cpu_ms_per_step = 1000 * journal_loop_cpu.seconds / len(marks)
+    result.durable_latency_ms = durable_latency.latencies_ms
     result.snapshots_written = summary.snapshots_written
     result.load_average = (load_start, os.getloadavg()[0])
     return result
@@ -405,6 +448,17 @@ def _journal_line(journal: dict[str, float]) -> str:
         f", journal: {journal['journal/seals_journaled']:.0f} seals "
         f"({journal['journal/seals_kept']:.0f} durable), {journal['journal/fsyncs']:.0f} fsyncs, "
         f"{journal['journal/bytes_written'] / 2**20:.1f} MiB"
+    )
+
+
+def _latency_line(latencies_ms: list[float]) -> str:
+    if not latencies_ms:
+        return ""
+    ordered = sorted(latencies_ms)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return (
+        f", queued to durable: median {statistics.median(ordered):.1f} ms, "
+        f"p99 {p99:.1f}, max {ordered[-1]:.1f} over {len(ordered)} records"
     )
 
 
@@ -482,7 +536,8 @@ def main() -> int:
                     f"-{result.load_average[1]:.1f}, peak RSS parent "
                     f"{result.parent_peak_mib:.0f} MiB children "
                     f"{sum(result.children_peak_mib.values()):.0f} MiB"
-                    + _journal_line(result.journal),
+                    + _journal_line(result.journal)
+                    + _latency_line(result.durable_latency_ms),
                     flush=True,
                 )
         summary = _summarise(results, args.rounds) if args.rounds else {"ratios": []}
