@@ -7,7 +7,10 @@ it into the ledger's records: three forms of 16k attempts at 1,024 x 16. Here
 the pieces become the records at once
 (:func:`~rollvault.ledger.packed_groups.group_records`) and the state checks
 run on the records (:func:`~rollvault.ledger.state_checks.check_ledger_groups`:
-the same rules and messages as on the persisted state). A group of an older
+the same rules and messages as on the persisted state), unless the screen
+made while building them cleared every rule on the packed pieces (what a
+valid ledger gives; anything it cannot clear is checked, so the messages
+are the checks'). A group of an older
 form (a ``GroupState`` decoded from a JSON segment) is converted and checked
 the same way.
 
@@ -24,7 +27,12 @@ from collections.abc import Sequence
 
 import msgspec
 
-from rollvault.ledger.packed_groups import PackedGroup, group_records, group_state
+from rollvault.ledger.packed_groups import (
+    PackedGroup,
+    group_records,
+    group_state,
+    screened_group_records,
+)
 from rollvault.ledger.records import PromptGroupRecoveryRecord
 from rollvault.ledger.state_checks import check_ledger_groups
 from rollvault.ledger.state_load import records_of_states
@@ -41,8 +49,9 @@ class CheckedGroups:
         """Build the records of ``sources`` and check them; raises
         :class:`~rollvault.ledger.errors.LedgerStateError` naming ``path``'s group and field
         (``path``: where the groups are, as ``"$.ledger.groups"``)."""
-        records = _records(sources)
-        check_ledger_groups(records, path=path)
+        records, clean = _screened_records(sources)
+        if not clean:  # the screen could not clear them: the checks say what is wrong
+            check_ledger_groups(records, path=path)
         self._sources = tuple(sources)
         self._records: list[PromptGroupRecoveryRecord] | None = records
         self._view: list[PromptGroupRecoveryRecord] | None = None
@@ -83,13 +92,24 @@ class CheckedGroups:
 def _records(sources: Sequence[GroupSource]) -> list[PromptGroupRecoveryRecord]:
     """Fresh records of ``sources``, in order: the packed ones' built in one batch, the
     decoded states' by one C-level conversion."""
+    records, _clean = _screened_records(sources)
+    return records
+
+
+def _screened_records(
+    sources: Sequence[GroupSource],
+) -> tuple[list[PromptGroupRecoveryRecord], bool]:
+    """:func:`_records`, and whether the screen of the packed pieces cleared every state
+    check (:func:`~rollvault.ledger.packed_groups.screened_group_records`; never for a
+    decoded state's group: those are checked)."""
     packed = [source for source in sources if isinstance(source, PackedGroup)]
     if len(packed) == len(sources):  # every group of form 3 (what this build writes)
-        return group_records(packed)
+        return screened_group_records(packed)
     states = [source for source in sources if isinstance(source, GroupState)]
     from_packed = iter(group_records(packed))
     from_states = iter(records_of_states(states))
-    return [
+    records = [
         next(from_packed) if isinstance(source, PackedGroup) else next(from_states)
         for source in sources
     ]
+    return records, False
