@@ -14,6 +14,13 @@ group: the persisted state (:class:`~rollvault.ledger.state_schema.GroupState`,
 attempt ids as hex) or the live record a restore builds straight from a
 ledger segment's pieces (:class:`~rollvault.ledger.records.PromptGroupRecoveryRecord`,
 attempt ids as UUIDs), with the same rules and the same messages.
+
+A rule added here needs its twin in the screen a restore runs while it builds a
+ledger segment's records (:func:`~rollvault.ledger.packed_groups.screened_group_records`):
+a ledger the screen clears skips these checks. The screen may only clear what
+these accept (``tests/pipeline/test_checked_groups.py`` spoils valid groups one
+rule at a time to hold it to that), never refuse: its doubts come back here for
+the message.
 """
 
 from __future__ import annotations
