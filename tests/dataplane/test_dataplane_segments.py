@@ -119,6 +119,17 @@ def test_a_segment_round_trips_every_schema_exactly(tmp_path: Path) -> None:
     assert list(some.rows) == [key for key, kept in zip(segment.keys, wanted, strict=True) if kept]
     for key in some.rows:
         assert_rows_identical(dict(some.rows[key]), mixed_rows()[key])
+    # A keep list of another length than the segment's rows is refused, not cut short.
+    for wrong in (wanted[:-1], [*wanted, True]):
+        with pytest.raises(DataPlaneCheckpointError, match=f"which of {len(wrong)} rows it holds"):
+            read_segment(
+                tmp_path / segment.file,
+                partition=STAGING_PARTITION,
+                sha256=segment.sha256,
+                byte_size=segment.byte_size,
+                row_count=segment.row_count,
+                wanted=wrong,
+            )
     # The orphan of a failed try at the same snapshot sequence number is replaced.
     fewer = {key: rows[key] for key in list(rows)[:2]}
     again = write_segment(tmp_path, segment.file, STAGING_PARTITION, fewer)

@@ -339,6 +339,10 @@ def read_segment(
         raise DataPlaneCheckpointError(
             path, f"segment holds {header.row_count} rows, the snapshot records {row_count}"
         )
+    if wanted is not None and len(wanted) != row_count:  # rows would be skipped or cut
+        raise DataPlaneCheckpointError(
+            path, f"the snapshot says which of {len(wanted)} rows it holds, of {row_count}"
+        )
     try:
         tensors = safetensors.numpy.load(data)
     except (safetensors.SafetensorError, KeyError, ValueError) as exc:
