@@ -45,6 +45,7 @@ rows new since the previous snapshot, so two are never identical.
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,7 @@ from rollvault.dataplane.segments import (
     segment_file_name,
     write_segment,
 )
+from rollvault.durable.segment_store import file_of_sequence_name, sequence_name
 
 SegmentFileName = Annotated[
     str,
@@ -110,9 +112,6 @@ class SegmentedCheckpointContent(msgspec.Struct, forbid_unknown_fields=True, fro
 
 Sha256Bytes = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
 """A raw SHA-256 digest (base64 in JSON)."""
-
-_STEM_DIGITS = 6
-"""Width of the zero-padded sequence number that names a snapshot's segments."""
 
 
 class SegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
@@ -357,23 +356,12 @@ def _references(
 def segment_name_field(file: str, partition: str) -> int | str:
     """Version 3's ``name`` of ``file``: the sequence number where the name is
     ``segment_file_name`` of a zero-padded one and ``partition``, else the name itself."""
-    stem, dash, rest = file.partition("-")
-    if (
-        dash
-        and stem.isascii()
-        and stem.isdigit()
-        and f"{int(stem):0{_STEM_DIGITS}d}" == stem
-        and segment_file_name(stem, partition) == file
-    ):
-        return int(stem)
-    return file
+    return sequence_name(file, functools.partial(segment_file_name, partition=partition))
 
 
 def segment_file_from_name(name: int | str, partition: str) -> str:
     """The file name version 3's ``name`` stands for (see :func:`segment_name_field`)."""
-    if isinstance(name, str):
-        return name
-    return segment_file_name(f"{name:0{_STEM_DIGITS}d}", partition)
+    return file_of_sequence_name(name, functools.partial(segment_file_name, partition=partition))
 
 
 def encode_live(count: int, held: Sequence[int]) -> list[int] | bytes:

@@ -26,9 +26,35 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Set
 from pathlib import Path
+from typing import Final
 
 from rollvault.durable.faults import fault_point
 from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
+
+SEQUENCE_DIGITS: Final = 6
+"""Width of the zero-padded sequence number a writer names its segments after."""
+
+
+def sequence_name(file: str, file_name: Callable[[str], str]) -> int | str:
+    """How a compact index row names the segment ``file``: the sequence number when
+    ``file`` is ``file_name`` of it, zero-padded (what a writer names its segments), else
+    ``file`` itself (an older form's segment, another writer's). Half the bytes of the
+    name in every snapshot of an anchor; :func:`file_of_sequence_name` inverts it."""
+    stem, dash, _rest = file.partition("-")
+    if (
+        dash
+        and stem.isascii()
+        and stem.isdigit()
+        and f"{int(stem):0{SEQUENCE_DIGITS}d}" == stem
+        and file_name(stem) == file
+    ):
+        return int(stem)
+    return file
+
+
+def file_of_sequence_name(name: int | str, file_name: Callable[[str], str]) -> str:
+    """The segment file a compact index row's ``name`` stands for (see :func:`sequence_name`)."""
+    return name if isinstance(name, str) else file_name(f"{name:0{SEQUENCE_DIGITS}d}")
 
 
 def publish_segment(path: Path, data: bytes) -> None:

@@ -34,6 +34,7 @@ from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
+from rollvault.durable.segment_store import file_of_sequence_name, sequence_name
 from rollvault.ledger.checked_groups import CheckedGroups, GroupSource
 from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.ledger_records import (
@@ -441,9 +442,6 @@ names a segment by the sequence number its file name derives from and holds the 
 digest (base64 in JSON): ~60 bytes. Decoded, it is version 8 (and so version 7)
 exactly."""
 
-_STEM_DIGITS: Final = 6
-"""Width of the zero-padded sequence number that names a snapshot's ledger segment."""
-
 
 class LedgerSegmentEntryV9(
     msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True
@@ -462,33 +460,20 @@ class LedgerSegmentEntryV9(
     @classmethod
     def of(cls, ref: LedgerSegmentRef) -> LedgerSegmentEntryV9:
         return cls(
-            _name_field(ref.file), bytes.fromhex(ref.sha256), ref.byte_size, ref.record_count
+            sequence_name(ref.file, ledger_segment_file_name),
+            bytes.fromhex(ref.sha256),
+            ref.byte_size,
+            ref.record_count,
         )
 
     def ref(self) -> LedgerSegmentRef:
         name = self.name
         return LedgerSegmentRef(
-            file=name
-            if isinstance(name, str)
-            else ledger_segment_file_name(f"{name:0{_STEM_DIGITS}d}"),
+            file=file_of_sequence_name(name, ledger_segment_file_name),
             sha256=self.sha256.hex(),
             byte_size=self.byte_size,
             record_count=self.record_count,
         )
-
-
-def _name_field(file: str) -> int | str:
-    """Version 9's ``name`` of ``file`` (see :attr:`LedgerSegmentEntryV9.name`)."""
-    stem, dash, _rest = file.partition("-")
-    if (
-        dash
-        and stem.isascii()
-        and stem.isdigit()
-        and f"{int(stem):0{_STEM_DIGITS}d}" == stem
-        and ledger_segment_file_name(stem) == file
-    ):
-        return int(stem)
-    return file
 
 
 class LedgerCompactIndex(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

@@ -95,8 +95,10 @@ from rollvault.dataplane.segmented import (
 )
 from rollvault.durable.segment_store import (
     RecordedSegmentError,
+    file_of_sequence_name,
     publish_fact_segment,
     read_recorded_segment,
+    sequence_name,
 )
 from rollvault.ledger.reward_penalties import FinalizedReward
 
@@ -194,10 +196,6 @@ class _GroupFactsFileV2(msgspec.Struct, forbid_unknown_fields=True, frozen=True,
     segments: list[FactSegmentRow]
 
 
-_STEM_DIGITS: Final = 6
-"""Width of the zero-padded sequence number that names a snapshot's fact segment."""
-
-
 class FactSegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
     """A :class:`FactSegmentRef` as version 3 writes it: ``[name, sha256, byte_size,
     fact_count, live]``, the data plane's compact forms (its ``metadata.json`` version 3)."""
@@ -256,21 +254,12 @@ def _ref_v3(entry: FactSegmentEntryV3, where: str) -> FactSegmentRef:
 def _name_field(file: str) -> int | str:
     """Version 3's ``name`` of ``file``: the sequence number when the name is this writer's
     for a zero-padded one, else the name itself (a form 1 segment, another writer's)."""
-    stem, dash, _rest = file.partition("-")
-    if (
-        dash
-        and stem.isascii()
-        and stem.isdigit()
-        and f"{int(stem):0{_STEM_DIGITS}d}" == stem
-        and fact_segment_file_name(stem) == file
-    ):
-        return int(stem)
-    return file
+    return sequence_name(file, fact_segment_file_name)
 
 
 def _file_of(name: int | str) -> str:
     """The file name version 3's ``name`` stands for (see :func:`_name_field`)."""
-    return name if isinstance(name, str) else fact_segment_file_name(f"{name:0{_STEM_DIGITS}d}")
+    return file_of_sequence_name(name, fact_segment_file_name)
 
 
 class _Versioned(msgspec.Struct):
