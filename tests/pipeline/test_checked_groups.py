@@ -96,17 +96,22 @@ def _refusal(check: Callable[[], object]) -> str | None:
     return None
 
 
+def _state_refusal(groups: list[PromptGroupRecoveryRecord]) -> str | None:
+    """What the state checks say of ``groups`` persisted as a ledger state (None: accepted)."""
+    state = LedgerState(
+        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
+        groups=[group_to_state(group) for group in groups],
+    )
+    return _refusal(lambda: check_ledger_state(state, path="$.ledger"))
+
+
 @given(groups=st.lists(_group(), max_size=4))
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 def test_the_checks_on_records_refuse_what_they_refuse_on_the_state_with_the_same_message(
     groups: list[PromptGroupRecoveryRecord],
 ) -> None:
     """Random groups: mostly impossible lineages, repeated group ids, bad receipts."""
-    state = LedgerState(
-        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
-        groups=[group_to_state(group) for group in groups],
-    )
-    on_state = _refusal(lambda: check_ledger_state(state, path="$.ledger"))
+    on_state = _state_refusal(groups)
     on_records = _refusal(lambda: check_ledger_groups(groups, path="$.ledger.groups"))
     assert on_records == on_state
 
@@ -120,11 +125,7 @@ def _valid(group_id: str, first_uuid: int) -> PromptGroupRecoveryRecord:
 
 def test_a_uuid_two_groups_share_is_refused_on_the_records_as_on_the_state() -> None:
     groups = [_valid("a", 1), _valid("b", 3)]  # b's sibling 0 reuses a's sibling 2's UUID
-    state = LedgerState(
-        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
-        groups=[group_to_state(group) for group in groups],
-    )
-    message = _refusal(lambda: check_ledger_state(state, path="$.ledger"))
+    message = _state_refusal(groups)
     assert message is not None
     assert "$.ledger.groups[1].siblings[0].attempts[0].attempt_uuid" in message
     assert uuid.UUID(int=3).hex in message
@@ -316,11 +317,7 @@ def test_the_screen_clears_only_what_the_checks_accept_and_refusals_keep_their_m
     case: tuple[list[PromptGroupRecoveryRecord], str],
 ) -> None:
     groups, spoil = case
-    state = LedgerState(
-        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
-        groups=[group_to_state(group) for group in groups],
-    )
-    on_state = _refusal(lambda: check_ledger_state(state, path="$.ledger"))
+    on_state = _state_refusal(groups)
     packed = [_packed(group) for group in groups]
     _records, clean = screened_group_records(packed)
     if clean:
@@ -336,10 +333,6 @@ def test_the_screen_clears_only_what_the_checks_accept_and_refusals_keep_their_m
 def test_checked_packed_groups_refuse_what_the_state_checks_refuse_with_the_same_message(
     groups: list[PromptGroupRecoveryRecord],
 ) -> None:
-    state = LedgerState(
-        schema_version=ROLLOUT_RECOVERY_SCHEMA_VERSION,
-        groups=[group_to_state(group) for group in groups],
-    )
-    on_state = _refusal(lambda: check_ledger_state(state, path="$.ledger"))
+    on_state = _state_refusal(groups)
     packed = [_packed(group) for group in groups]
     assert _refusal(lambda: CheckedGroups(packed, path="$.ledger.groups")) == on_state
