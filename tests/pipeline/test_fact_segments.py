@@ -230,6 +230,18 @@ def test_a_restart_s_first_snapshot_writes_only_the_facts_the_restart_added(
     asyncio.run(restart())
 
 
+def _verified_resume(config: RunConfig, newest: Path) -> ResumeSource:
+    """What a restart resumes from, once ``newest`` verifies in full: ``newest`` itself."""
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+    )
+    assert verification.ok, verification.problems
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == newest
+    return source
+
+
 def _two_snapshots(config: RunConfig) -> tuple[Path, Path]:
     async def write() -> tuple[Path, Path]:
         run = Run.fresh(config)
@@ -339,13 +351,7 @@ def test_a_snapshot_of_the_files_before_group_facts_still_restores(tmp_path: Pat
     assert controller["schema_version"] == 4 and controller["origins"]
     loaded = _loaded(newest)
     assert loaded.facts is None and _maps(loaded) == expected
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
-    )
-    assert verification.ok, verification.problems
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    assert source.snapshot.path == newest
+    source = _verified_resume(config, newest)
 
     async def restart() -> None:
         run = await _restored_unseeded(config, source)
@@ -529,13 +535,7 @@ def test_a_snapshot_of_form_1_fact_segments_restores_and_its_segment_stays_refer
     loaded = _loaded(newest)
     assert loaded.facts is not None and loaded.facts.replay == []
     assert _maps(loaded) == expected
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
-    )
-    assert verification.ok, verification.problems
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    assert source.snapshot.path == newest
+    source = _verified_resume(config, newest)
 
     async def restart() -> None:
         run = await Run.restored(config, source)
@@ -656,15 +656,9 @@ def test_a_version_2_group_facts_as_main_wrote_it_restores_and_the_next_snapshot
     files = _fact_files(newest)
     index = dict(_index(newest), schema_version=2)
     _write_index(newest, index)
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
-    )
-    assert verification.ok, verification.problems
     assert json.loads((newest / GROUP_FACTS_FILENAME).read_bytes())["schema_version"] == 2
     assert _maps(_loaded(newest)) == expected
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    assert source.snapshot.path == newest
+    source = _verified_resume(config, newest)
 
     async def restart() -> None:
         run = await Run.restored(config, source)
