@@ -426,9 +426,8 @@ class FactSegmentWriter:
         plan = self._plan_merges(wanted)
         # The budget is the bytes of the facts written anyway (changed or new, none moved).
         changes = self._placement(wanted, set(), file)
-        budget = merge_budget(
-            len(encode_fact_segment(changes.facts)) if changes.facts else 0, self._carry
-        )
+        changes_data = encode_fact_segment(changes.facts) if changes.facts else b""
+        budget = merge_budget(len(changes_data), self._carry)
         chosen, spent, waiting = _choose(plan.due, budget)
         moving = plan.forced | chosen
         placement = changes if not moving else self._placement(wanted, moving, file)
@@ -437,7 +436,8 @@ class FactSegmentWriter:
         segments = {held.file: self._segments[held.file] for held in placed if held.file != file}
         segment_bytes = 0
         if facts:
-            data = encode_fact_segment(facts)
+            # Without a merge the segment is the changes, already encoded for the budget.
+            data = changes_data if placement is changes else encode_fact_segment(facts)
             publish_fact_segment(self.segments_dir / file, data)
             segments[file] = _SegmentInfo(hashlib.sha256(data).hexdigest(), len(data), len(facts))
             segment_bytes = len(data)
