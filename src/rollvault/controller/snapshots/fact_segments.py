@@ -87,6 +87,7 @@ from rollvault.controller.snapshots.fact_forms import (
     decode_fact_segment,
     encode_fact_segment,
 )
+from rollvault.controller.snapshots.write_budget import carry_after, take_within, write_budget
 from rollvault.dataplane.segmented import (
     decode_live,
     decode_live_bitmap,
@@ -128,7 +129,7 @@ def merge_budget(change_bytes: int, carry: int) -> int:
     """Bytes of live facts a snapshot may merge by choice: :data:`MERGE_SHARE` times the bytes
     of the facts it writes anyway (``change_bytes``), plus ``carry``, what the previous
     snapshot left unspent while a due merge waited for it."""
-    return int(MERGE_SHARE * change_bytes) + carry
+    return write_budget(MERGE_SHARE, change_bytes, carry)
 
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -375,19 +376,6 @@ class _MergePlan:
     """``(estimated live bytes, file)`` due a merge, smallest first."""
 
 
-def _choose(due: Sequence[tuple[int, str]], budget: int) -> tuple[set[str], int, int]:
-    """The due segments merged within ``budget``, smallest first until the next does not fit;
-    the bytes they cost; how many are left waiting."""
-    chosen: set[str] = set()
-    spent = 0
-    for cost, file in due:
-        if spent + cost > budget:
-            break
-        chosen.add(file)
-        spent += cost
-    return chosen, spent, len(due) - len(chosen)
-
-
 @dataclass
 class FactSegmentWriter:
     """Writes the group facts of successive snapshots into ``segments_dir`` (one per dir)."""
@@ -428,8 +416,9 @@ class FactSegmentWriter:
         changes = self._placement(wanted, set(), file)
         changes_data = encode_fact_segment(changes.facts) if changes.facts else b""
         budget = merge_budget(len(changes_data), self._carry)
-        chosen, spent, waiting = _choose(plan.due, budget)
-        moving = plan.forced | chosen
+        chosen, spent = take_within(budget, plan.due)  # smallest first
+        waiting = len(plan.due) - len(chosen)
+        moving = plan.forced | set(chosen)
         placement = changes if not moving else self._placement(wanted, moving, file)
         facts = placement.facts
         placed = placement.placed()
@@ -461,9 +450,7 @@ class FactSegmentWriter:
             info,
             placement.replay,
             order,
-            # Unspent budget waits only for a due merge that did not fit, so it never grows
-            # past what that merge costs plus one snapshot's share.
-            carry=budget - spent if waiting else 0,
+            carry=carry_after(budget, spent, waiting=waiting > 0),
         )
         return self.last_written
 

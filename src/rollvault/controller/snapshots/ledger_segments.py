@@ -84,6 +84,7 @@ from typing import Final
 
 import msgspec
 
+from rollvault.controller.snapshots.write_budget import carry_after, take_within, write_budget
 from rollvault.durable.segment_store import publish_ledger_segment
 from rollvault.ledger.indexed_sidecar import (
     LedgerIndex,
@@ -132,7 +133,7 @@ def rewrite_budget(changes: int, carry: int) -> int:
     """Bytes of whole records a snapshot may rewrite by choice: :data:`REWRITE_SHARE` times the
     bytes of its changes (its groups' deltas as planned and its new groups' records), plus
     what the previous snapshot left unspent while a rewrite was waiting for it."""
-    return int(REWRITE_SHARE * changes) + carry
+    return write_budget(REWRITE_SHARE, changes, carry)
 
 
 def chain_budget(group_id: str) -> float:
@@ -452,9 +453,7 @@ class LedgerSegmentWriter:
             forced_records=forced,
             queued_records=sum(1 for s in steps if s.due is not None and not s.rewrite),
         )
-        # Unspent budget waits only for a due rewrite that did not fit, so it never grows past
-        # one whole record: nothing is saved up for a burst while nothing is due.
-        carry = budget - spent if info.queued_records else 0
+        carry = carry_after(budget, spent, waiting=info.queued_records > 0)
         self.last_written = PendingLedger(
             index=index, placed=placed, segments=segments, info=info, carry=carry
         )
@@ -499,15 +498,12 @@ class LedgerSegmentWriter:
 
     @staticmethod
     def _choose(steps: list[_Step], budget: int) -> int:
-        """Mark the due rewrites to make, by priority, until the next does not fit ``budget``;
-        return the bytes they cost."""
-        spent = 0
-        for step in sorted((s for s in steps if s.due is not None), key=lambda s: s.due or ()):
-            cost = len(step.encode().whole_bytes)
-            if spent + cost > budget:
-                break
+        """Mark the due rewrites to make, by priority, within ``budget``; return the bytes
+        they cost (a group's whole record is encoded only once it is its turn)."""
+        due = sorted((s for s in steps if s.due is not None), key=lambda s: s.due or ())
+        chosen, spent = take_within(budget, ((len(s.encode().whole_bytes), s) for s in due))
+        for step in chosen:
             step.rewrite = True
-            spent += cost
         return spent
 
     @staticmethod
