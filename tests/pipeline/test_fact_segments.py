@@ -21,7 +21,7 @@ from pipeline_helpers import dataset_of, small_config
 from segment_damage import DAMAGES, assert_restore_falls_back, damage_segment
 from snapshot_versions import advertise_sidecar, facts_to_form_1, facts_to_inline
 from test_group_entries import _reserve
-from test_incremental_snapshots import SIBLINGS, Run
+from test_incremental_snapshots import SIBLINGS, Run, verified_resume
 
 from rollvault.checkpoint_tools.inventory import SnapshotKind, read_snapshot_entry
 from rollvault.config.schema import RunConfig
@@ -230,18 +230,6 @@ def test_a_restart_s_first_snapshot_writes_only_the_facts_the_restart_added(
     asyncio.run(restart())
 
 
-def _verified_resume(config: RunConfig, newest: Path) -> ResumeSource:
-    """What a restart resumes from, once ``newest`` verifies in full: ``newest`` itself."""
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
-    )
-    assert verification.ok, verification.problems
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    assert source.snapshot.path == newest
-    return source
-
-
 def _two_snapshots(config: RunConfig) -> tuple[Path, Path]:
     async def write() -> tuple[Path, Path]:
         run = Run.fresh(config)
@@ -351,7 +339,7 @@ def test_a_snapshot_of_the_files_before_group_facts_still_restores(tmp_path: Pat
     assert controller["schema_version"] == 4 and controller["origins"]
     loaded = _loaded(newest)
     assert loaded.facts is None and _maps(loaded) == expected
-    source = _verified_resume(config, newest)
+    source = verified_resume(config, newest)
 
     async def restart() -> None:
         run = await _restored_unseeded(config, source)
@@ -535,7 +523,7 @@ def test_a_snapshot_of_form_1_fact_segments_restores_and_its_segment_stays_refer
     loaded = _loaded(newest)
     assert loaded.facts is not None and loaded.facts.replay == []
     assert _maps(loaded) == expected
-    source = _verified_resume(config, newest)
+    source = verified_resume(config, newest)
 
     async def restart() -> None:
         run = await Run.restored(config, source)
@@ -658,7 +646,7 @@ def test_a_version_2_group_facts_as_main_wrote_it_restores_and_the_next_snapshot
     _write_index(newest, index)
     assert json.loads((newest / GROUP_FACTS_FILENAME).read_bytes())["schema_version"] == 2
     assert _maps(_loaded(newest)) == expected
-    source = _verified_resume(config, newest)
+    source = verified_resume(config, newest)
 
     async def restart() -> None:
         run = await Run.restored(config, source)

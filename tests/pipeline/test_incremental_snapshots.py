@@ -51,6 +51,18 @@ def _config(tmp_path: Path) -> RunConfig:
     return small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
 
 
+def verified_resume(config: RunConfig, newest: Path) -> ResumeSource:
+    """What a restart resumes from, once ``newest`` verifies in full: ``newest`` itself."""
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
+    )
+    assert verification.ok, verification.problems
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == newest
+    return source
+
+
 def _segments_of(snapshot: Path) -> dict[str, str]:
     """The segments a snapshot references: file name to partition."""
     content = read_segmented_content(snapshot / DATA_PLANE_DIRNAME)
@@ -282,13 +294,7 @@ def test_a_snapshot_whose_row_index_is_version_2_restores_and_the_next_writes_ve
     data_plane_index_to_version_2(newest)  # as the writer before version 3 left it
     assert _index_version(newest) == 2
     assert _segments_of(newest) == segments
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
-    )
-    assert verification.ok, verification.problems
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    assert source.snapshot.path == newest
+    source = verified_resume(config, newest)
 
     async def restart() -> tuple[Path, set[str]]:
         run = await Run.restored(config, source)

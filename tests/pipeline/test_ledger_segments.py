@@ -24,7 +24,7 @@ from snapshot_versions import (
     sidecar_as_version_7,
 )
 from test_group_entries import _reserve
-from test_incremental_snapshots import SIBLINGS, Run
+from test_incremental_snapshots import SIBLINGS, Run, verified_resume
 
 from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.finalizer import Finalizer
@@ -334,13 +334,8 @@ def test_a_version_5_snapshot_of_the_writer_before_ledger_segments_still_restore
     inline_snapshot_to_v5(newest)
     assert "ledger" in json.loads((newest / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
     assert _restored_ledger(newest) == expected
-    verification = verify_snapshot(
-        newest, generations_per_group=SIBLINGS, level=VerificationLevel.FULL
-    )
-    assert verification.ok, verification.problems
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    assert source.snapshot.path == newest and source.snapshot.ledger_index is None
+    source = verified_resume(config, newest)
+    assert source.snapshot is not None and source.snapshot.ledger_index is None
     # Retention reads both versions: the older snapshot's segments stay, the rest go.
     collect_segments(newest.parent)
     assert _on_disk(newest) == _ledger_files(older)
