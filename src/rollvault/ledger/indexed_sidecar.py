@@ -335,13 +335,19 @@ class _RunsIndexOnly(msgspec.Struct):
 
 def index_runs(index: LedgerIndex) -> LedgerRunsIndex:
     """``index`` with its groups as runs of consecutive ordinals in one segment."""
+    segments = [LedgerSegmentRow.of(ref) for ref in index.segments]
+    return LedgerRunsIndex(segments=segments, runs=_runs(index.groups))
+
+
+def _runs(groups: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``groups``' ``(segment, ordinal)`` pairs as ``(segment, first ordinal, count)`` runs."""
     runs: list[tuple[int, int, int]] = []
-    for segment, ordinal in index.groups:
+    for segment, ordinal in groups:
         if runs and runs[-1][0] == segment and runs[-1][1] + runs[-1][2] == ordinal:
             runs[-1] = (segment, runs[-1][1], runs[-1][2] + 1)
         else:
             runs.append((segment, ordinal, 1))
-    return LedgerRunsIndex(segments=[LedgerSegmentRow.of(ref) for ref in index.segments], runs=runs)
+    return runs
 
 
 def expand_runs(index: LedgerRunsIndex) -> LedgerIndex:
@@ -501,9 +507,8 @@ class _CompactIndexOnly(msgspec.Struct):
 def encode_compact_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> bytes:
     """A version 9 sidecar: ``envelope`` with ``index`` (its groups as runs, its segments as
     compact rows), its finalizer maps left out (the caller stores them elsewhere)."""
-    runs = index_runs(index).runs
     segments = [LedgerSegmentEntryV9.of(ref) for ref in index.segments]
-    compact = LedgerCompactIndex(segments=segments, runs=runs)
+    compact = LedgerCompactIndex(segments=segments, runs=_runs(index.groups))
     return _encode_apart(envelope, COMPACT_SIDECAR_SCHEMA_VERSION, compact)
 
 
