@@ -632,6 +632,22 @@ def test_a_version_3_row_whose_live_runs_do_not_fit_is_refused_naming_it(tmp_pat
     assert problem.startswith(f"{GROUP_FACTS_FILENAME}: $.segments[0][4] (live): runs add up")
 
 
+def test_a_version_3_row_naming_the_writer_s_segment_as_text_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    """A segment of this writer is named by its number: its file name as text is refused."""
+    config = _config(tmp_path)
+    _older, newest = _two_snapshots(config)
+    path = newest / GROUP_FACTS_FILENAME
+    index = json.loads(path.read_bytes())
+    number = index["segments"][0][0]
+    assert isinstance(number, int)
+    index["segments"][0][0] = f"{number:06d}-facts{FACT_SEGMENT_SUFFIX}"
+    problem = _rewrite_index(newest, index)
+    assert problem.startswith(f"{GROUP_FACTS_FILENAME}: [0] (name): the text ")
+    assert problem.endswith(f"sequence number {number} is due - at `$.segments[0]`")
+
+
 def test_a_version_2_group_facts_as_main_wrote_it_restores_and_the_next_snapshot_writes_3(
     tmp_path: Path,
 ) -> None:

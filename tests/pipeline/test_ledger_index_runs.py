@@ -170,6 +170,28 @@ def test_a_version_9_row_with_a_digest_of_the_wrong_length_is_refused_naming_it(
     assert "$.ledger_index.segments[0][1]" in problem and "length" in problem
 
 
+def test_a_version_9_row_naming_the_writer_s_segment_as_text_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    """The writer names its own segments by number: the same file's name as text is refused
+    (it would read the same file, but no writer of version 9 writes it), and retention,
+    which reads the same rows, deletes nothing."""
+    snapshot = _snapshot(_config(tmp_path), groups=3)
+    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    number = state["ledger_index"]["segments"][0][0]
+    assert isinstance(number, int)
+    state["ledger_index"]["segments"][0][0] = ledger_segment_file_name(f"{number:06d}")
+    rewrite_sidecar(snapshot, state)
+    problem = _problem(snapshot)  # the problem's path is the sidecar file
+    assert problem.endswith(
+        f"[0] (name): the text {ledger_segment_file_name(f'{number:06d}')!r} where its "
+        f"sequence number {number} is due - at `$.ledger_index.segments[0]`"
+    )
+    segments = sorted(p.name for p in (snapshot.parent / "segments").iterdir())
+    assert collect_segments(snapshot.parent) is None
+    assert sorted(p.name for p in (snapshot.parent / "segments").iterdir()) == segments
+
+
 def test_overlapping_runs_reach_a_record_twice_and_are_refused(tmp_path: Path) -> None:
     snapshot = _snapshot(_config(tmp_path), groups=3)
     state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())

@@ -52,6 +52,15 @@ def sequence_name(file: str, file_name: Callable[[str], str]) -> int | str:
     return file
 
 
+def require_sequence_number(name: int | str, file_name: Callable[[str], str]) -> None:
+    """Refuse a compact row's ``name`` given as text where :func:`sequence_name` writes a
+    number: a ``ValueError`` naming the field (call it from the row's ``__post_init__``, so
+    that msgspec's decode reports it at the row's path). Read as written, the two spellings
+    name the same file; refused, a hand-made or foreign row cannot pass for the writer's."""
+    if isinstance(name, str) and not isinstance(number := sequence_name(name, file_name), str):
+        raise ValueError(f"[0] (name): the text {name!r} where its sequence number {number} is due")
+
+
 def file_of_sequence_name(name: int | str, file_name: Callable[[str], str]) -> str:
     """The segment file a compact index row's ``name`` stands for (see :func:`sequence_name`)."""
     return name if isinstance(name, str) else file_name(f"{name:0{SEQUENCE_DIGITS}d}")

@@ -34,7 +34,11 @@ from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
-from rollvault.durable.segment_store import file_of_sequence_name, sequence_name
+from rollvault.durable.segment_store import (
+    file_of_sequence_name,
+    require_sequence_number,
+    sequence_name,
+)
 from rollvault.ledger.checked_groups import CheckedGroups, GroupSource
 from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.ledger_records import (
@@ -462,6 +466,10 @@ class LedgerSegmentEntryV9(
     """The raw digest (base64 in JSON)."""
     byte_size: _NonNegativeInt
     record_count: Annotated[int, msgspec.Meta(ge=1)]
+
+    def __post_init__(self) -> None:
+        # Part of the schema: a writer's own segment is named by its number only.
+        require_sequence_number(self.name, ledger_segment_file_name)
 
     @classmethod
     def of(cls, ref: LedgerSegmentRef) -> LedgerSegmentEntryV9:

@@ -99,6 +99,7 @@ from rollvault.durable.segment_store import (
     file_of_sequence_name,
     publish_fact_segment,
     read_recorded_segment,
+    require_sequence_number,
     sequence_name,
 )
 from rollvault.ledger.reward_penalties import FinalizedReward
@@ -212,6 +213,10 @@ class FactSegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=
     """Live ordinals: ``[]`` when all are, else run lengths (live first, then alternately
     dead and live) or the bitmap's raw bytes, whichever is shorter
     (:func:`~rollvault.dataplane.segmented.encode_live`); the live count is derived."""
+
+    def __post_init__(self) -> None:
+        # Part of the schema: a writer's own segment is named by its number only.
+        require_sequence_number(self.name, fact_segment_file_name)
 
 
 class _GroupFactsFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
