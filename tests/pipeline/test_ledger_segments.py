@@ -47,8 +47,10 @@ from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.ledger_records import (
     LEDGER_SEGMENT_SUFFIX,
+    PackedRecordOut,
     RecordChain,
     decode_ledger_segment,
+    encode_packed_record,
 )
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 
@@ -580,3 +582,38 @@ def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_who
         parts.logs.close()
 
     asyncio.run(restart())
+
+
+@pytest.mark.parametrize("header", [False, True])
+@pytest.mark.parametrize("base", [(0, 0), (3, 127), (200, 70000)])
+def test_a_delta_encoded_once_is_the_record_the_packed_form_encodes(
+    header: bool, base: tuple[int, int]
+) -> None:
+    """A delta's pieces are encoded once, when its size is planned; the record written adds
+    its base: byte for byte what ``encode_packed_record`` makes of the same record."""
+    pieces = tuple(
+        tuple(msgspec.msgpack.encode([sibling, attempt, "x" * attempt]) for attempt in range(4))
+        for sibling in range(3)
+    )
+    head = msgspec.msgpack.encode(["header", 1])
+    digests = (b"h", tuple(tuple(b"a" for _ in attempts) for attempts in pieces))
+    encoded = ledger_segments._Encoded(head, pieces, digests)
+    patches = ((0, 2), (2, 0))
+    changed = (b"H" if header else b"h", (("a", "a", "b", "b"), ("a",) * 4, ("b",) * 4))
+    known = ledger_segments._Placed(None, (("s", 5),), None)
+    changed_digests = (changed[0], tuple(tuple(d.encode() for d in s) for s in changed[1]))
+    diff = ledger_segments._diff_of(changed_digests, encoded, known)
+    assert diff is not None
+    expected = encode_packed_record(
+        PackedRecordOut(
+            base=base,
+            header=msgspec.Raw(head) if header else None,
+            siblings=[
+                (index, start, [msgspec.Raw(piece) for piece in pieces[index][start:]])
+                for index, start in patches
+            ],
+        )
+    )
+    assert diff.record(base) == expected
+    # Its size as planned (base (0, 5)) is within the bytes of the base's position.
+    assert abs(diff.size - len(expected)) <= len(msgspec.msgpack.encode(base)) - 3

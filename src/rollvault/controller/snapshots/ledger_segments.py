@@ -214,6 +214,18 @@ class _Encoded:
         )
         return cls(header, siblings, digests)
 
+    def patched(self, patches: Sequence[_Patch]) -> msgspec.Raw:
+        """The ``siblings`` part of a form 3 record patching ``patches``, encoded (once: a
+        delta's size as planned and the record written share it, see :class:`_Diff`)."""
+        return msgspec.Raw(
+            _DELTA_ENCODER.encode(
+                [
+                    (index, start, [msgspec.Raw(piece) for piece in self.siblings[index][start:]])
+                    for index, start in patches
+                ]
+            )
+        )
+
     def record(
         self, base: tuple[int, int] | None, header: bool, patches: Sequence[_Patch]
     ) -> bytes:
@@ -267,6 +279,20 @@ def _first_change(old: tuple[bytes, ...], new: tuple[bytes, ...]) -> int:
     return min(len(old), len(new))
 
 
+_DELTA_ENCODER: Final = msgspec.msgpack.Encoder()
+
+
+class _DeltaOut(msgspec.Struct, array_like=True, frozen=True):
+    """A form 3 delta record with its ``siblings`` part already encoded: the same bytes as
+    :func:`~rollvault.ledger.ledger_records.encode_packed_record` of its
+    :class:`~rollvault.ledger.ledger_records.PackedRecordOut` (tested), so only the base's
+    position, known once the record is added to its segment, is encoded at the end."""
+
+    base: tuple[int, int]
+    header: msgspec.Raw | None
+    siblings: msgspec.Raw
+
+
 def _diff_of(digests: _Digests, encoded: _Encoded, known: _Placed) -> _Diff | None:
     """``encoded``'s changes since the record ``digests`` describe; None: not as a delta
     (its siblings are not the same ones)."""
@@ -281,11 +307,13 @@ def _diff_of(digests: _Digests, encoded: _Encoded, known: _Placed) -> _Diff | No
     )
     changed_header = header != new_header
     if not patches and not changed_header:
-        return _Diff(False, (), 0)
+        return _Diff(None, msgspec.Raw(b""), 0)
+    piece = msgspec.Raw(encoded.header) if changed_header else None
+    patched = encoded.patched(patches)
     # Its size as planned: the base's position in the segment being built is a small int
     # either way, so the record written is this size or within a byte or two of it.
-    size = len(encoded.record((0, known.ordinal), changed_header, patches))
-    return _Diff(changed_header, patches, size)
+    size = len(_DELTA_ENCODER.encode(_DeltaOut((0, known.ordinal), piece, patched)))
+    return _Diff(piece, patched, size)
 
 
 def _cold_name(stem: str) -> str:
@@ -391,11 +419,18 @@ class _Step:
 
 @dataclass(frozen=True)
 class _Diff:
-    """A changed group's delta on its newest record: which pieces, and its bytes as planned."""
+    """A changed group's delta on its newest record: its pieces, encoded once (the record
+    written adds only its base, :meth:`record`), and its bytes as planned."""
 
-    header: bool
-    patches: tuple[_Patch, ...]
+    header: msgspec.Raw | None
+    """The group's header when it changed."""
+    siblings: msgspec.Raw
+    """The changed siblings' attempts, each from its first change on, encoded."""
     size: int
+
+    def record(self, base: tuple[int, int]) -> bytes:
+        """The delta record on the record at ``base`` (its segment's position, its ordinal)."""
+        return _DELTA_ENCODER.encode(_DeltaOut(base, self.header, self.siblings))
 
 
 @dataclass
@@ -523,7 +558,7 @@ class LedgerSegmentWriter:
             return _Placed(
                 record.siblings, known.chain, encoded.digests, delta_bytes=known.delta_bytes
             )
-        delta = encoded.record(fresh.base_position(known), step.diff.header, step.diff.patches)
+        delta = step.diff.record(fresh.base_position(known))
         return _Placed(
             record.siblings,
             fresh.add(delta, known),
