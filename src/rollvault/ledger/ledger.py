@@ -51,12 +51,12 @@ from rollvault.ledger.recovery import (
     abandon_entire_group,
     abandon_unsealed_work,
     carry_interruptions,
-    needs_redo_on_restart,
     record_interruption,
     record_interruptions,
     redo_interrupted,
     retry_incomplete,
     retryable_siblings,
+    siblings_to_redo,
 )
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.sealing import (
@@ -887,8 +887,11 @@ class RolloutRecoveryLedger:
             if shared.status is PromptGroupStatus.FINALIZING:
                 record = self._mutable_group(group_id)
                 record.status = check_group_transition(record, GroupEvent.FINALIZATION_UNKNOWN)
-            elif shared.status is PromptGroupStatus.GENERATING and needs_redo_on_restart(shared):
-                redo_interrupted(self._mutable_group(group_id))
+            elif shared.status is PromptGroupStatus.GENERATING:
+                # Found on the shared record, applied by index to the unshared one.
+                redo = siblings_to_redo(shared)
+                if redo:
+                    redo_interrupted(self._mutable_group(group_id), redo)
 
     @staticmethod
     def _abandon_entire_group(record: PromptGroupRecoveryRecord) -> None:
