@@ -100,10 +100,10 @@ from rollvault.ledger.transitions import (
     require_phase,
 )
 from rollvault.ledger.turns import (
+    LIVE_ATTEMPT_STATUSES,
     check_receipt_prefix,
     commit_turn,
     drop_turn_prefix,
-    live_turn_keys,
 )
 
 if TYPE_CHECKING:  # the sidecar module builds on this one
@@ -251,8 +251,10 @@ class RolloutRecoveryLedger:
                 attempt = sibling.attempts[-1]
                 if attempt.status is _SEALED:
                     keys.update(attempt.staging_keys)
-            # Committed turns of live attempts: the prefix a restore continues from.
-            keys |= live_turn_keys(record)
+                elif attempt.turn_keys and attempt.status in LIVE_ATTEMPT_STATUSES:
+                    # Committed turns of a live attempt, in the same pass (a restore
+                    # asks this of ~16k siblings): the prefix a restore continues from.
+                    keys.update(attempt.turn_keys)
         return keys
 
     def finalization_inputs(self, group_id: str) -> FinalizationInputs:
