@@ -343,7 +343,7 @@ class RolloutRestorer:
         parts.episodes.load(snapshot.env_rollouts.episodes)
         for record in parts.ledger.shared_groups():
             for sibling in record.siblings:
-                attempt = sibling.current_attempt
+                attempt = sibling.attempts[-1]  # the current one (no property call per sibling)
                 if attempt.status is not RolloutAttemptStatus.RESERVED or not attempt.turn_keys:
                     continue
                 key = logical_id(record.group_id, sibling.generation_index)
@@ -629,13 +629,18 @@ class RolloutRestorer:
         parts = self._parts
         self.counts.replay_groups = len(parts.replay)
         self.counts.ledger_groups = len(parts.ledger)
+        # Local counters and each sibling's last attempt read directly (not the
+        # current_attempt property): ~16k siblings per restore at 1,024 x 16.
+        reused = redispatched = 0
         for record in self._records:
             for sibling in record.siblings:
-                status = sibling.current_attempt.status
+                status = sibling.attempts[-1].status
                 if status is RolloutAttemptStatus.SEALED:
-                    self.counts.siblings_reused += 1
+                    reused += 1
                 elif status is RolloutAttemptStatus.RESERVED:
-                    self.counts.attempts_redispatched += 1
+                    redispatched += 1
+        self.counts.siblings_reused += reused
+        self.counts.attempts_redispatched += redispatched
 
     def _log_restore_metrics(self, seconds: float) -> None:
         parts = self._parts
