@@ -416,30 +416,28 @@ class RolloutRestorer:
     def _interruption_lines(self, evidence: CrashEvidence) -> list[AttemptLogRecord]:
         """The attempts log's line of each interrupted attempt, ``seq`` set, in the
         evidence's order: the restored groups' attempts, then the lost groups'."""
-        attempts_log = self._parts.logs.attempts
-        interrupted = [
-            (group_id, attempt.generation_index, attempt.attempt_uuid)
-            for group_id, attempts in evidence.in_ledger.items()
-            for attempt in attempts
-        ]
         incarnation = self._parts.logs.incarnation
         failed = RolloutAttemptStatus.FAILED
         reason = "interrupted: in flight when the process died"
-        # ``uuid.int`` is a slot and ``.hex`` a Python property: the same 32 digits.
+        # Every line's seq at once, taken in order as the lines are built (one list,
+        # no intermediate tuples); the gate id's 32 hex digits from the UUID's ``int``
+        # slot, as its ``.hex`` property gives them.
+        seqs = iter(self._parts.logs.attempts.take_seqs(evidence.count))
         lines = [
             AttemptLogRecord(
-                gate_rollout_id=f"{group_id}_g{index}_a{attempt_uuid.int:032x}",
+                gate_rollout_id=(
+                    f"{group_id}_g{attempt.generation_index}_a{attempt.attempt_uuid.int:032x}"
+                ),
                 group_id=group_id,
-                generation_index=index,
+                generation_index=attempt.generation_index,
                 status=failed,
                 num_tokens=0,
                 incarnation=incarnation,
                 reason=reason,
-                seq=seq,
+                seq=next(seqs),
             )
-            for (group_id, index, attempt_uuid), seq in zip(
-                interrupted, attempts_log.take_seqs(len(interrupted)), strict=True
-            )
+            for group_id, attempts in evidence.in_ledger.items()
+            for attempt in attempts
         ]
         lines += [
             AttemptLogRecord(
@@ -450,11 +448,9 @@ class RolloutRestorer:
                 num_tokens=0,
                 incarnation=incarnation,
                 reason=reason,
-                seq=seq,
+                seq=next(seqs),
             )
-            for lost, seq in zip(
-                evidence.lost, attempts_log.take_seqs(len(evidence.lost)), strict=True
-            )
+            for lost in evidence.lost
         ]
         return lines
 
