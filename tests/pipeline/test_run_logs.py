@@ -53,6 +53,30 @@ def test_many_records_go_in_order_in_one_write(tmp_path: Path) -> None:
     assert read_jsonl(path, TrainLogRecord) == [_stamped(step, step + 1) for step in range(4)]
 
 
+def test_records_built_with_taken_seqs_are_written_as_given(tmp_path: Path) -> None:
+    """``take_seqs`` takes numbers from the run-wide sequence as ``write`` would, and
+    ``write_stamped`` writes records that carry them, in order, unchanged."""
+    path = tmp_path / "train_log.jsonl"
+    sequence = LogSequence(4)
+    writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path, sequence)
+    writer.write(_record(0))
+    seqs = writer.take_seqs(3)
+    assert list(seqs) == [6, 7, 8]
+    assert sequence.value == 8
+    writer.write_stamped([_stamped(step, seq) for step, seq in zip((1, 2, 3), seqs, strict=True)])
+    writer.write_stamped([])  # nothing to write
+    assert writer.take_seqs(0) == range(9, 9)
+    writer.write(_record(4))
+    writer.close()
+    assert read_jsonl(path, TrainLogRecord) == [
+        _stamped(0, 5),
+        _stamped(1, 6),
+        _stamped(2, 7),
+        _stamped(3, 8),
+        _stamped(4, 9),
+    ]
+
+
 def test_reader_drops_a_torn_last_line(tmp_path: Path) -> None:
     path = tmp_path / "train_log.jsonl"
     writer: JsonlWriter[TrainLogRecord] = JsonlWriter(path, LogSequence())

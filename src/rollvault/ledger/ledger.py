@@ -51,12 +51,12 @@ from rollvault.ledger.recovery import (
     abandon_entire_group,
     abandon_unsealed_work,
     carry_interruptions,
-    needs_redo_on_restart,
     record_interruption,
     record_interruptions,
     redo_interrupted,
     retry_incomplete,
     retryable_siblings,
+    siblings_to_redo,
 )
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 from rollvault.ledger.sealing import (
@@ -100,10 +100,10 @@ from rollvault.ledger.transitions import (
     require_phase,
 )
 from rollvault.ledger.turns import (
+    LIVE_ATTEMPT_STATUSES,
     check_receipt_prefix,
     commit_turn,
     drop_turn_prefix,
-    live_turn_keys,
 )
 
 if TYPE_CHECKING:  # the sidecar module builds on this one
@@ -251,8 +251,10 @@ class RolloutRecoveryLedger:
                 attempt = sibling.attempts[-1]
                 if attempt.status is _SEALED:
                     keys.update(attempt.staging_keys)
-            # Committed turns of live attempts: the prefix a restore continues from.
-            keys |= live_turn_keys(record)
+                elif attempt.turn_keys and attempt.status in LIVE_ATTEMPT_STATUSES:
+                    # Committed turns of a live attempt, in the same pass (a restore
+                    # asks this of ~16k siblings): the prefix a restore continues from.
+                    keys.update(attempt.turn_keys)
         return keys
 
     def finalization_inputs(self, group_id: str) -> FinalizationInputs:
@@ -887,8 +889,11 @@ class RolloutRecoveryLedger:
             if shared.status is PromptGroupStatus.FINALIZING:
                 record = self._mutable_group(group_id)
                 record.status = check_group_transition(record, GroupEvent.FINALIZATION_UNKNOWN)
-            elif shared.status is PromptGroupStatus.GENERATING and needs_redo_on_restart(shared):
-                redo_interrupted(self._mutable_group(group_id))
+            elif shared.status is PromptGroupStatus.GENERATING:
+                # Found on the shared record, applied by index to the unshared one.
+                redo = siblings_to_redo(shared)
+                if redo:
+                    redo_interrupted(self._mutable_group(group_id), redo)
 
     @staticmethod
     def _abandon_entire_group(record: PromptGroupRecoveryRecord) -> None:

@@ -39,6 +39,7 @@ from rollvault.ledger.transitions import (
 from rollvault.ledger.turns import inherit_prefix
 
 _COHORT_LIVE_STATUSES = ATTEMPT_TRANSITIONS[AttemptEvent.DISCARD_COHORT].sources
+_FAIL_SOURCES, _FAIL_TARGET = ATTEMPT_TRANSITIONS[AttemptEvent.FAIL]
 
 
 def abandon_entire_group(record: PromptGroupRecoveryRecord) -> None:
@@ -113,7 +114,7 @@ def retry_incomplete(
         mint_fresh_attempts(retryable_siblings(record) if retryable is None else retryable)
 
 
-def redo_interrupted(record: PromptGroupRecoveryRecord) -> None:
+def redo_interrupted(record: PromptGroupRecoveryRecord, redo: list[int] | None = None) -> None:
     """After a restart, replace the attempts that may have run after the snapshot.
 
     A ``reserved`` attempt is replaced too: the process may have dispatched it
@@ -125,29 +126,50 @@ def redo_interrupted(record: PromptGroupRecoveryRecord) -> None:
     granularity a fresh attempt inherits the committed turns of the attempt it
     replaces (:func:`~rollvault.ledger.turns.inherit_prefix`), so a multi-turn
     episode continues at its last committed turn; ``prompt_group`` redoes the
-    group whole.
+    group whole. ``redo``, when given, is ``siblings_to_redo(record)`` as the
+    caller found them.
     """
-    redo = [sibling for sibling in record.siblings if _redo_on_restart(sibling.attempts[-1])]
-    if not redo:  # nothing to redo (needs_redo_on_restart is False)
+    if redo is None:
+        redo = siblings_to_redo(record)
+    if not redo:  # nothing to redo: the record stays as it is
         return
     if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP:
         abandon_entire_group(record)
         mint_fresh_attempts(record.siblings)
-    else:
-        abandon_live_siblings(record)
-        interrupted = [sibling.attempts[-1] for sibling in redo]
-        mint_fresh_attempts(redo)
-        # The fresh attempt continues the episode at its last committed turn.
-        for sibling, previous in zip(redo, interrupted, strict=True):
-            inherit_prefix(previous, sibling.attempts[-1])
+        return
+    # One pass over the siblings to redo (a restore redoes ~8k): each live current
+    # attempt is abandoned (as abandon_live_siblings would: every live one is among
+    # them, and the edge exists from both live statuses, so no refusal can leave a
+    # sibling half done), and the fresh attempt continues the episode at the replaced
+    # attempt's last committed turn.
+    siblings = record.siblings
+    for index, fresh in zip(redo, new_attempts(len(redo)), strict=True):
+        attempts = siblings[index].attempts
+        previous = attempts[-1]
+        if previous.status in INTERRUPTED_ATTEMPT_STATUSES:
+            previous.status = check_attempt_transition(
+                previous, AttemptEvent.ABANDON, group_id=record.group_id, generation_index=index
+            )
+        inherit_prefix(previous, fresh)
+        attempts.append(fresh)
 
 
-def needs_redo_on_restart(record: PromptGroupRecoveryRecord) -> bool:
-    """Whether :func:`redo_interrupted` would change ``record`` (it changes nothing else)."""
-    return any(_redo_on_restart(sibling.attempts[-1]) for sibling in record.siblings)
+def siblings_to_redo(record: PromptGroupRecoveryRecord) -> list[int]:
+    """The indices of the siblings whose current attempt a restart replaces
+    (:func:`_redo_on_restart`, inlined: a restart asks it of every sibling)."""
+    failed = RolloutAttemptStatus.FAILED
+    redo = []
+    for index, sibling in enumerate(record.siblings):
+        attempt = sibling.attempts[-1]
+        if attempt.status in INTERRUPTED_ATTEMPT_STATUSES or (
+            attempt.status is failed and attempt.failure_kind is AttemptFailureKind.INTERRUPTED
+        ):
+            redo.append(index)
+    return redo
 
 
 def _redo_on_restart(attempt: RolloutAttemptRecord) -> bool:
+    """Whether a restart replaces ``attempt``, its sibling's current one."""
     return attempt.status in INTERRUPTED_ATTEMPT_STATUSES or (
         attempt.status is RolloutAttemptStatus.FAILED
         and attempt.failure_kind is AttemptFailureKind.INTERRUPTED
@@ -255,9 +277,14 @@ def _fail_interrupted(
         attempt.status = check_attempt_transition(
             attempt, AttemptEvent.DISPATCH, group_id=record.group_id, generation_index=index
         )
-    attempt.status = check_attempt_transition(
-        attempt, AttemptEvent.FAIL, group_id=record.group_id, generation_index=index
-    )
+    # The table's edge, read once: a restore fails ~8k dispatched attempts here, and
+    # the check is called only to raise its refusal.
+    if attempt.status in _FAIL_SOURCES:
+        attempt.status = _FAIL_TARGET
+    else:  # raises: the status has no fail edge
+        check_attempt_transition(
+            attempt, AttemptEvent.FAIL, group_id=record.group_id, generation_index=index
+        )
     attempt.failure_reason = reason
     attempt.failure_kind = AttemptFailureKind.INTERRUPTED
 

@@ -12,12 +12,17 @@ whole, so its fresh attempts start empty. Callers hold the mutation cut.
 
 from __future__ import annotations
 
+from typing import Final
+
 from rollvault.ledger.errors import InvalidLedgerInputError, LedgerTransitionError
 from rollvault.ledger.records import PromptGroupRecoveryRecord, RolloutAttemptRecord
 from rollvault.ledger.sealing import fenced_attempt
 from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
 
-_LIVE = frozenset({RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED})
+LIVE_ATTEMPT_STATUSES: Final = frozenset(
+    {RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED}
+)
+"""A live attempt owns its committed turns' rows (``expected_staging_keys``)."""
 
 
 def commit_turn(
@@ -65,16 +70,6 @@ def inherit_prefix(previous: RolloutAttemptRecord, fresh: RolloutAttemptRecord) 
     """Give the fresh attempt of a restart the interrupted attempt's committed turns."""
     fresh.turn_keys = list(previous.turn_keys)
     fresh.env_state_revision = previous.env_state_revision
-
-
-def live_turn_keys(record: PromptGroupRecoveryRecord) -> set[str]:
-    """The committed turn rows the group's live (reserved or dispatched) attempts own."""
-    return {
-        key
-        for sibling in record.siblings
-        if sibling.attempts[-1].status in _LIVE
-        for key in sibling.attempts[-1].turn_keys
-    }
 
 
 def check_receipt_prefix(
