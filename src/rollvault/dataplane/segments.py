@@ -311,6 +311,18 @@ def read_segment(
     file, a size or checksum mismatch, or content that disagrees with its header
     or the snapshot's record.
     """
+    data = read_segment_bytes(path, byte_size=byte_size)
+    check_segment_digest(path, sha256_hex(data), sha256)
+    return decode_segment(path, data, partition=partition, row_count=row_count, wanted=wanted)
+
+
+def read_segment_bytes(path: Path, *, byte_size: int) -> bytes:
+    """The bytes of the segment at ``path``, of the ``byte_size`` a snapshot records.
+
+    The first step of :func:`read_segment`; nothing in them is trusted before
+    :func:`check_segment_digest`. A missing or unreadable file or another size
+    raises :class:`DataPlaneCheckpointError` naming the segment.
+    """
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -325,11 +337,33 @@ def read_segment(
             f"segment size is {len(data)} bytes, the snapshot records {byte_size} "
             "(truncated or overwritten)",
         )
-    digest = sha256_hex(data)
+    return data
+
+
+def check_segment_digest(path: Path, digest: str, sha256: str) -> None:
+    """Refuse the segment at ``path`` unless its bytes' hex SHA-256 ``digest`` is the
+    ``sha256`` a snapshot records (the digest may be computed elsewhere, in a worker
+    thread)."""
     if digest != sha256:
         raise DataPlaneCheckpointError(
             path, f"segment checksum mismatch: SHA-256 is {digest}, the snapshot records {sha256}"
         )
+
+
+def decode_segment(
+    path: Path,
+    data: bytes,
+    *,
+    partition: str,
+    row_count: int,
+    wanted: Sequence[bool] | None = None,
+) -> SegmentRows:
+    """The rows of a segment's ``data``, already checked against its recorded SHA-256.
+
+    The last step of :func:`read_segment`: the header and content must agree
+    with each other and with the snapshot's record (``partition``, ``row_count``,
+    ``wanted``), else :class:`DataPlaneCheckpointError` names the segment.
+    """
     header = _read_header(path, data)
     if header.partition != partition:
         raise DataPlaneCheckpointError(
