@@ -33,6 +33,7 @@ from rollvault.dataplane.rows import validate_row
 from rollvault.dataplane.segmented import (
     SegmentedWriter,
     checkpoint_summary,
+    open_any_checkpoint,
     read_any_checkpoint,
     read_segmented,
     read_segmented_content,
@@ -561,3 +562,55 @@ def test_a_malformed_version_3_entry_is_refused_naming_the_file_and_field(
     refused(snapshot, segments, path, message)
     with pytest.raises(DataPlaneCheckpointError, match=message):
         checkpoint_summary(snapshot, segments)
+
+
+def test_opening_reads_the_index_and_finishing_verifies_the_segments(
+    two_snapshots: tuple[Path, Path],
+) -> None:
+    """open_any_checkpoint gives the user metadata before any segment is verified (their
+    SHA-256s are computed in a worker thread); finish() refuses a damaged one by name."""
+    segments, snapshot = two_snapshots
+    shared = segments / "000001-rollout_staging.segment.safetensors"
+    data = bytearray(shared.read_bytes())
+    data[-1] ^= 0x01
+    shared.write_bytes(bytes(data))
+    opened = open_any_checkpoint(snapshot, segments)
+    assert opened.user_metadata == USER
+    with pytest.raises(DataPlaneCheckpointError, match="checksum mismatch") as caught:
+        opened.finish()
+    assert caught.value.path == shared
+
+
+def test_the_first_damaged_segment_in_the_index_s_order_is_named(
+    two_snapshots: tuple[Path, Path],
+) -> None:
+    """Every segment is read before any is verified: a later missing one must not hide
+    an earlier damaged one, whose problem a read in order meets first."""
+    segments, snapshot = two_snapshots
+    first = segments / "000001-rollout_staging.segment.safetensors"
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0x01
+    first.write_bytes(bytes(data))
+    (segments / "000002-train.segment.safetensors").unlink()
+    refused(snapshot, segments, first, "checksum mismatch")
+    first.unlink()
+    refused(snapshot, segments, first, "missing segment")
+
+
+def test_a_version_1_checkpoint_opens_whole(tmp_path: Path) -> None:
+    """A checkpoint without segments is read when opened, its metadata.json read once."""
+    from rollvault.dataplane import EmbeddedDataPlane
+    from rollvault.dataplane.checkpoint_io import write_checkpoint
+
+    async def main() -> None:
+        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        await plane.put(STAGING_PARTITION, mixed_rows())
+        write_checkpoint(tmp_path / "v1", plane.capture(), USER)
+
+    asyncio.run(main())
+    opened = open_any_checkpoint(tmp_path / "v1", tmp_path / "segments")
+    assert opened.user_metadata == USER
+    loaded = opened.finish()
+    assert loaded.segments == {} and loaded.locations == {}
+    for key, row in mixed_rows().items():
+        assert_rows_identical(dict(loaded.checkpoint.partitions[STAGING_PARTITION][key]), row)

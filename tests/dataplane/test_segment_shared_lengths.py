@@ -171,3 +171,22 @@ def test_a_key_sharing_more_than_the_key_before_holds_is_refused(tmp_path: Path)
         _read(path, bytes(safetensors.numpy.save(tensors, metadata=metadata)), 2)
     assert caught.value.path == path
     assert "tensor '0/key_shared'[1]: 2 characters of a key of 1" in str(caught.value)
+
+
+@pytest.mark.parametrize("field", [0, 1, 2])
+def test_an_array_field_longer_or_shorter_than_the_lengths_it_reads_is_refused(
+    tmp_path: Path, field: int
+) -> None:
+    """The lengths are checked once, with the field that owns them; each field sharing
+    them is still checked against their sum."""
+    rows = {key: row for key, row in _rows().items() if key != "odd"}
+    data, _keys = encode_segment(STAGING_PARTITION, rows)
+    assert _header(data)["groups"][0]["shared_lengths"] == [[1, 0], [2, 0]]
+    tensors = safetensors.numpy.load(data)
+    tensors[f"0/{field}/data"] = tensors[f"0/{field}/data"][:-1]
+    metadata = {SEGMENT_METADATA_KEY: json.dumps(_header(data))}
+    path = tmp_path / "s.segment.safetensors"
+    with pytest.raises(DataPlaneCheckpointError) as caught:
+        _read(path, bytes(safetensors.numpy.save(tensors, metadata=metadata)), len(rows))
+    assert caught.value.path == path
+    assert f"tensor '0/{field}/data': its lengths do not add up" in str(caught.value)

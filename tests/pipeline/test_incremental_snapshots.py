@@ -41,6 +41,7 @@ from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
 from rollvault.dataplane.segmented import read_segmented_content
 from rollvault.dataplane.segments import read_segment, segment_files
 from rollvault.gates.simulated import SimulatedGate
+from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.tasks.synthetic.environment import ParityEnvironment
 from rollvault.training.recording import RecordingTrainer
 
@@ -313,3 +314,37 @@ def test_a_snapshot_whose_row_index_is_version_2_restores_and_the_next_writes_ve
     fresh = set(_segments_of(after)) - set(segments)
     assert {key for file in fresh for key in _keys_in(after, file)} == new
     assert verify_snapshot(after, generations_per_group=SIBLINGS, level=VerificationLevel.FULL).ok
+
+
+def test_a_damaged_row_segment_is_named_before_a_damaged_sidecar(tmp_path: Path) -> None:
+    """The rows' segments are hashed in a worker thread while the sidecars are read: a
+    snapshot damaged in both still names its row segment, the problem the read met first
+    when it read the data plane whole before the sidecars."""
+    config = _config(tmp_path)
+
+    async def write() -> Path:
+        run = Run.fresh(config)
+        await _reserve(run.parts, sealed=2, gate=run.gate)
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return newest
+
+    newest = asyncio.run(write())
+    (staging,) = [f for f, p in _segments_of(newest).items() if p == STAGING_PARTITION]
+    segment = segments_dir_for(newest) / staging
+    data = bytearray(segment.read_bytes())
+    data[-1] ^= 0x01  # in the last tensor's bytes: only the SHA-256 tells
+    segment.write_bytes(bytes(data))
+    sidecar = newest / ROLLOUT_RECOVERY_STATE_FILENAME
+    sidecar.write_bytes(sidecar.read_bytes() + b" ")
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.kind is ProblemKind.DAMAGED and problem.path == segment
+    assert "segment checksum mismatch" in problem.problem
+    segment.unlink()  # the row segment missing: still named before the sidecar
+    (problem,) = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    ).problems
+    assert problem.path == segment and "missing segment" in problem.problem

@@ -120,17 +120,22 @@ def _hash_file(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def read_checkpoint(directory: Path) -> LoadedCheckpoint:
+def read_checkpoint(directory: Path, *, metadata: bytes | None = None) -> LoadedCheckpoint:
     """Read and verify a checkpoint written by :func:`write_checkpoint`.
 
-    Raises :class:`DataPlaneCheckpointError` naming the file and the problem:
+    ``metadata`` is the bytes of its ``metadata.json`` when the caller already
+    read them (to tell the version), else they are read here. Raises
+    :class:`DataPlaneCheckpointError` naming the file and the problem:
     a missing or extra file, a size or checksum mismatch, a schema violation,
     an unsupported ``schema_version``, or tensors that disagree with
     ``metadata.json``.
     """
     if not directory.is_dir():
         raise DataPlaneCheckpointError(directory, "not a checkpoint directory (absent or a file)")
-    content = read_checkpoint_metadata(directory)
+    if metadata is None:
+        content = read_checkpoint_metadata(directory)
+    else:
+        content = decode_metadata(metadata, directory / METADATA_FILENAME)
     _check_file_set(directory, content)
     partitions = {
         entry.name: _read_partition(directory / entry.file, entry, index)

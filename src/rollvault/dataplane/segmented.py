@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import base64
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -67,6 +68,7 @@ from rollvault.dataplane.checkpoint_format import (
     decode_envelope,
     decode_metadata,
     encode_envelope,
+    sha256_hex,
 )
 from rollvault.dataplane.checkpoint_io import (
     LoadedCheckpoint,
@@ -76,8 +78,11 @@ from rollvault.dataplane.checkpoint_io import (
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowView
 from rollvault.dataplane.segments import (
+    SegmentRows,
     WrittenSegment,
-    read_segment,
+    check_segment_digest,
+    decode_segment,
+    read_segment_bytes,
     segment_file_name,
     write_segment,
 )
@@ -573,45 +578,117 @@ def read_segmented(directory: Path, segments_dir: Path) -> LoadedSegmented:
     """
     if not directory.is_dir():
         raise DataPlaneCheckpointError(directory, "not a checkpoint directory (absent or a file)")
-    content = read_segmented_content(directory)
+    return _open_segmented(directory, segments_dir, read_segmented_content(directory)).finish()
+
+
+def read_any_checkpoint(directory: Path, segments_dir: Path) -> LoadedSegmented:
+    """Read a checkpoint of any version: version 1 has no segments (nothing to seed)."""
+    return open_any_checkpoint(directory, segments_dir).finish()
+
+
+class OpenedCheckpoint:
+    """A checkpoint whose ``metadata.json`` is read and checked, its rows still being read.
+
+    :func:`open_any_checkpoint` returns it once the index is checked and every
+    segment's bytes are read (on the caller's thread: from the page cache that
+    is well under a millisecond for a restore's ~16 MB), with their SHA-256s
+    computed by a worker thread meanwhile. hashlib releases the GIL while it
+    hashes, so the caller can do its own work (a restore builds the ledger's
+    records, pure Python) on one core while the other hashes. :meth:`finish`
+    waits for the digests and decodes the rows, each segment only after its
+    digest matched, in the index's order: the first problem it raises is the
+    one reading everything in that order on one thread would have raised.
+    """
+
+    def __init__(
+        self, user_metadata: dict[str, Any], finish: Callable[[], LoadedSegmented]
+    ) -> None:
+        self.user_metadata = user_metadata
+        """The checkpoint's ``user_metadata``, checked with ``metadata.json``."""
+        self._finish = finish
+
+    def finish(self) -> LoadedSegmented:
+        """The verified checkpoint; the first problem of a segment raises
+        :class:`DataPlaneCheckpointError` naming it. Call it once."""
+        return self._finish()
+
+
+def open_any_checkpoint(directory: Path, segments_dir: Path) -> OpenedCheckpoint:
+    """Start reading a checkpoint of any version; :meth:`OpenedCheckpoint.finish` ends it.
+
+    ``metadata.json`` is read once. Its problems, and for a segmented
+    checkpoint a file it does not list or the first segment that cannot be
+    read, raise :class:`DataPlaneCheckpointError` in the order a reading on one
+    thread meets them; a version 1 checkpoint is read whole here (it has no
+    segments).
+    """
+    path = directory / METADATA_FILENAME
+    data = read_checkpoint_file(path)
+    version, content_bytes = decode_envelope(data, path)
+    if version not in SEGMENTED_SCHEMA_VERSIONS:
+        checkpoint = read_checkpoint(directory, metadata=data)
+        loaded = LoadedSegmented(checkpoint=checkpoint, locations={}, segments={})
+        return OpenedCheckpoint(checkpoint.user_metadata, lambda: loaded)
+    return _open_segmented(directory, segments_dir, _segmented_index(version, content_bytes, path))
+
+
+def _open_segmented(directory: Path, segments_dir: Path, index: SegmentedIndex) -> OpenedCheckpoint:
     extra = sorted(entry.name for entry in directory.iterdir() if entry.name != METADATA_FILENAME)
     if extra:
         raise DataPlaneCheckpointError(
             directory / extra[0], f"unexpected file (not listed in {METADATA_FILENAME})"
         )
-    partitions: dict[str, dict[str, RowView]] = {name: {} for name in content.partitions}
-    locations: dict[str, dict[str, tuple[str, int]]] = {name: {} for name in content.partitions}
-    segments: dict[str, WrittenSegment] = {}
-    for reference in content.segments:
-        wanted = reference.wanted
-        segment_path = segments_dir / reference.file
-        loaded = read_segment(
-            segment_path,
-            partition=reference.partition,
-            sha256=reference.sha256,
-            byte_size=reference.byte_size,
-            row_count=reference.row_count,
-            wanted=wanted,
-        )
-        rows = partitions[reference.partition]
-        held = locations[reference.partition]
-        # loaded.rows holds exactly the wanted rows, each key once: a set
-        # intersection in C finds a key another segment holds too.
-        twice = rows.keys() & loaded.rows.keys()
-        if twice:
-            key = min(twice)
-            raise DataPlaneCheckpointError(
-                segment_path,
-                f"key {key!r} of partition {reference.partition!r} is also held from "
-                f"segment {held[key][0]!r}",
+    # Read in the index's order up to the first segment that cannot be read: finish()
+    # raises its error once every segment before it is verified and decoded.
+    reads: list[bytes | DataPlaneCheckpointError] = []
+    for reference in index.segments:
+        try:
+            reads.append(
+                read_segment_bytes(segments_dir / reference.file, byte_size=reference.byte_size)
             )
-        rows.update(loaded.rows)
-        file = reference.file
-        held.update(
-            (key, (file, ordinal))
-            for ordinal, (key, kept) in enumerate(zip(loaded.keys, wanted, strict=True))
-            if kept
+        except DataPlaneCheckpointError as exc:
+            reads.append(exc)
+            break
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollvault-segment-sha256")
+    digests = pool.submit(_digests, [data for data in reads if isinstance(data, bytes)])
+    pool.shutdown(wait=False)  # its thread ends with the hashing; finish() waits for it
+    return OpenedCheckpoint(
+        index.user_metadata,
+        functools.partial(_finish_segmented, segments_dir, index, reads, digests),
+    )
+
+
+def _digests(datas: list[bytes]) -> list[str]:
+    """Each buffer's hex SHA-256 (in a worker thread: hashlib releases the GIL meanwhile)."""
+    return list(map(sha256_hex, datas))
+
+
+def _finish_segmented(
+    segments_dir: Path,
+    index: SegmentedIndex,
+    reads: list[bytes | DataPlaneCheckpointError],
+    digests: Future[list[str]],
+) -> LoadedSegmented:
+    partitions: dict[str, dict[str, RowView]] = {name: {} for name in index.partitions}
+    locations: dict[str, dict[str, tuple[str, int]]] = {name: {} for name in index.partitions}
+    segments: dict[str, WrittenSegment] = {}
+    computed = iter(digests.result())
+    # reads is index.segments' prefix up to the first unreadable segment, if any.
+    for position, (reference, data) in enumerate(zip(index.segments, reads, strict=False)):
+        if isinstance(data, DataPlaneCheckpointError):
+            raise data
+        reads[position] = b""  # the decoded rows hold copies: the bytes can go
+        segment_path = segments_dir / reference.file
+        check_segment_digest(segment_path, next(computed), reference.sha256)
+        loaded = decode_segment(
+            segment_path,
+            data,
+            partition=reference.partition,
+            row_count=reference.row_count,
+            wanted=reference.wanted,
         )
+        del data
+        _add_rows(segment_path, reference, loaded, partitions, locations)
         segments[reference.file] = WrittenSegment(
             file=reference.file,
             partition=reference.partition,
@@ -620,24 +697,39 @@ def read_segmented(directory: Path, segments_dir: Path) -> LoadedSegmented:
             keys=loaded.keys,
         )
     return LoadedSegmented(
-        checkpoint=LoadedCheckpoint(partitions=partitions, user_metadata=content.user_metadata),
+        checkpoint=LoadedCheckpoint(partitions=partitions, user_metadata=index.user_metadata),
         locations=locations,
         segments=segments,
     )
 
 
-def read_any_checkpoint(directory: Path, segments_dir: Path) -> LoadedSegmented:
-    """Read a checkpoint of any version: version 1 has no segments (nothing to seed)."""
-    path = directory / METADATA_FILENAME
-    if _version(path) in SEGMENTED_SCHEMA_VERSIONS:
-        return read_segmented(directory, segments_dir)
-    return LoadedSegmented(checkpoint=read_checkpoint(directory), locations={}, segments={})
-
-
-def _version(path: Path) -> int:
-    data = read_checkpoint_file(path)
-    version, _content = decode_envelope(data, path)
-    return version
+def _add_rows(
+    segment_path: Path,
+    reference: HeldSegment,
+    loaded: SegmentRows,
+    partitions: dict[str, dict[str, RowView]],
+    locations: dict[str, dict[str, tuple[str, int]]],
+) -> None:
+    """Add one segment's held rows and their locations; a key another segment holds raises."""
+    rows = partitions[reference.partition]
+    held = locations[reference.partition]
+    # loaded.rows holds exactly the wanted rows, each key once: a set
+    # intersection in C finds a key another segment holds too.
+    twice = rows.keys() & loaded.rows.keys()
+    if twice:
+        key = min(twice)
+        raise DataPlaneCheckpointError(
+            segment_path,
+            f"key {key!r} of partition {reference.partition!r} is also held from "
+            f"segment {held[key][0]!r}",
+        )
+    rows.update(loaded.rows)
+    file = reference.file
+    held.update(
+        (key, (file, ordinal))
+        for ordinal, (key, kept) in enumerate(zip(loaded.keys, reference.wanted, strict=True))
+        if kept
+    )
 
 
 def checkpoint_summary(directory: Path, segments_dir: Path) -> CheckpointSummary:

@@ -98,7 +98,12 @@ from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
-from rollvault.dataplane.segmented import LoadedSegmented, SegmentedWriter, read_any_checkpoint
+from rollvault.dataplane.segmented import (
+    LoadedSegmented,
+    OpenedCheckpoint,
+    SegmentedWriter,
+    open_any_checkpoint,
+)
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest
@@ -549,19 +554,27 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
     :mod:`rollvault.controller.snapshots.verification`. Raises
     :class:`SnapshotCorruptError` naming the first bad file.
     """
-    segments = _read_data_plane(path / DATA_PLANE_DIRNAME, segments_dir_for(path))
+    # The data plane's segments are hashed in a worker thread while this one reads
+    # the sidecars and builds the ledger's records; its rows are decoded after.
+    opened = _open_data_plane(path / DATA_PLANE_DIRNAME, segments_dir_for(path))
+    try:
+        digests = advertised_digests(path / DATA_PLANE_DIRNAME, opened.user_metadata)
+        raw = {
+            name: checked_bytes(path / name, digest)
+            for name, digest in digests.items()
+            if name != ROLLOUT_RECOVERY_STATE_FILENAME
+        }
+        facts = read_facts(path, raw)
+        _check_facts_count(path, facts, digests)
+        recovery, indexed = read_recovery_sidecar_indexed(
+            path / ROLLOUT_RECOVERY_STATE_FILENAME, digests, facts=facts
+        )
+    except Exception:
+        # Read before the sidecars, a damaged data plane was the problem named: it still is.
+        _finish_data_plane(opened)
+        raise
+    segments = _finish_data_plane(opened)
     data_plane = segments.checkpoint
-    digests = advertised_digests(path / DATA_PLANE_DIRNAME, data_plane.user_metadata)
-    raw = {
-        name: checked_bytes(path / name, digest)
-        for name, digest in digests.items()
-        if name != ROLLOUT_RECOVERY_STATE_FILENAME
-    }
-    facts = read_facts(path, raw)
-    _check_facts_count(path, facts, digests)
-    recovery, indexed = read_recovery_sidecar_indexed(
-        path / ROLLOUT_RECOVERY_STATE_FILENAME, digests, facts=facts
-    )
     snapshot = LoadedSnapshot(
         path=path,
         manifest=manifest,
@@ -584,9 +597,16 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read_data_plane(directory: Path, segments_dir: Path) -> LoadedSegmented:
+def _open_data_plane(directory: Path, segments_dir: Path) -> OpenedCheckpoint:
     try:
-        return read_any_checkpoint(directory, segments_dir)
+        return open_any_checkpoint(directory, segments_dir)
+    except DataPlaneCheckpointError as exc:
+        raise SnapshotCorruptError(exc.path, exc.problem) from exc
+
+
+def _finish_data_plane(opened: OpenedCheckpoint) -> LoadedSegmented:
+    try:
+        return opened.finish()
     except DataPlaneCheckpointError as exc:
         raise SnapshotCorruptError(exc.path, exc.problem) from exc
 
