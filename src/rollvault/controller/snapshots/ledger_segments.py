@@ -4,8 +4,8 @@
 one segments directory (the anchor's ``segments/``, beside the row segments).
 It remembers, for the last snapshot it *committed*, where each group's newest
 record is, the chain of records it resolves through
-(:mod:`rollvault.ledger.ledger_records`, form 3), a digest of the group's header and
-of each attempt of each sibling as written (:mod:`rollvault.ledger.packed_groups`),
+(:mod:`rollvault.ledger.ledger_records`, form 4), the group's header fields and a
+digest of each attempt of each sibling as written (:mod:`rollvault.ledger.packed_groups`),
 and the token it was written for: the record's
 ``siblings`` list. The ledger's copy-on-write capture guarantees that token:
 once a capture shares a record, the ledger copies the whole record (siblings
@@ -58,7 +58,8 @@ each snapshot's start a restore reads at most about twice the live records'
 bytes, as the earlier rule of compacting every segment below half live did).
 A group whose digests are unknown (restored from a form 1 segment) or whose
 siblings changed in number is written whole too. A group restored from a form
-1 or 2 segment is written whole (form 3) at its first change. A restored
+1 or 2 segment is written whole (form 4) at its first change; one restored
+from a form 3 segment goes on as form 4 deltas on its form 3 records. A restored
 writer knows the chains (the restore resolved them, with their deltas' bytes)
 but not the digests: it computes them from the restored records, which stay
 frozen (shared) until the ledger changes them.
@@ -256,7 +257,7 @@ class _Encoded:
         return cls(header, siblings, digests)
 
     def patched(self, patches: Sequence[_Patch]) -> msgspec.Raw:
-        """The ``siblings`` part of a form 3 record patching ``patches``, encoded (once: a
+        """The ``siblings`` part of a form 4 record patching ``patches``, encoded (once: a
         delta's size as planned and the record written share it, see :class:`_Diff`)."""
         return msgspec.Raw(
             _DELTA_ENCODER.encode(
@@ -270,7 +271,7 @@ class _Encoded:
     def record(
         self, base: tuple[int, int] | None, header: bool, patches: Sequence[_Patch]
     ) -> bytes:
-        """A form 3 record: ``header`` or not, each patched sibling's attempts from its start."""
+        """A form 4 record (none of its patches): ``header`` or not, each patched sibling's attempts from its start."""
         return encode_packed_record(
             PackedRecordOut(
                 base=base,
