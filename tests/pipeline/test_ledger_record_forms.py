@@ -33,6 +33,7 @@ from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.ledger_records import (
     LEDGER_SEGMENT_SUFFIX,
     STATUS_CODE,
+    STATUS_CODES,
     PackedRecordOut,
     SegmentRecords,
     decode_ledger_segment,
@@ -471,6 +472,19 @@ def test_a_crafted_form_3_record_is_refused_naming_what_is_wrong(
     with pytest.raises(LedgerStateError, match=re.escape(message)) as refused:
         _resolve([whole, bad])
     assert "$.entry" in str(refused.value)
+
+
+def test_the_status_codes_are_the_format_s_and_cover_every_status() -> None:
+    """The codes are written in form 4 records: never reordered, and a status added to the
+    ledger needs its code (the writer looks every status up)."""
+    assert [status.value for status in STATUS_CODES] == [
+        "reserved",
+        "dispatched",
+        "sealed",
+        "failed",
+        "abandoned",
+    ]
+    assert set(STATUS_CODES) == set(RolloutAttemptStatus)
 
 
 def _form_4_delta(**parts: Any) -> PackedRecordOut:
