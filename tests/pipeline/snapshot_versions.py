@@ -57,6 +57,12 @@ from rollvault.ledger.indexed_sidecar import (
     assemble_indexed_sidecar,
     decode_indexed_sidecar,
 )
+from rollvault.ledger.ledger_records import (
+    PackedRecordOut,
+    encode_packed_record,
+    encode_packed_segment,
+)
+from rollvault.ledger.packed_groups import pack_attempt, pack_header
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
 from rollvault.ledger.state_convert import group_header_to_state
 from rollvault.ledger.state_load import records_from_state
@@ -438,6 +444,50 @@ def ledger_segments_to_form_2(snapshot: Path) -> str:
     out.append(RecordOut(base=(0, 0), header=first.header, siblings=first.siblings[:1]))
     name = f"{snapshot.name}-form2.ledger-segment.json"
     data = encode_form_2_segment([name], out)
+    (segments_dir_for(snapshot) / name).write_bytes(data)
+    ref = {"file": name, "sha256": sha256_hex(data), "byte_size": len(data)}
+    state["ledger_index"] = {
+        "segments": [{**ref, "record_count": len(out)}],
+        "groups": [[0, len(out) - 1]] + [[0, ordinal] for ordinal in range(1, len(groups))],
+    }
+    rewrite_sidecar(snapshot, state)
+    return name
+
+
+def ledger_segments_to_form_3(snapshot: Path) -> str:
+    """Rewrite a version 6 snapshot's ledger as the form 3 writer (msgpack, deltas of whole
+    attempts and headers: no status or header-field patch) wrote it; returns the segment's
+    name.
+
+    As :func:`ledger_segments_to_form_2`: the live groups go whole into one form 3
+    segment (``<stem>-form3.ledger-segment.msgpack``), and the first group's index
+    entry is a form 3 delta on its whole record (its header and first sibling again).
+    """
+    state = read_sidecar_json(snapshot)
+    groups = inline_sidecar(snapshot, state)["ledger"]["groups"]
+    records = records_from_state(
+        msgspec.convert({"schema_version": V5, "groups": groups}, LedgerState)
+    )
+    out = []
+    for record in records.values():
+        siblings = [
+            [
+                msgspec.Raw(pack_attempt(f"{record.group_id}_g{s.generation_index}_a", a))
+                for a in s.attempts
+            ]
+            for s in record.siblings
+        ]
+        out.append(
+            PackedRecordOut(
+                base=None,
+                header=msgspec.Raw(pack_header(record)),
+                siblings=[(i, 0, attempts) for i, attempts in enumerate(siblings)],
+            )
+        )
+    first = out[0]
+    out.append(PackedRecordOut(base=(0, 0), header=first.header, siblings=first.siblings[:1]))
+    name = f"{snapshot.name}-form3.ledger-segment.msgpack"
+    data = encode_packed_segment([name], [encode_packed_record(r) for r in out], form=3)
     (segments_dir_for(snapshot) / name).write_bytes(data)
     ref = {"file": name, "sha256": sha256_hex(data), "byte_size": len(data)}
     state["ledger_index"] = {

@@ -1,8 +1,9 @@
-"""The ledger segment's record forms (issue 16): form 3 (msgpack, packed pieces, deltas of a
-sibling's changed attempts) round-trips any group exactly, whole or as a delta; a seal costs a
-small record; crafted form 3 records are refused with a named error; snapshots whose ledger is
-in form 2 segments still restore, and their groups are written whole in form 3 when they
-change."""
+"""The ledger segment's record forms (issue 16): form 4 (msgpack, packed pieces, deltas of a
+sibling's changed attempts, status and header-field patches) round-trips any group exactly,
+whole or as a delta; a seal costs a small record, a status change a few bytes; crafted form 3
+and 4 records are refused with a named error; snapshots whose ledger is in form 2 segments
+still restore, and their groups are written whole when they change; snapshots in form 3
+segments restore and go on as form 4 deltas."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pipeline_helpers import dataset_of, small_config
-from snapshot_versions import ledger_segments_to_form_2
+from snapshot_versions import ledger_segments_to_form_2, ledger_segments_to_form_3
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
 from test_ledger_segments import _ledger_files, _live_ledger, _records_in, _restored_ledger, _seal
@@ -31,6 +32,8 @@ from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.ledger_records import (
     LEDGER_SEGMENT_SUFFIX,
+    STATUS_CODE,
+    STATUS_CODES,
     PackedRecordOut,
     SegmentRecords,
     decode_ledger_segment,
@@ -194,9 +197,13 @@ def _changed(draw: st.DrawFn, before: PromptGroupRecoveryRecord) -> PromptGroupR
     for sibling in before.siblings:
         attempts = list(sibling.attempts)
         prefix = f"{group_id}_g{sibling.generation_index}_a"
-        action = draw(st.sampled_from(["keep", "replace_last", "append", "drop_last"]))
+        action = draw(st.sampled_from(["keep", "replace_last", "append", "drop_last", "restatus"]))
         if action == "replace_last":
             attempts[-1] = draw(_attempt(prefix))
+        elif action == "restatus":  # its status alone (form 4: a status patch)
+            position = draw(st.integers(0, len(attempts) - 1))
+            status = draw(st.sampled_from(RolloutAttemptStatus))
+            attempts[position] = msgspec.structs.replace(attempts[position], status=status)
         elif action == "append":
             attempts += draw(st.lists(_attempt(prefix), min_size=1, max_size=2))
         elif action == "drop_last" and len(attempts) > 1:
@@ -205,7 +212,8 @@ def _changed(draw: st.DrawFn, before: PromptGroupRecoveryRecord) -> PromptGroupR
             RolloutSiblingRecord(generation_index=sibling.generation_index, attempts=attempts)
         )
     status = draw(st.sampled_from(PromptGroupStatus))
-    return msgspec.structs.replace(before, siblings=siblings, status=status)
+    phase = draw(st.sampled_from([before.phase, *PromptGroupPhase]))
+    return msgspec.structs.replace(before, siblings=siblings, status=status, phase=phase)
 
 
 def _read_back(directory: Path, pending: ledger_segments.PendingLedger) -> Any:
@@ -291,6 +299,46 @@ def ledger_segments_dir(snapshot: Path) -> Path:
     return snapshot.parent / "segments"
 
 
+def test_a_dispatch_and_a_group_status_change_cost_status_and_field_patches(
+    tmp_path: Path,
+) -> None:
+    """A cohort of dispatches rewrote each attempt (~30 bytes) and a group's status its
+    header (~127): form 4 writes the new statuses (~4 bytes each) and the changed field."""
+    before = msgspec.structs.replace(_group_record(16), group_id="g" * 36, admission_id="a" * 36)
+    dispatched = [
+        msgspec.structs.replace(
+            sibling,
+            attempts=[
+                msgspec.structs.replace(a, status=RolloutAttemptStatus.DISPATCHED)
+                for a in sibling.attempts
+            ],
+        )
+        for sibling in before.siblings
+    ]
+    after = msgspec.structs.replace(
+        before, siblings=dispatched, status=PromptGroupStatus.READY_TO_FINALIZE
+    )
+    writer = LedgerSegmentWriter(tmp_path)
+    first = writer.write([before], stem="000001")
+    writer.committed(first)
+    second = writer.write([after], stem="000002")
+    (file,) = {ref.file for ref in second.index.segments} - {
+        ref.file for ref in first.index.segments
+    }
+    (record,) = decode_ledger_segment((tmp_path / file).read_bytes(), name=file).records
+    base, header, siblings, statuses, fields = msgspec.msgpack.decode(record)
+    assert base is not None and header is None and siblings == []
+    assert statuses == [
+        [index, 0, STATUS_CODE[RolloutAttemptStatus.DISPATCHED]] for index in range(16)
+    ]
+    status_field = PackedHeader.__struct_fields__.index("status")
+    assert fields == {status_field: "ready_to_finalize"}
+    assert len(record) <= 16 * 4 + 30, len(record)  # whole attempts and header: ~600 bytes
+    group, chain = _read_back(tmp_path, second)
+    assert msgspec.to_builtins(group) == msgspec.to_builtins(group_to_state(after))
+    assert chain.delta_bytes == len(record)
+
+
 # -- crafted records -------------------------------------------------------------------------
 
 
@@ -336,10 +384,13 @@ def _resolve(
     *,
     name: str = "s.ledger-segment.msgpack",
     others: dict[str, SegmentRecords] | None = None,
+    bases: list[str] | None = None,
 ) -> Any:
-    """Resolve the last of ``records``, one form 3 segment (its own base list: itself)."""
+    """Resolve the last of ``records``, one form 4 segment (its base list: ``bases``, by
+    default itself)."""
     encoded = [r if isinstance(r, bytes) else encode_packed_record(r) for r in records]
-    segment = decode_ledger_segment(encode_packed_segment([name], encoded), name=name)
+    listed = [name] if bases is None else bases
+    segment = decode_ledger_segment(encode_packed_segment(listed, encoded), name=name)
     segments = {name: segment, **(others or {})}
     return resolve_group((name, len(records) - 1), segments, set(), where="$.entry")
 
@@ -423,6 +474,120 @@ def test_a_crafted_form_3_record_is_refused_naming_what_is_wrong(
     assert "$.entry" in str(refused.value)
 
 
+def test_the_status_codes_are_the_format_s_and_cover_every_status() -> None:
+    """The codes are written in form 4 records: never reordered, and a status added to the
+    ledger needs its code (the writer looks every status up)."""
+    assert [status.value for status in STATUS_CODES] == [
+        "reserved",
+        "dispatched",
+        "sealed",
+        "failed",
+        "abandoned",
+    ]
+    assert set(STATUS_CODES) == set(RolloutAttemptStatus)
+
+
+def _form_4_delta(**parts: Any) -> PackedRecordOut:
+    return PackedRecordOut(**{"base": (0, 0), "header": None, "siblings": [], **parts})
+
+
+def _field(name: str) -> int:
+    return PackedHeader.__struct_fields__.index(name)
+
+
+def test_a_form_4_delta_patches_statuses_and_header_fields_of_its_base() -> None:
+    delta = _form_4_delta(
+        statuses=[(1, 0, STATUS_CODE[RolloutAttemptStatus.DISPATCHED])],
+        header_fields={_field("status"): msgspec.Raw(msgspec.msgpack.encode("finalizing"))},
+    )
+    group, chain = _resolve([_whole(), delta])
+    expected = group_to_state(_group_record())
+    expected.siblings[1].attempts[0].status = RolloutAttemptStatus.DISPATCHED
+    expected.status = PromptGroupStatus.FINALIZING
+    assert msgspec.to_builtins(group) == msgspec.to_builtins(expected)
+    assert chain.delta_bytes == len(encode_packed_record(delta))
+
+
+def test_a_form_4_delta_on_a_form_3_record_resolves_and_the_reverse_is_refused() -> None:
+    old = "old.ledger-segment.msgpack"
+    form_3 = decode_ledger_segment(
+        encode_packed_segment([], [encode_packed_record(_whole())], form=3), name=old
+    )
+    assert form_3.form == 3
+    delta = _form_4_delta(statuses=[(0, 0, STATUS_CODE[RolloutAttemptStatus.SEALED])])
+    group, chain = _resolve([delta], others={old: form_3}, bases=[old])
+    assert group.siblings[0].attempts[0].status == RolloutAttemptStatus.SEALED
+    assert len(chain.links) == 2
+    # A form 3 record is never a delta on a form 4 one (no form 3 writer saw form 4).
+    new = "new.ledger-segment.msgpack"
+    form_4 = decode_ledger_segment(
+        encode_packed_segment([], [encode_packed_record(_whole())]), name=new
+    )
+    on_4 = encode_packed_segment([new], [encode_packed_record(_form_4_delta())], form=3)
+    with pytest.raises(LedgerStateError, match="a form 4 record, from a form 3 one"):
+        resolve_group(
+            (old, 0),
+            {old: decode_ledger_segment(on_4, name=old), new: form_4},
+            set(),
+            where="$.entry",
+        )
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        ({"statuses": [(1, 1, 1)]}, "sibling 1's attempt 1, which its base does not hold"),
+        (
+            {"siblings": [(1, 0, "attempt")], "statuses": [(1, 0, 1)]},
+            "sibling 1's attempt 0, which its base does not hold",
+        ),
+        ({"statuses": [(0, 0, 1), (0, 0, 2)]}, "patches sibling 0's attempt 0 twice"),
+        ({"statuses": [(2, 0, 1)]}, "siblings [2] of a group of 2"),
+        ({"statuses": [(0, 0, 5)]}, "Expected `int` <= 4"),
+        ({"header": "header", "header_fields": {10: "failed"}}, "both a header and header"),
+        ({"header_fields": {11: "failed"}}, "Expected `int` <= 10"),
+        ({"header_fields": {10: "lost"}}, "its header fields give Invalid enum value 'lost'"),
+        ({"header_fields": {6: 0}}, "its header fields give Expected `int` >= 1"),
+        ({"header_fields": {}}, "Expected `object` of length >= 1"),
+        ({"base": None, "header": "header", "statuses": [(0, 0, 1)]}, "and no patch"),
+    ],
+)
+def test_a_crafted_form_4_record_is_refused_naming_what_is_wrong(
+    parts: dict[str, Any], message: str
+) -> None:
+    header, siblings = _pieces(_group_record())
+    raw = {"header": header, "attempt": siblings[0][0]}
+    fields: dict[str, Any] = {"base": (0, 0), "header": None, "siblings": []}
+    for name, value in parts.items():
+        if name == "header":
+            fields[name] = raw[value]
+        elif name == "siblings":
+            fields[name] = [(i, start, [raw[a]]) for i, start, a in value]
+        elif name == "header_fields":
+            fields[name] = {k: msgspec.Raw(msgspec.msgpack.encode(v)) for k, v in value.items()}
+        else:
+            fields[name] = value
+    if fields["base"] is None:
+        fields["siblings"] = [(i, 0, attempts) for i, attempts in enumerate(siblings)]
+    # Encoded as written, the checks of encode_packed_record's types aside.
+    record = msgspec.msgpack.encode(
+        [fields["base"], fields["header"], fields["siblings"]]
+        + [fields.get("statuses", []), fields.get("header_fields")]
+    )
+    with pytest.raises(LedgerStateError, match=re.escape(message)) as refused:
+        _resolve([_whole(), record])
+    assert "$.entry" in str(refused.value)
+
+
+def test_a_form_3_segment_refuses_the_form_4_parts() -> None:
+    record = encode_packed_record(_form_4_delta(statuses=[(0, 0, 1)]))
+    name = "s.ledger-segment.msgpack"
+    data = encode_packed_segment([name], [encode_packed_record(_whole()), record], form=3)
+    segment = decode_ledger_segment(data, name=name)
+    with pytest.raises(LedgerStateError, match="Expected `array` of at most length 3"):
+        resolve_group((name, 1), {name: segment}, set(), where="$.entry")
+
+
 def test_a_form_3_chain_reaching_a_json_segment_is_refused() -> None:
     form_2 = decode_ledger_segment(
         json.dumps(
@@ -433,7 +598,7 @@ def test_a_form_3_chain_reaching_a_json_segment_is_refused() -> None:
     delta = PackedRecordOut(base=(0, 0), header=None, siblings=[])
     encoded = encode_packed_segment(["old.ledger-segment.json"], [encode_packed_record(delta)])
     segment = decode_ledger_segment(encoded, name="s.ledger-segment.msgpack")
-    with pytest.raises(LedgerStateError, match="a form 2 record, from a form 3 one"):
+    with pytest.raises(LedgerStateError, match="a form 2 record, from a form 4 one"):
         resolve_group(
             ("s.ledger-segment.msgpack", 0),
             {"s.ledger-segment.msgpack": segment, "old.ledger-segment.json": form_2},
@@ -445,7 +610,8 @@ def test_a_form_3_chain_reaching_a_json_segment_is_refused() -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (msgspec.msgpack.encode([2, [], []]), "a msgpack segment is form 3"),
+        (msgspec.msgpack.encode([2, [], []]), "a msgpack segment is form 3 or 4"),
+        (msgspec.msgpack.encode([5, [], []]), "a msgpack segment is form 3 or 4"),
         (msgspec.msgpack.encode({"ledger_segment_format": 3}), "Expected `array`, got `object`"),
         (b'{"ledger_segment_format": 3, "bases": [], "records": []}', "got `int`"),
         (msgspec.msgpack.encode([3, ["../x.ledger-segment.msgpack"], []]), "matching regex"),
@@ -459,7 +625,9 @@ def test_a_form_3_segment_of_another_shape_is_refused(data: bytes, message: str)
 
 def test_a_json_segment_claiming_form_3_is_refused() -> None:
     data = b'{"ledger_segment_format": 3, "bases": [], "records": []}'
-    with pytest.raises(LedgerStateError, match=r"form 3 is msgpack, \*.ledger-segment.msgpack"):
+    with pytest.raises(
+        LedgerStateError, match=r"forms 3 and 4 are msgpack, \*.ledger-segment.msgpack"
+    ):
         decode_ledger_segment(data, name="s.ledger-segment.json")
 
 
@@ -511,6 +679,51 @@ def test_a_snapshot_of_form_2_ledger_segments_restores_and_its_groups_change_who
 
     asyncio.run(restart())
     assert flying != waiting
+
+
+def test_a_snapshot_of_form_3_ledger_segments_restores_and_goes_on_as_form_4_deltas(
+    tmp_path: Path,
+) -> None:
+    """What main wrote before form 4: its chains are deltable, so a restored writer writes
+    its groups' changes as form 4 deltas on the form 3 records (status patches included)."""
+    config = small_config(tmp_path, "rollout_checkpointing.keep_latest_k=2")
+
+    async def write() -> tuple[str, dict[str, Any]]:
+        run = Run.fresh(config)
+        await _reserve(run.parts, sealed=1, gate=run.gate)
+        waiting = await _reserve(run.parts, sealed=SIBLINGS - 1, gate=run.gate)
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return waiting, _restored_ledger(newest)
+
+    waiting, expected = asyncio.run(write())
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    form_3 = ledger_segments_to_form_3(source.snapshot.path)  # as the writer before form 4
+    assert _restored_ledger(source.snapshot.path) == expected  # a form 3 delta included
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+
+    async def restart() -> None:
+        run = await Run.restored(config, source)
+        parts = run.parts
+        after = await run.snapshot()
+        (file,) = _ledger_files(after) - {form_3}
+        # the restart interrupted both groups' dispatched attempts: deltas on form 3 records
+        records = _records_in(after, file)
+        assert len(records) == 2 and all(record[0] is not None for record in records)
+        assert _restored_ledger(after) == _live_ledger(parts)
+        async with parts.cut.mutation():  # its interrupted sibling's fresh attempt
+            parts.ledger.mark_group_dispatched(parts.cut, waiting)
+        newest = await run.snapshot()
+        (changed,) = [f for f in _ledger_files(newest) - _ledger_files(after) if "-cold" not in f]
+        (delta,) = _records_in(newest, changed)
+        # reserved -> dispatched: a status patch, no attempt written again
+        assert delta[0] is not None and delta[2] == [] and len(delta[3]) == 1
+        assert _restored_ledger(newest) == _live_ledger(parts)
+        parts.logs.close()
+
+    asyncio.run(restart())
 
 
 @given(groups=st.lists(_group(), max_size=4))

@@ -47,12 +47,14 @@ from rollvault.durable.snapshot_dirs import committed_snapshot_paths
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.ledger_records import (
     LEDGER_SEGMENT_SUFFIX,
+    STATUS_CODE,
     PackedRecordOut,
     RecordChain,
     decode_ledger_segment,
     encode_packed_record,
 )
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
+from rollvault.ledger.statuses import RolloutAttemptStatus
 
 
 def _config(tmp_path: Path) -> RunConfig:
@@ -90,7 +92,7 @@ def _records_in(snapshot: Path, file: str) -> list[Any]:
     sibling ``[generation_index, start, attempts]``."""
     assert file.endswith(LEDGER_SEGMENT_SUFFIX)
     form, _bases, records = msgspec.msgpack.decode((segments_dir_for(snapshot) / file).read_bytes())
-    assert form == 3
+    assert form == 4
     return list(records)
 
 
@@ -584,34 +586,49 @@ def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_who
     asyncio.run(restart())
 
 
-@pytest.mark.parametrize("header", [False, True])
+@pytest.mark.parametrize("header", ["same", "fields", "whole"])
 @pytest.mark.parametrize("base", [(0, 0), (3, 127), (200, 70000)])
 def test_a_delta_encoded_once_is_the_record_the_packed_form_encodes(
-    header: bool, base: tuple[int, int]
+    header: str, base: tuple[int, int]
 ) -> None:
     """A delta's pieces are encoded once, when its size is planned; the record written adds
-    its base: byte for byte what ``encode_packed_record`` makes of the same record."""
+    its base: byte for byte what ``encode_packed_record`` makes of the same record. An
+    attempt whose status alone changed is a status patch; a header with one field changed
+    is that field, with most changed the header."""
     pieces = tuple(
         tuple(msgspec.msgpack.encode([sibling, attempt, "x" * attempt]) for attempt in range(4))
         for sibling in range(3)
     )
     head = msgspec.msgpack.encode(["header", 1])
-    digests = (b"h", tuple(tuple(b"a" for _ in attempts) for attempts in pieces))
+    parts = (msgspec.msgpack.encode("header"), msgspec.msgpack.encode(1))
+    reserved, dispatched = RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED
+    digests = (parts, tuple(tuple((b"a", reserved) for _ in attempts) for attempts in pieces))
     encoded = ledger_segments._Encoded(head, pieces, digests)
-    patches = ((0, 2), (2, 0))
-    changed = (b"H" if header else b"h", (("a", "a", "b", "b"), ("a",) * 4, ("b",) * 4))
+    old_parts = {
+        "same": parts,
+        "fields": (parts[0], msgspec.msgpack.encode(2)),
+        "whole": (msgspec.msgpack.encode("other"), msgspec.msgpack.encode(2)),
+    }[header]
+    old_keys = (
+        ((b"a", dispatched), (b"a", reserved), (b"b", reserved), (b"b", reserved)),
+        ((b"a", reserved), (b"a", dispatched), (b"a", reserved), (b"a", reserved)),
+        ((b"b", reserved),) * 4,
+    )
     known = ledger_segments._Placed(None, (("s", 5),), None)
-    changed_digests = (changed[0], tuple(tuple(d.encode() for d in s) for s in changed[1]))
-    diff = ledger_segments._diff_of(changed_digests, encoded, known)
+    diff = ledger_segments._diff_of((old_parts, old_keys), encoded, known)
     assert diff is not None
+    patches = ((0, 2), (2, 0))
+    code = STATUS_CODE[reserved]
     expected = encode_packed_record(
         PackedRecordOut(
             base=base,
-            header=msgspec.Raw(head) if header else None,
+            header=msgspec.Raw(head) if header == "whole" else None,
             siblings=[
                 (index, start, [msgspec.Raw(piece) for piece in pieces[index][start:]])
                 for index, start in patches
             ],
+            statuses=[(0, 0, code), (1, 1, code)],
+            header_fields={1: msgspec.Raw(parts[1])} if header == "fields" else None,
         )
     )
     assert diff.record(base) == expected

@@ -4,8 +4,8 @@
 one segments directory (the anchor's ``segments/``, beside the row segments).
 It remembers, for the last snapshot it *committed*, where each group's newest
 record is, the chain of records it resolves through
-(:mod:`rollvault.ledger.ledger_records`, form 3), a digest of the group's header and
-of each attempt of each sibling as written (:mod:`rollvault.ledger.packed_groups`),
+(:mod:`rollvault.ledger.ledger_records`, form 4), the group's header fields and a
+digest of each attempt of each sibling as written (:mod:`rollvault.ledger.packed_groups`),
 and the token it was written for: the record's
 ``siblings`` list. The ledger's copy-on-write capture guarantees that token:
 once a capture shares a record, the ledger copies the whole record (siblings
@@ -17,7 +17,12 @@ encoded attempt by attempt, and only the header and the attempts whose bytes
 differ from the remembered digests are written (per sibling, its attempts
 from the first that differs on), as a *delta* record naming the group's
 previous record as its base. A seal changes one attempt, so it costs that
-attempt (~100 bytes), not its sibling's older attempts nor the group.
+attempt (~100 bytes), not its sibling's older attempts nor the group. An
+attempt whose only change is its status (a dispatch) is written as a status
+patch (form 4: ~4 bytes, against ~30 for the attempt), and a header whose
+fields changed as those fields (a group's status: ~25 bytes against ~127);
+for that the writer remembers each attempt's digest without its status, and
+the status, and the header's fields as encoded.
 
 Whole rewrites are spread over snapshots by a **budget** (:func:`rewrite_budget`):
 a snapshot may rewrite whole records *by choice* up to :data:`REWRITE_SHARE`
@@ -53,7 +58,8 @@ each snapshot's start a restore reads at most about twice the live records'
 bytes, as the earlier rule of compacting every segment below half live did).
 A group whose digests are unknown (restored from a form 1 segment) or whose
 siblings changed in number is written whole too. A group restored from a form
-1 or 2 segment is written whole (form 3) at its first change. A restored
+1 or 2 segment is written whole (form 4) at its first change; one restored
+from a form 3 segment goes on as form 4 deltas on its form 3 records. A restored
 writer knows the chains (the restore resolved them, with their deltas' bytes)
 but not the digests: it computes them from the restored records, which stay
 frozen (shared) until the ledger changes them.
@@ -74,6 +80,7 @@ again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Sequence
@@ -92,14 +99,17 @@ from rollvault.ledger.indexed_sidecar import (
     ledger_segment_file_name,
 )
 from rollvault.ledger.ledger_records import (
+    STATUS_CODE,
     PackedRecordOut,
     RecordChain,
     RecordLink,
     encode_packed_record,
     encode_packed_segment,
+    encode_record_parts,
 )
 from rollvault.ledger.packed_groups import pack_attempt, pack_header
 from rollvault.ledger.records import PromptGroupRecoveryRecord
+from rollvault.ledger.statuses import RolloutAttemptStatus
 
 DEAD_DUE: Final = 0.4
 """Once more than this share of the referenced segments' bytes is dead, segments are due
@@ -154,8 +164,32 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-_Digests = tuple[bytes, tuple[tuple[bytes, ...], ...]]
-"""The header's digest, then per sibling the digest of each of its attempts."""
+_AttemptKey = tuple[bytes, RolloutAttemptStatus | None]
+"""An attempt's piece as written: the digest of its piece but the status, and the status
+(None: the piece is not laid out as :func:`_attempt_key` expects; its digest is then of
+the whole piece, and any change of it is written whole)."""
+_Digests = tuple[tuple[bytes, ...], tuple[tuple[_AttemptKey, ...], ...]]
+"""The header's fields as encoded, then per sibling the key of each of its attempts."""
+
+_STATUS_PIECES: Final = {status: msgspec.msgpack.encode(status) for status in RolloutAttemptStatus}
+_STATUS_AT: Final = 19
+"""Where an attempt's status starts in its piece: after the array's one-byte header and
+the UUID (bin 8: two bytes of header, 16 of UUID; see :mod:`rollvault.ledger.packed_groups`)."""
+_HEADER_PARTS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+def _attempt_key(piece: bytes, status: RolloutAttemptStatus) -> _AttemptKey:
+    """``piece``'s key: the digest of all but its status, and its status."""
+    encoded = _STATUS_PIECES[status]
+    end = _STATUS_AT + len(encoded)
+    if piece[_STATUS_AT:end] != encoded:  # not the layout assumed: no status patch for it
+        return (_digest(piece), None)
+    return (_digest(piece[:_STATUS_AT] + piece[end:]), status)
+
+
+def _header_parts(header: bytes) -> tuple[bytes, ...]:
+    """The header piece's fields, each as encoded (a form 4 delta writes the changed ones)."""
+    return tuple(bytes(part) for part in _HEADER_PARTS.decode(header))
 
 
 @dataclass(frozen=True)
@@ -187,6 +221,8 @@ class _Placed:
 
 _Patch = tuple[int, int]
 """A sibling's changed attempts: (generation index, position of the first that changed)."""
+_StatusPatch = tuple[int, int, int]
+"""An attempt whose status alone changed: (generation index, position, status code)."""
 
 
 @dataclass(frozen=True)
@@ -209,13 +245,19 @@ class _Encoded:
             for s in record.siblings
         )
         digests = (
-            _digest(header),
-            tuple(tuple(_digest(piece) for piece in attempts) for attempts in siblings),
+            _header_parts(header),
+            tuple(
+                tuple(
+                    _attempt_key(piece, attempt.status)
+                    for piece, attempt in zip(pieces, sibling.attempts, strict=True)
+                )
+                for pieces, sibling in zip(siblings, record.siblings, strict=True)
+            ),
         )
         return cls(header, siblings, digests)
 
     def patched(self, patches: Sequence[_Patch]) -> msgspec.Raw:
-        """The ``siblings`` part of a form 3 record patching ``patches``, encoded (once: a
+        """The ``siblings`` part of a form 4 record patching ``patches``, encoded (once: a
         delta's size as planned and the record written share it, see :class:`_Diff`)."""
         return msgspec.Raw(
             _DELTA_ENCODER.encode(
@@ -229,7 +271,7 @@ class _Encoded:
     def record(
         self, base: tuple[int, int] | None, header: bool, patches: Sequence[_Patch]
     ) -> bytes:
-        """A form 3 record: ``header`` or not, each patched sibling's attempts from its start."""
+        """A form 4 record (none of its patches): ``header`` or not, each patched sibling's attempts from its start."""
         return encode_packed_record(
             PackedRecordOut(
                 base=base,
@@ -271,26 +313,23 @@ class _SegmentBuild:
         return encode_packed_segment(list(self.bases), self.records)
 
 
-def _first_change(old: tuple[bytes, ...], new: tuple[bytes, ...]) -> int:
-    """Position of the first attempt of ``new`` that is not ``old``'s (new or changed)."""
+def _sibling_changes(
+    old: tuple[_AttemptKey, ...], new: tuple[_AttemptKey, ...]
+) -> tuple[int, list[tuple[int, RolloutAttemptStatus]]]:
+    """Where ``new`` first differs from ``old`` by more than an attempt's status (new,
+    changed otherwise, or gone), and the attempts before it whose status alone changed."""
+    statuses: list[tuple[int, RolloutAttemptStatus]] = []
     for position, (a, b) in enumerate(zip(old, new, strict=False)):  # either may be longer
-        if a != b:
-            return position
-    return min(len(old), len(new))
+        if a == b:
+            continue
+        if a[0] == b[0] and a[1] is not None and b[1] is not None:
+            statuses.append((position, b[1]))
+            continue
+        return position, statuses
+    return min(len(old), len(new)), statuses
 
 
 _DELTA_ENCODER: Final = msgspec.msgpack.Encoder()
-
-
-class _DeltaOut(msgspec.Struct, array_like=True, frozen=True):
-    """A form 3 delta record with its ``siblings`` part already encoded: the same bytes as
-    :func:`~rollvault.ledger.ledger_records.encode_packed_record` of its
-    :class:`~rollvault.ledger.ledger_records.PackedRecordOut` (tested), so only the base's
-    position, known once the record is added to its segment, is encoded at the end."""
-
-    base: tuple[int, int]
-    header: msgspec.Raw | None
-    siblings: msgspec.Raw
 
 
 def _diff_of(digests: _Digests, encoded: _Encoded, known: _Placed) -> _Diff | None:
@@ -298,22 +337,32 @@ def _diff_of(digests: _Digests, encoded: _Encoded, known: _Placed) -> _Diff | No
     (its siblings are not the same ones)."""
     header, siblings = digests
     new_header, new_siblings = encoded.digests
-    if len(siblings) != len(new_siblings):
+    if len(siblings) != len(new_siblings) or len(header) != len(new_header):
         return None
-    patches = tuple(
-        (index, _first_change(old, new))
-        for index, (old, new) in enumerate(zip(siblings, new_siblings, strict=True))
-        if old != new
-    )
-    changed_header = header != new_header
-    if not patches and not changed_header:
+    patches: list[_Patch] = []
+    statuses: list[_StatusPatch] = []
+    for index, (old, new) in enumerate(zip(siblings, new_siblings, strict=True)):
+        if old == new:
+            continue
+        start, changed = _sibling_changes(old, new)
+        statuses += [(index, position, STATUS_CODE[status]) for position, status in changed]
+        if start < len(old) or start < len(new):
+            patches.append((index, start))
+    fields = {
+        position: msgspec.Raw(part)
+        for position, (part, old_part) in enumerate(zip(new_header, header, strict=True))
+        if part != old_part
+    }
+    if not patches and not statuses and not fields:
         return _Diff(None, msgspec.Raw(b""), 0)
-    piece = msgspec.Raw(encoded.header) if changed_header else None
+    piece: msgspec.Raw | None = None
+    if fields and sum(len(part) + 1 for part in fields.values()) >= len(encoded.header):
+        piece, fields = msgspec.Raw(encoded.header), {}  # most fields changed: the header
     patched = encoded.patched(patches)
+    diff = _Diff(piece, patched, 0, tuple(statuses), fields or None)
     # Its size as planned: the base's position in the segment being built is a small int
     # either way, so the record written is this size or within a byte or two of it.
-    size = len(_DELTA_ENCODER.encode(_DeltaOut((0, known.ordinal), piece, patched)))
-    return _Diff(piece, patched, size)
+    return dataclasses.replace(diff, size=len(diff.record((0, known.ordinal))))
 
 
 def _cold_name(stem: str) -> str:
@@ -423,14 +472,23 @@ class _Diff:
     written adds only its base, :meth:`record`), and its bytes as planned."""
 
     header: msgspec.Raw | None
-    """The group's header when it changed."""
+    """The group's header when it changed (and ``header_fields`` would not be smaller)."""
     siblings: msgspec.Raw
-    """The changed siblings' attempts, each from its first change on, encoded."""
+    """The changed siblings' attempts, each from its first change on (but a status-only
+    change before it), encoded."""
     size: int
+    statuses: tuple[_StatusPatch, ...] = ()
+    """The base's attempts whose status alone changed."""
+    header_fields: dict[int, msgspec.Raw] | None = None
+    """The header's changed fields, when that is smaller than the header."""
 
     def record(self, base: tuple[int, int]) -> bytes:
         """The delta record on the record at ``base`` (its segment's position, its ordinal)."""
-        return _DELTA_ENCODER.encode(_DeltaOut(base, self.header, self.siblings))
+        # The same bytes as encode_packed_record of its PackedRecordOut (tested), its
+        # siblings part encoded once (the size as planned and the record written share it).
+        return encode_record_parts(
+            base, self.header, self.siblings, self.statuses, self.header_fields
+        )
 
 
 @dataclass
