@@ -597,6 +597,72 @@ def test_the_first_damaged_segment_in_the_index_s_order_is_named(
     refused(snapshot, segments, first, "missing segment")
 
 
+def test_a_row_two_segments_hold_is_refused_naming_the_earlier_one(tmp_path: Path) -> None:
+    """A key held from two segments of a partition names the later one and, in the
+    message, the earlier one (searched for the message: a restore builds no row
+    locations)."""
+    from rollvault.dataplane import EmbeddedDataPlane
+
+    segments = tmp_path / "segments"
+
+    async def main() -> None:
+        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        writer = SegmentedWriter(segments)
+        await plane.put(TRAIN_PARTITION, {"t_g0": sample_row(9)})
+        await written(writer, plane, tmp_path / "s1", "000001")
+        await plane.put(STAGING_PARTITION, mixed_rows())
+        await written(writer, plane, tmp_path / "s2", "000002")
+        await plane.clear(STAGING_PARTITION, {"a_g0"})
+        await plane.put(STAGING_PARTITION, {"a_g0": sample_row(7)})  # a new version of it
+        await written(writer, plane, tmp_path / "s3", "000003")
+
+    asyncio.run(main())
+    snapshot = tmp_path / "s3"
+    files = [entry[0] for entry in index_content(snapshot)[1]["segments"]]
+    assert files == [1, 2, 3]  # the train segment, the staging one with a hole, the new row
+
+    def hold_every_row(content: dict[str, Any]) -> None:
+        content["segments"][1][5] = []
+
+    rewrite_index(snapshot, hold_every_row)
+    refused(
+        snapshot,
+        segments,
+        segments / "000003-rollout_staging.segment.safetensors",
+        r"key 'a_g0' of partition 'rollout_staging' is also held from segment "
+        r"'000002-rollout_staging.segment.safetensors'",
+    )
+
+
+def test_row_locations_are_each_held_row_s_segment_and_ordinal(tmp_path: Path) -> None:
+    """The locations a writer is seeded with skip the rows a segment holds no more."""
+    from rollvault.dataplane import EmbeddedDataPlane
+
+    segments = tmp_path / "segments"
+
+    async def main() -> None:
+        plane = EmbeddedDataPlane(DataPlaneMutationCut())
+        writer = SegmentedWriter(segments)
+        await plane.put(STAGING_PARTITION, {"a": sample_row(1), "b": sample_row(2)})
+        await written(writer, plane, tmp_path / "s1", "000001")
+        await plane.clear(STAGING_PARTITION, {"a"})
+        await plane.put(STAGING_PARTITION, {"a": sample_row(3)})
+        await plane.put(TRAIN_PARTITION, {"t": sample_row(4)})
+        await written(writer, plane, tmp_path / "s2", "000002")
+
+    asyncio.run(main())
+    loaded = read_segmented(tmp_path / "s2", segments)
+    first, staged, train = (
+        "000001-rollout_staging.segment.safetensors",
+        "000002-rollout_staging.segment.safetensors",
+        "000002-train.segment.safetensors",
+    )
+    assert loaded.locations == {
+        STAGING_PARTITION: {"b": (first, 1), "a": (staged, 0)},
+        TRAIN_PARTITION: {"t": (train, 0)},
+    }
+
+
 def test_a_version_1_checkpoint_opens_whole(tmp_path: Path) -> None:
     """A checkpoint without segments is read when opened, its metadata.json read once."""
     from rollvault.dataplane import EmbeddedDataPlane

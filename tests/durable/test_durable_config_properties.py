@@ -14,7 +14,12 @@ from rollvault.durable.compatibility import (
     BootstrapCompatibilityIdentity,
     _compatibility_differences,
 )
-from rollvault.durable.config_paths import _drop_excluded_paths, _path_matches, canonical_json
+from rollvault.durable.config_paths import (
+    _drop_excluded_paths,
+    _path_matches,
+    _PathMatcher,
+    canonical_json,
+)
 
 KEY_POOL = ["a", "b", "port", "log_dir", "x_y"]
 keys = st.sampled_from(KEY_POOL) | st.text(alphabet="abcz_", min_size=1, max_size=3)
@@ -114,6 +119,18 @@ def test_a_path_matches_itself_and_its_generalisations(
     start = data.draw(st.integers(0, len(path)))
     stop = data.draw(st.integers(start, len(path)))
     assert _path_matches((*path[:start], "**", *path[stop:]), path)
+
+
+@PROPERTY_SETTINGS
+@given(pattern_sets, paths)
+@example((("**", "port"),), ("a", "port"))
+@example((("**", "port"),), ("port", "a"))
+@example((("**", "*"),), ())
+@example((("a", "**"),), ("a",))
+def test_the_sorted_matcher_agrees_with_each_pattern_tried(
+    excluded: tuple[tuple[str, ...], ...], path: tuple[str, ...]
+) -> None:
+    assert _PathMatcher(excluded)(path) == any(_path_matches(p, path) for p in excluded)
 
 
 @PROPERTY_SETTINGS

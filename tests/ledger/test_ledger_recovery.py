@@ -176,6 +176,38 @@ def test_restart_replaces_reserved_attempts_of_unadmitted_groups(harness: Harnes
     )
 
 
+def test_one_restart_redoes_groups_of_both_granularities_each_with_fresh_uuids(
+    harness: Harness,
+) -> None:
+    """A restart mints its sibling groups' fresh attempts in one batch: each redone
+    sibling gets its own, and a prompt_group group between them still its whole cohort."""
+    first = mixed_group(harness, SIBLING)
+    cohort = mixed_group(harness, PROMPT_GROUP)
+    last = mixed_group(harness, SIBLING)
+    before = {group_id: harness.group(group_id) for group_id in (first, cohort, last)}
+    harness.call("prepare_for_restart")
+    assert attempt_counts(harness, first) == attempt_counts(harness, last) == [1, 1, 2, 2]
+    assert attempt_counts(harness, cohort) == [2, 2, 2, 2]
+    fresh = [
+        attempt
+        for group_id in (first, cohort, last)
+        for sibling in harness.group(group_id).siblings[:]
+        for attempt in sibling.attempts[
+            len(before[group_id].siblings[sibling.generation_index].attempts) :
+        ]
+    ]
+    assert len(fresh) == 2 + 4 + 2
+    assert all(attempt.status is A.RESERVED for attempt in fresh)
+    old = {
+        attempt.attempt_uuid
+        for record in before.values()
+        for sibling in record.siblings
+        for attempt in sibling.attempts
+    }
+    uuids = {attempt.attempt_uuid for attempt in fresh}
+    assert len(uuids) == len(fresh) and not uuids & old
+
+
 def test_assert_checkpoint_safe_names_every_finalizing_group(harness: Harness) -> None:
     ids = [harness.ready_group(1) for _ in range(10)]
     for group_id in ids:

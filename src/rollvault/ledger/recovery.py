@@ -9,7 +9,7 @@ that the group is ``generating``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
@@ -114,7 +114,11 @@ def retry_incomplete(
         mint_fresh_attempts(retryable_siblings(record) if retryable is None else retryable)
 
 
-def redo_interrupted(record: PromptGroupRecoveryRecord, redo: list[int] | None = None) -> None:
+def redo_interrupted(
+    record: PromptGroupRecoveryRecord,
+    redo: list[int] | None = None,
+    fresh: Iterator[RolloutAttemptRecord] | None = None,
+) -> None:
     """After a restart, replace the attempts that may have run after the snapshot.
 
     A ``reserved`` attempt is replaced too: the process may have dispatched it
@@ -127,7 +131,9 @@ def redo_interrupted(record: PromptGroupRecoveryRecord, redo: list[int] | None =
     replaces (:func:`~rollvault.ledger.turns.inherit_prefix`), so a multi-turn
     episode continues at its last committed turn; ``prompt_group`` redoes the
     group whole. ``redo``, when given, is ``siblings_to_redo(record)`` as the
-    caller found them.
+    caller found them. ``fresh``, when given, yields the fresh ``reserved``
+    attempts of a ``sibling`` group's redone siblings (a restart mints all its
+    groups' at once); a ``prompt_group`` one mints its own.
     """
     if redo is None:
         redo = siblings_to_redo(record)
@@ -143,15 +149,18 @@ def redo_interrupted(record: PromptGroupRecoveryRecord, redo: list[int] | None =
     # sibling half done), and the fresh attempt continues the episode at the replaced
     # attempt's last committed turn.
     siblings = record.siblings
-    for index, fresh in zip(redo, new_attempts(len(redo)), strict=True):
+    if fresh is None:
+        fresh = iter(new_attempts(len(redo)))
+    for index in redo:
         attempts = siblings[index].attempts
         previous = attempts[-1]
         if previous.status in INTERRUPTED_ATTEMPT_STATUSES:
             previous.status = check_attempt_transition(
                 previous, AttemptEvent.ABANDON, group_id=record.group_id, generation_index=index
             )
-        inherit_prefix(previous, fresh)
-        attempts.append(fresh)
+        attempt = next(fresh)
+        inherit_prefix(previous, attempt)
+        attempts.append(attempt)
 
 
 def siblings_to_redo(record: PromptGroupRecoveryRecord) -> list[int]:
