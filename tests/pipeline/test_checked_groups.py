@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_ledger_record_forms import _forge_containers, _group, _group_record
 
@@ -252,6 +252,7 @@ _SPOILS = (
     "reward",
     "mask_sample",
     "receipt_reward",
+    "receipt_key_order",
     "row_digest",
     "row_count",
     "failure_reason",
@@ -277,6 +278,10 @@ def _spoil_one(draw: st.DrawFn, groups: list[PromptGroupRecoveryRecord], spoil: 
         attempt.mask_sample = None if attempt.mask_sample is not None else True
     elif spoil == "receipt_reward" and receipt is not None:
         receipt["reward"] = draw(st.sampled_from([math.inf, math.nan, 7.25]))
+    elif spoil == "receipt_key_order" and receipt is not None:
+        # Two unknown keys whose dict order is not their sorted order: a segment stores
+        # the receipt sorted, and both forms must name the same one.
+        attempt.receipt = {"0": None, **receipt, "": None}
     elif spoil == "row_digest" and receipt is not None and "row_digests" in receipt:
         receipt["row_digests"][0]["digest"] = ""
     elif spoil == "row_count" and receipt is not None:
@@ -335,4 +340,28 @@ def test_checked_packed_groups_refuse_what_the_state_checks_refuse_with_the_same
 ) -> None:
     on_state = _state_refusal(groups)
     packed = [_packed(group) for group in groups]
+    assert _refusal(lambda: CheckedGroups(packed, path="$.ledger.groups")) == on_state
+
+
+@given(data=st.data())
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+def test_a_receipt_s_bad_keys_are_named_alike_whatever_order_it_was_stored_in(
+    data: st.DataObject,
+) -> None:
+    # A segment stores a receipt kept as a dict with its keys sorted; msgspec names the
+    # first bad key in the dict's own order. Both forms must give the same message.
+    group = data.draw(_valid_group("group0"))
+    sealed = [
+        attempt
+        for sibling in group.siblings
+        for attempt in sibling.attempts
+        if attempt.receipt is not None
+    ]
+    assume(sealed)
+    attempt = data.draw(st.sampled_from(sealed))
+    assert attempt.receipt is not None
+    attempt.receipt = {"0": None, **attempt.receipt, "": None}
+    on_state = _state_refusal([group])
+    assert on_state is not None and "unknown field" in on_state
+    packed = [_packed(group)]
     assert _refusal(lambda: CheckedGroups(packed, path="$.ledger.groups")) == on_state

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -206,6 +207,18 @@ def _check_attempt(
         _check_unsealed(attempt)
 
 
+def _gate_receipt(fields: dict[str, Any]) -> GateReceipt:
+    """``fields`` as a Gate receipt. A refusal names the first problem in key order:
+    msgspec stops at the first bad key in the dict's own order, and a form 3 segment
+    stores a receipt kept as a dict with its keys sorted, so the same ledger read from
+    a segment and from a state must not give two messages (sorted only on a refusal)."""
+    try:
+        return msgspec.convert(fields, GateReceipt, strict=True)
+    except msgspec.ValidationError:
+        in_order = dict(sorted(fields.items(), key=lambda item: str(item[0])))
+        return msgspec.convert(in_order, GateReceipt, strict=True)
+
+
 def _check_sealed(attempt: _Attempt, *, gate_rollout_id: str) -> None:
     if attempt.receipt is None:
         raise _Problem("receipt", "a sealed attempt needs a receipt, got null")
@@ -217,7 +230,7 @@ def _check_sealed(attempt: _Attempt, *, gate_rollout_id: str) -> None:
     if not math.isfinite(reward):
         raise _Problem("reward", f"reward must be finite, got {reward!r}")
     try:
-        receipt = msgspec.convert(attempt.receipt, GateReceipt, strict=True)
+        receipt = _gate_receipt(attempt.receipt)
         check_receipt_semantics(receipt, where="receipt")
     except (msgspec.ValidationError, InvalidReceiptError) as exc:
         raise _Problem("receipt", f"invalid Gate receipt: {exc}") from None
