@@ -1,6 +1,6 @@
 """A ledger read from ledger segments: its groups checked as the records a restore loads.
 
-A form 3 segment's group is decoded into packed pieces
+A form 3 or 4 segment's group is decoded into packed pieces
 (:class:`~rollvault.ledger.packed_groups.PackedGroup`). A restore used to
 turn them into the persisted state (``GroupState``), check that, and convert
 it into the ledger's records: three forms of 16k attempts at 1,024 x 16. Here
@@ -39,7 +39,7 @@ from rollvault.ledger.state_load import records_of_states
 from rollvault.ledger.state_schema import ROLLOUT_RECOVERY_SCHEMA_VERSION, GroupState, LedgerState
 
 GroupSource = PackedGroup | GroupState
-"""A group as a segment's record gave it: packed pieces (form 3) or a decoded state (1, 2)."""
+"""A group as a segment's record gave it: packed pieces (forms 3-4) or a decoded state (1, 2)."""
 
 
 class CheckedGroups:
@@ -103,7 +103,7 @@ def _screened_records(
     check (:func:`~rollvault.ledger.packed_groups.screened_group_records`; never for a
     decoded state's group: those are checked)."""
     packed = [source for source in sources if isinstance(source, PackedGroup)]
-    if len(packed) == len(sources):  # every group of form 3 (what this build writes)
+    if len(packed) == len(sources):  # every group packed (forms 3-4: what this build writes)
         return screened_group_records(packed)
     states = [source for source in sources if isinstance(source, GroupState)]
     from_packed = iter(group_records(packed))

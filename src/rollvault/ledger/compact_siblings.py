@@ -20,8 +20,8 @@ Objects, not arrays: an array per attempt saves its field names but needs a
 Python constructor per attempt on restore (measured 13% more read + verify
 CPU at 16k attempts, against 2% this way).
 
-This build writes form 3 (:mod:`rollvault.ledger.packed_groups`) and only
-reads this form (the tests keep its writer, ``tests/support/ledger_form2.py``).
+This build writes form 4, form 3's packed pieces plus status and header
+patches (:mod:`rollvault.ledger.packed_groups`), and only reads this form (the tests keep its writer, ``tests/support/ledger_form2.py``).
 """
 
 from __future__ import annotations

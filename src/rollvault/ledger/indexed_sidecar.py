@@ -4,8 +4,9 @@ Version 5 and before write every group of the ledger into the sidecar at every
 snapshot. From version 6 each group's record is written once per change into
 a **ledger segment**, an immutable file of records
 (:mod:`rollvault.ledger.ledger_records`: form 1 holds whole records, a
-version 5 ledger state; forms 2 and 3 whole or *delta* records, a delta
-holding only the siblings (form 3, written now: the attempts) that changed
+version 5 ledger state; forms 2 to 4 whole or *delta* records, a delta
+holding only the siblings (forms 3 and 4: the attempts; form 4, written now,
+also an attempt whose status alone changed as that status) that changed
 since its base record). The
 sidecar itself holds the controller state as before plus an index: the
 segments it references (name, SHA-256, size, record count), every segment

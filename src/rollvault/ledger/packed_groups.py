@@ -1,6 +1,6 @@
-"""The packed form a form 3 ledger segment stores a group in: its header and each attempt.
+"""The packed form a form 3 or 4 ledger segment stores a group in: its header and each attempt.
 
-Form 3 records (:mod:`rollvault.ledger.ledger_records`) are msgpack, and
+Form 3 and 4 records (:mod:`rollvault.ledger.ledger_records`) are msgpack, and
 every piece of a group is an array whose positions are its fields, without
 their names (form 2's JSON objects spent more bytes on field names than on
 values):

@@ -6,7 +6,8 @@
       manifest.json                  RolloutSnapshotManifest (durable layer)
       rollout_recovery.json          the ledger sidecar (rollvault.ledger.sidecar): since
                                      version 6 an index of the ledger segments
-                                     (../segments/*.ledger-segment.msgpack, form 3;
+                                     (../segments/*.ledger-segment.msgpack, form 4,
+                                     3 still read;
                                      *.ledger-segment.json of forms 1-2 still read)
                                      holding each live group's current record, plus the
                                      controller state;
