@@ -35,6 +35,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     SnapshotCorruptError,
     advertised_digests,
     checked_bytes,
+    data_plane_refusals,
     decode_replay_buffer,
     read_facts,
     read_recovery_sidecar_indexed,
@@ -359,7 +360,8 @@ def read_snapshot_contents(path: Path) -> SnapshotContents:
     :class:`SnapshotCorruptError` naming the first bad file.
     """
     data_plane = path / DATA_PLANE_DIRNAME
-    content = _data_plane_metadata(data_plane, segments_dir_for(path))
+    with data_plane_refusals():
+        content = checkpoint_summary(data_plane, segments_dir_for(path))
     _check_file_sizes(content)
     digests = advertised_digests(data_plane, content.user_metadata)
     raw = {
@@ -384,13 +386,6 @@ def read_snapshot_contents(path: Path) -> SnapshotContents:
         spare_prompts=len(spares.prompts),
         shortfall_groups=sum(recovery.batch_shortfall.values()),
     )
-
-
-def _data_plane_metadata(directory: Path, segments_dir: Path) -> CheckpointSummary:
-    try:
-        return checkpoint_summary(directory, segments_dir)
-    except DataPlaneCheckpointError as exc:
-        raise SnapshotCorruptError(exc.path, exc.problem) from exc
 
 
 def _check_file_sizes(content: CheckpointSummary) -> None:

@@ -70,7 +70,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from collections.abc import Mapping, Set
+from collections.abc import Iterator, Mapping, Set
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -101,7 +102,6 @@ from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.segmented import (
     LoadedSegmented,
-    OpenedCheckpoint,
     SegmentedWriter,
     open_any_checkpoint,
 )
@@ -557,7 +557,8 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
     """
     # The data plane's segments are hashed in a worker thread while this one reads
     # the sidecars and builds the ledger's records; its rows are decoded after.
-    opened = _open_data_plane(path / DATA_PLANE_DIRNAME, segments_dir_for(path))
+    with data_plane_refusals():
+        opened = open_any_checkpoint(path / DATA_PLANE_DIRNAME, segments_dir_for(path))
     try:
         digests = advertised_digests(path / DATA_PLANE_DIRNAME, opened.user_metadata)
         raw = {
@@ -572,9 +573,11 @@ def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> Loaded
         )
     except Exception:
         # Read before the sidecars, a damaged data plane was the problem named: it still is.
-        _finish_data_plane(opened)
+        with data_plane_refusals():
+            opened.finish()
         raise
-    segments = _finish_data_plane(opened)
+    with data_plane_refusals():
+        segments = opened.finish()
     data_plane = segments.checkpoint
     snapshot = LoadedSnapshot(
         path=path,
@@ -598,16 +601,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _open_data_plane(directory: Path, segments_dir: Path) -> OpenedCheckpoint:
+@contextmanager
+def data_plane_refusals() -> Iterator[None]:
+    """A data plane's refusal raised as the snapshot's: a :class:`SnapshotCorruptError`
+    naming the same file and problem."""
     try:
-        return open_any_checkpoint(directory, segments_dir)
-    except DataPlaneCheckpointError as exc:
-        raise SnapshotCorruptError(exc.path, exc.problem) from exc
-
-
-def _finish_data_plane(opened: OpenedCheckpoint) -> LoadedSegmented:
-    try:
-        return opened.finish()
+        yield
     except DataPlaneCheckpointError as exc:
         raise SnapshotCorruptError(exc.path, exc.problem) from exc
 
