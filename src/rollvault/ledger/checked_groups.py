@@ -43,7 +43,12 @@ GroupSource = PackedGroup | GroupState
 
 
 class CheckedGroups:
-    """A ledger's groups, in order, checked; see the module docstring."""
+    """A ledger's groups, in order, checked; see the module docstring.
+
+    Its one piece of state is whether its checked records were handed over
+    (:meth:`take`): they are built once, moved to the first ledger that takes them,
+    and built again from the pieces for any later caller, so every caller owns what
+    it gets and no two callers share a record."""
 
     def __init__(self, sources: Sequence[GroupSource], *, path: str) -> None:
         """Build the records of ``sources`` and check them; raises

@@ -78,7 +78,10 @@ class ParsedRolloutRecoveryState(msgspec.Struct, frozen=True, kw_only=True, dict
     reward_settings: CaptureRewardSettings | None
     checked_groups: CheckedGroups | None = None
     """The ledger read from ledger segments, as checked records (when ``checked_ledger``
-    is None)."""
+    is None). The struct is frozen but this object is not: its first ``take`` hands its
+    built records over instead of copying them (16k attempts), and later calls build
+    them again from the pieces, so what every call returns is equal and owned by the
+    caller; only who built it changes."""
 
     def ledger_groups(self) -> Sequence[GroupState] | Sequence[PromptGroupRecoveryRecord]:
         """The ledger's groups in order, to read only: the typed states, or records."""
