@@ -20,15 +20,21 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipeline_helpers import dataset_of, small_config
+from pipeline_helpers import small_config
 from snapshot_versions import ledger_segments_to_form_2, ledger_segments_to_form_3
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
-from test_ledger_segments import _ledger_files, _live_ledger, _records_in, _restored_ledger, _seal
+from test_ledger_segments import (
+    _downgraded,
+    _ledger_files,
+    _live_ledger,
+    _records_in,
+    _restored_ledger,
+    _seal,
+)
 
 from rollvault.controller.snapshots import ledger_segments
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
-from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.ledger.errors import LedgerStateError
 from rollvault.ledger.ledger_records import (
     LEDGER_SEGMENT_SUFFIX,
@@ -649,12 +655,8 @@ def test_a_snapshot_of_form_2_ledger_segments_restores_and_its_groups_change_who
         return flying, waiting, _restored_ledger(newest)
 
     flying, waiting, expected = asyncio.run(write())
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    form_2 = ledger_segments_to_form_2(source.snapshot.path)  # as the writer before form 3
-    assert _restored_ledger(source.snapshot.path) == expected  # a form 2 delta included
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
+    # As the writer before form 3 (a form 2 delta included).
+    source, form_2 = _downgraded(config, ledger_segments_to_form_2, expected)
 
     async def restart() -> None:
         run = await Run.restored(config, source)
@@ -697,12 +699,8 @@ def test_a_snapshot_of_form_3_ledger_segments_restores_and_goes_on_as_form_4_del
         return waiting, _restored_ledger(newest)
 
     waiting, expected = asyncio.run(write())
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    form_3 = ledger_segments_to_form_3(source.snapshot.path)  # as the writer before form 4
-    assert _restored_ledger(source.snapshot.path) == expected  # a form 3 delta included
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
+    # As the writer before form 4 (a form 3 delta included).
+    source, form_3 = _downgraded(config, ledger_segments_to_form_3, expected)
 
     async def restart() -> None:
         run = await Run.restored(config, source)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from rollvault.controller.loop.gate import AttemptRequest
 from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.snapshots import ledger_segments
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
-from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
+from rollvault.controller.snapshots.resume import ResumeSource, prepare_checkpoint_dir
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (
     read_snapshot_files,
@@ -113,6 +114,21 @@ def _on_disk(snapshot: Path) -> set[str]:
 def _restored_ledger(snapshot: Path) -> dict[str, Any]:
     loaded = read_snapshot_files(snapshot, read_snapshot_manifest(snapshot))
     return dict(loaded.recovery.ledger_state)
+
+
+def _downgraded(
+    config: RunConfig, downgrade: Callable[[Path], str], expected: dict[str, Any]
+) -> tuple[ResumeSource, str]:
+    """The newest snapshot's ledger segments rewritten by ``downgrade`` as an older writer
+    wrote them (it returns the segment file it wrote), checked to restore ``expected``
+    still, and the resume source read from disk again."""
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    written = downgrade(source.snapshot.path)
+    assert _restored_ledger(source.snapshot.path) == expected
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    return source, written
 
 
 def _live_ledger(parts: RolloutParts) -> dict[str, Any]:
@@ -565,12 +581,8 @@ def test_a_snapshot_of_form_1_ledger_segments_restores_and_its_groups_change_who
         return group, _restored_ledger(newest)
 
     group, expected = asyncio.run(write())
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
-    form_1 = ledger_segments_to_form_1(source.snapshot.path)  # as the writer before deltas
-    assert _restored_ledger(source.snapshot.path) == expected
-    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
-    assert source is not None and source.snapshot is not None
+    # As the writer before deltas.
+    source, form_1 = _downgraded(config, ledger_segments_to_form_1, expected)
 
     async def restart() -> None:
         run = await Run.restored(config, source)
