@@ -80,7 +80,6 @@ again.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Sequence
@@ -100,10 +99,8 @@ from rollvault.ledger.indexed_sidecar import (
 )
 from rollvault.ledger.ledger_records import (
     STATUS_CODE,
-    PackedRecordOut,
     RecordChain,
     RecordLink,
-    encode_packed_record,
     encode_packed_segment,
     encode_record_parts,
 )
@@ -268,25 +265,11 @@ class _Encoded:
             )
         )
 
-    def record(
-        self, base: tuple[int, int] | None, header: bool, patches: Sequence[_Patch]
-    ) -> bytes:
-        """A form 4 record (none of its patches): ``header`` or not, each patched sibling's attempts from its start."""
-        return encode_packed_record(
-            PackedRecordOut(
-                base=base,
-                header=msgspec.Raw(self.header) if header else None,
-                siblings=[
-                    (index, start, [msgspec.Raw(piece) for piece in self.siblings[index][start:]])
-                    for index, start in patches
-                ],
-            )
-        )
-
     @cached_property
     def whole_bytes(self) -> bytes:
         """The group's whole record (encoded once: the plan, the budget and the segment use it)."""
-        return self.record(None, True, [(index, 0) for index in range(len(self.siblings))])
+        every = [(index, 0) for index in range(len(self.siblings))]
+        return encode_record_parts(None, msgspec.Raw(self.header), self.patched(every), (), None)
 
 
 @dataclass
@@ -359,10 +342,11 @@ def _diff_of(digests: _Digests, encoded: _Encoded, known: _Placed) -> _Diff | No
     if fields and sum(len(part) + 1 for part in fields.values()) >= len(encoded.header):
         piece, fields = msgspec.Raw(encoded.header), {}  # most fields changed: the header
     patched = encoded.patched(patches)
-    diff = _Diff(piece, patched, 0, tuple(statuses), fields or None)
+    header_fields = fields or None
     # Its size as planned: the base's position in the segment being built is a small int
     # either way, so the record written is this size or within a byte or two of it.
-    return dataclasses.replace(diff, size=len(diff.record((0, known.ordinal))))
+    planned = encode_record_parts((0, known.ordinal), piece, patched, statuses, header_fields)
+    return _Diff(piece, patched, len(planned), tuple(statuses), header_fields)
 
 
 def _cold_name(stem: str) -> str:
