@@ -705,7 +705,8 @@ def _finish_segmented(
     for position, (reference, data) in enumerate(zip(index.segments, reads, strict=False)):
         if isinstance(data, DataPlaneCheckpointError):
             raise data
-        reads[position] = b""  # the decoded rows hold copies: the bytes can go
+        # The decoded rows are views of these bytes: from here on they alone keep them.
+        reads[position] = b""
         segment_path = segments_dir / reference.file
         check_segment_digest(segment_path, next(computed), reference.sha256)
         loaded = decode_segment(
@@ -716,7 +717,7 @@ def _finish_segmented(
             wanted=reference.wanted,
         )
         del data
-        _add_rows(segment_path, reference, loaded, partitions, index.segments[:position], segments)
+        _add_rows(segment_path, reference, loaded, partitions, index.segments, segments)
         segments[reference.file] = WrittenSegment(
             file=reference.file,
             partition=reference.partition,
@@ -736,10 +737,11 @@ def _add_rows(
     reference: HeldSegment,
     loaded: SegmentRows,
     partitions: dict[str, dict[str, RowView]],
-    earlier: Sequence[HeldSegment],
+    references: Sequence[HeldSegment],
     segments: Mapping[str, WrittenSegment],
 ) -> None:
-    """Add one segment's held rows; a key one of the ``earlier`` segments holds raises."""
+    """Add one segment's held rows; a key a segment added before (in ``segments``) holds
+    raises."""
     rows = partitions[reference.partition]
     # loaded.rows holds exactly the wanted rows, each key once: a set
     # intersection in C finds a key another segment holds too.
@@ -749,7 +751,7 @@ def _add_rows(
         raise DataPlaneCheckpointError(
             segment_path,
             f"key {key!r} of partition {reference.partition!r} is also held from "
-            f"segment {_holder(key, reference.partition, earlier, segments)!r}",
+            f"segment {_holder(key, reference.partition, references, segments)!r}",
         )
     rows.update(loaded.rows)
 
@@ -757,14 +759,14 @@ def _add_rows(
 def _holder(
     key: str,
     partition: str,
-    earlier: Sequence[HeldSegment],
+    references: Sequence[HeldSegment],
     segments: Mapping[str, WrittenSegment],
 ) -> str:
-    """The file of the segment among ``earlier`` (each loaded, in ``segments``) whose held
-    rows include ``key`` of ``partition``: searched only for the message, as a restore
+    """The file of the segment among ``references`` already added (in ``segments``) whose
+    held rows include ``key`` of ``partition``: searched only for the message, as a restore
     builds no row locations (:attr:`LoadedSegmented.locations`)."""
-    for reference in earlier:
-        if reference.partition != partition:
+    for reference in references:
+        if reference.partition != partition or reference.file not in segments:
             continue
         held = compress(segments[reference.file].keys, reference.wanted)
         if key in held:
