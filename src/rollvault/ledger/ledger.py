@@ -90,6 +90,7 @@ from rollvault.ledger.transitions import (
     ATTEMPT_TRANSITIONS,
     DISCARDABLE_STATUSES,
     GENERATING_ONLY,
+    LIVE_ATTEMPT_STATUSES,
     AttemptEvent,
     GroupEvent,
     PhaseEvent,
@@ -100,7 +101,6 @@ from rollvault.ledger.transitions import (
     require_phase,
 )
 from rollvault.ledger.turns import (
-    LIVE_ATTEMPT_STATUSES,
     check_receipt_prefix,
     commit_turn,
     drop_turn_prefix,

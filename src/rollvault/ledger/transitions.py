@@ -120,8 +120,12 @@ GENERATING_ONLY: Final = frozenset({_G.GENERATING})
 ALL_SEALED_STATUSES: Final = frozenset(
     {_G.READY_TO_FINALIZE, _G.FINALIZING, _G.FINALIZATION_UNKNOWN}
 )
-# Current attempts that a restart interrupted: they may have run after the snapshot.
-INTERRUPTED_ATTEMPT_STATUSES: Final = frozenset({_A.RESERVED, _A.DISPATCHED})
+# Live current attempts: still to generate or generating. A live attempt owns its
+# committed turns' rows (``expected_staging_keys``).
+LIVE_ATTEMPT_STATUSES: Final = frozenset({_A.RESERVED, _A.DISPATCHED})
+# Current attempts that a restart interrupted (the live ones): they may have run after
+# the snapshot.
+INTERRUPTED_ATTEMPT_STATUSES: Final = LIVE_ATTEMPT_STATUSES
 # Current attempts that end a sibling's try without a result and call for a retry.
 RETRYABLE_ATTEMPT_STATUSES: Final = frozenset({_A.FAILED, _A.ABANDONED})
 

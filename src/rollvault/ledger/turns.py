@@ -12,17 +12,10 @@ whole, so its fresh attempts start empty. Callers hold the mutation cut.
 
 from __future__ import annotations
 
-from typing import Final
-
 from rollvault.ledger.errors import InvalidLedgerInputError, LedgerTransitionError
 from rollvault.ledger.records import PromptGroupRecoveryRecord, RolloutAttemptRecord
 from rollvault.ledger.sealing import fenced_attempt
 from rollvault.ledger.statuses import PromptGroupStatus, RolloutAttemptStatus
-
-LIVE_ATTEMPT_STATUSES: Final = frozenset(
-    {RolloutAttemptStatus.RESERVED, RolloutAttemptStatus.DISPATCHED}
-)
-"""A live attempt owns its committed turns' rows (``expected_staging_keys``)."""
 
 
 def commit_turn(
