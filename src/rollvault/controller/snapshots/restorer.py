@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -419,38 +420,30 @@ class RolloutRestorer:
         incarnation = self._parts.logs.incarnation
         failed = RolloutAttemptStatus.FAILED
         reason = "interrupted: in flight when the process died"
-        # Every line's seq at once, taken in order as the lines are built (one list,
-        # no intermediate tuples); the gate id's 32 hex digits from the UUID's ``int``
-        # slot, as its ``.hex`` property gives them.
-        seqs = iter(self._parts.logs.attempts.take_seqs(evidence.count))
+        # (group, sibling, the attempt's 32 hex digits): from the UUID's ``int`` slot, as
+        # its ``.hex`` property gives them, for the restored groups; as journaled for the
+        # lost ones.
+        interrupted = itertools.chain(
+            (
+                (group_id, attempt.generation_index, f"{attempt.attempt_uuid.int:032x}")
+                for group_id, attempts in evidence.in_ledger.items()
+                for attempt in attempts
+            ),
+            ((lost.group_id, lost.generation_index, lost.attempt_uuid) for lost in evidence.lost),
+        )
+        seqs = self._parts.logs.attempts.take_seqs(evidence.count)
         lines = [
             AttemptLogRecord(
-                gate_rollout_id=(
-                    f"{group_id}_g{attempt.generation_index}_a{attempt.attempt_uuid.int:032x}"
-                ),
+                gate_rollout_id=f"{group_id}_g{index}_a{attempt_hex}",
                 group_id=group_id,
-                generation_index=attempt.generation_index,
+                generation_index=index,
                 status=failed,
                 num_tokens=0,
                 incarnation=incarnation,
                 reason=reason,
-                seq=next(seqs),
+                seq=seq,
             )
-            for group_id, attempts in evidence.in_ledger.items()
-            for attempt in attempts
-        ]
-        lines += [
-            AttemptLogRecord(
-                gate_rollout_id=f"{lost.group_id}_g{lost.generation_index}_a{lost.attempt_uuid}",
-                group_id=lost.group_id,
-                generation_index=lost.generation_index,
-                status=failed,
-                num_tokens=0,
-                incarnation=incarnation,
-                reason=reason,
-                seq=next(seqs),
-            )
-            for lost in evidence.lost
+            for (group_id, index, attempt_hex), seq in zip(interrupted, seqs, strict=True)
         ]
         return lines
 
