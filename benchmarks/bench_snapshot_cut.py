@@ -486,8 +486,13 @@ async def measure_incremental(
                 "facts_written": facts_pending.info.new_facts,
                 "facts_compacted": facts_pending.info.compacted_facts,
                 "fact_segments_referenced": len(facts_pending.info.referenced),
-                "data_plane_bytes": info.segment_bytes + sizes["index"],
+                # the row segments' catalog (data-plane index version 4; 0 before it)
+                "catalog_bytes": getattr(info, "catalog_bytes", 0),
+                "data_plane_bytes": info.segment_bytes
+                + getattr(info, "catalog_bytes", 0)
+                + sizes["index"],
                 "total_bytes": info.segment_bytes
+                + getattr(info, "catalog_bytes", 0)
                 + ledger_bytes
                 + facts_pending.info.segment_bytes
                 + sizes["ledger_sidecar"]

@@ -140,7 +140,7 @@ def snapshot_file(directory: Path, name: str) -> Path:
         return directory / name
     partition = name.removeprefix("segment:")
     for snapshot in [directory, *sorted(directory.parent.glob("snapshot_*"), reverse=True)]:
-        content = read_segmented_content(snapshot / "data_plane")
+        content = read_segmented_content(snapshot / "data_plane", segments_dir_for(snapshot))
         files = [r.file for r in content.segments if r.partition == partition]
         if files:
             return segments_dir_for(directory) / max(files)
@@ -163,8 +163,11 @@ def counts_from_files(snapshot: Path) -> dict[str, Any]:
     groups = read_sidecar(snapshot)["ledger"]["groups"]  # version 6: from its ledger segments
     current = Counter(s["attempts"][-1]["status"] for g in groups for s in g["siblings"])
     rows: Counter[str] = Counter()
-    # Version 3 lists segments as arrays: their held rows counted by the data plane's reader.
-    for segment in read_segmented_content(snapshot / "data_plane").segments:
+    # Version 4 lists segments as arrays, their sizes in catalogs: their held rows counted by
+    # the data plane's reader.
+    for segment in read_segmented_content(
+        snapshot / "data_plane", segments_dir_for(snapshot)
+    ).segments:
         rows[segment.partition] += segment.live_rows
     return {
         "step": manifest["base_train_step"],

@@ -14,7 +14,7 @@ from typing import Any
 import dataplane_stores
 import numpy as np
 import pytest
-from data_plane_v2 import index_as_version_2
+from data_plane_v2 import index_as_version_2, index_as_version_3
 from dataplane_helpers import Plane, PlaneFactory, assert_rows_identical, sample_row
 
 from rollvault.cut import DataPlaneMutationCut
@@ -170,7 +170,12 @@ def test_only_rows_new_since_the_committed_checkpoint_are_written(
         assert_holds(tmp_path / "s3", segments, expected)
         summary = checkpoint_summary(tmp_path / "s3", segments)
         assert summary.row_counts == {STAGING_PARTITION: 5, TRAIN_PARTITION: 1}
-        assert {path.name for path, _size in summary.files} == set(third.referenced)
+        # The files: the held segments and the catalogs describing them (version 4).
+        assert third.catalogs == ("000001-rows.catalog.json", "000003-rows.catalog.json")
+        assert {path.name for path, _size in summary.files} == {
+            *third.referenced,
+            *third.catalogs,
+        }
 
     asyncio.run(main())
 
@@ -190,7 +195,12 @@ def test_an_uncommitted_checkpoint_is_written_again_by_the_next(
         again = await written(writer, plane, tmp_path / "s3", "000003")
         assert lost.new_rows == again.new_rows == 1
         assert "000002-train.segment.safetensors" not in again.referenced
-        assert referenced_segments([tmp_path / "s1", tmp_path / "s3"]) == set(again.referenced)
+        # Retention keeps the held segments and the catalogs describing them, not the lost
+        # try's catalog.
+        files = referenced_segments([tmp_path / "s1", tmp_path / "s3"])
+        assert files == {*again.referenced, *again.catalogs}
+        assert "000002-rows.catalog.json" not in files
+        assert (segments / "000002-rows.catalog.json").exists()
         assert "000002-train.segment.safetensors" in segment_files(segments)
 
     asyncio.run(main())
@@ -370,10 +380,11 @@ def index_content(snapshot: Path) -> tuple[int, Any]:
     return version, json.loads(content_bytes)
 
 
-def test_the_index_is_written_as_version_3_one_short_array_per_segment(
+def test_a_version_3_index_as_main_wrote_it_is_one_short_array_per_segment(
     two_snapshots: tuple[Path, Path],
 ) -> None:
     segments, snapshot = two_snapshots
+    index_as_version_3(snapshot)
     version, content = index_content(snapshot)
     assert version == 3
     staging = content["partitions"].index(STAGING_PARTITION)
@@ -412,15 +423,19 @@ def test_a_version_2_index_is_still_read_to_the_same_rows(
     assert index_content(snapshot)[0] == 2
     assert_holds(snapshot, segments, expected)
     again = checkpoint_summary(snapshot, segments)
+    # The same segments, without version 4's catalogs.
     assert (again.schema_version, again.row_counts, again.files) == (
         2,
         summary.row_counts,
-        summary.files,
+        tuple(entry for entry in summary.files if entry[0].name.endswith(".safetensors")),
     )
-    assert referenced_segments([snapshot]) == referenced
+    assert referenced_segments([snapshot]) == {
+        file for file in referenced if file.endswith(".safetensors")
+    }
 
     async def main() -> None:
-        # A writer seeded from the version 2 checkpoint writes nothing old, version 3.
+        # A writer seeded from the version 2 checkpoint writes no old row, version 4: one
+        # catalog describing every held segment.
         loaded = read_any_checkpoint(snapshot, segments)
         restored = make_plane(DataPlaneMutationCut())
         await restored.load_verified(loaded.checkpoint, source=snapshot)
@@ -428,7 +443,10 @@ def test_a_version_2_index_is_still_read_to_the_same_rows(
         writer.seed(restored.capture(), loaded)
         info = await written(writer, restored, snapshot.parent / "s3", "000003")
         assert info.new_rows == 0
-        assert index_content(snapshot.parent / "s3")[0] == 3
+        assert index_content(snapshot.parent / "s3")[0] == 4
+        assert info.catalogs == ("000003-rows.catalog.json",)
+        index = read_segmented_content(snapshot.parent / "s3", segments)
+        assert index.catalogs[0].segments == info.referenced
         assert_holds(snapshot.parent / "s3", segments, expected)
 
     asyncio.run(main())
@@ -440,9 +458,9 @@ def test_an_unknown_index_version_is_refused_naming_the_file(
     segments, snapshot = two_snapshots
     path = snapshot / METADATA_FILENAME
     _version, content_bytes = decode_envelope(path.read_bytes(), path)
-    path.write_bytes(encode_envelope(content_bytes, 4))
-    refused(snapshot, segments, path, "unsupported schema_version 4")
-    with pytest.raises(DataPlaneCheckpointError, match="unsupported schema_version 4"):
+    path.write_bytes(encode_envelope(content_bytes, 5))
+    refused(snapshot, segments, path, "unsupported schema_version 5")
+    with pytest.raises(DataPlaneCheckpointError, match="unsupported schema_version 5"):
         checkpoint_summary(snapshot, segments)
 
 
@@ -462,18 +480,18 @@ def test_held_rows_are_runs_or_a_bitmap_whichever_is_shorter(
         await plane.clear(STAGING_PARTITION, block)
         await written(writer, plane, tmp_path / "s2", "000002")
         (entry,) = index_content(tmp_path / "s2")[1]["segments"]
-        assert entry[5] == [10, 30, 60]
+        assert entry[2] == [10, 30, 60]
         # Every third row cleared: the 13-byte bitmap is shorter than ~40 runs.
         scattered = [f"r{index:03d}" for index in range(40, 100, 3)]
         await plane.clear(STAGING_PARTITION, scattered)
         await written(writer, plane, tmp_path / "s3", "000003")
         (entry,) = index_content(tmp_path / "s3")[1]["segments"]
-        assert isinstance(entry[5], str) and len(base64.b64decode(entry[5])) == 13
+        assert isinstance(entry[2], str) and len(base64.b64decode(entry[2])) == 13
         # The first row cleared: the runs start with an empty held run.
         await plane.clear(STAGING_PARTITION, ["r000"])
         await written(writer, plane, tmp_path / "s4", "000004")
         for name in ("s2", "s3", "s4"):
-            index = read_segmented_content(tmp_path / name)
+            index = read_segmented_content(tmp_path / name, segments)
             (held,) = index.segments
             kept = {key for key, _row in plane_rows(tmp_path / name, segments)}
             assert held.live_rows == len(kept)
@@ -484,7 +502,7 @@ def test_held_rows_are_runs_or_a_bitmap_whichever_is_shorter(
             {STAGING_PARTITION: {k: row for k, row in rows.items() if k not in gone}},
         )
         (entry,) = index_content(tmp_path / "s4")[1]["segments"]
-        assert isinstance(entry[5], str) or entry[5][:2] == [0, 1]
+        assert isinstance(entry[2], str) or entry[2][:2] == [0, 1]
 
     asyncio.run(main())
 
@@ -558,6 +576,7 @@ def test_a_malformed_version_3_entry_is_refused_naming_the_file_and_field(
     two_snapshots: tuple[Path, Path], change: Any, message: str
 ) -> None:
     segments, snapshot = two_snapshots
+    index_as_version_3(snapshot)
     path = rewrite_index(snapshot, change)
     refused(snapshot, segments, path, message)
     with pytest.raises(DataPlaneCheckpointError, match=message):
@@ -622,7 +641,7 @@ def test_a_row_two_segments_hold_is_refused_naming_the_earlier_one(tmp_path: Pat
     assert files == [1, 2, 3]  # the train segment, the staging one with a hole, the new row
 
     def hold_every_row(content: dict[str, Any]) -> None:
-        content["segments"][1][5] = []
+        content["segments"][1][2] = []
 
     rewrite_index(snapshot, hold_every_row)
     refused(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,29 @@ from segment_crash_support import KEEP_LATEST_K, files_in, manifest_for
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, segments_dir_for
 from rollvault.cut import DataPlaneMutationCut
-from rollvault.dataplane import STAGING_PARTITION, DataPlaneCheckpointError, EmbeddedDataPlane, Row
-from rollvault.dataplane.segmented import SegmentedWriter, read_segmented, referenced_segments
+from rollvault.dataplane import (
+    STAGING_PARTITION,
+    DataPlaneCheckpointError,
+    EmbeddedDataPlane,
+    Row,
+    segment_catalog,
+)
+from rollvault.dataplane.segment_catalog import CATALOG_FILE_SUFFIX
+from rollvault.dataplane.segmented import (
+    SegmentedWriter,
+    read_segmented,
+    read_segmented_content,
+    referenced_segments,
+)
 from rollvault.dataplane.segments import segment_files
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 
 ROWS_PER_STEP = 4
+MAX_CATALOGS_ENV = "ROLLVAULT_TEST_MAX_CATALOGS"
+"""Set: the most catalogs an index lists (1: every step merges the older catalog's live
+entries into its own)."""
 
 
 def row(index: int) -> Row:
@@ -121,16 +137,28 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
     referenced = referenced_segments(
         [p / DATA_PLANE_DIRNAME for p in committed_snapshot_paths(root)]
     )
+    catalogs = []
+    if segments_dir.is_dir():
+        catalogs = [p.name for p in segments_dir.iterdir() if p.name.endswith(CATALOG_FILE_SUFFIX)]
+    listed = {}
+    for path in committed_snapshot_paths(root):
+        if path.name not in problems:
+            index = read_segmented_content(path / DATA_PLANE_DIRNAME, segments_dir)
+            listed[path.name] = [len(catalog.segments) for catalog in index.catalogs]
     return {
         "steps": steps,
         "problems": problems,
-        "segments": segment_files(segments_dir),
+        "catalog_entries": listed,
+        "segments": sorted(segment_files(segments_dir) + catalogs),
         "all_files": files_in(segments_dir),
         "referenced": sorted(referenced),
     }
 
 
 def main() -> None:
+    most = os.environ.get(MAX_CATALOGS_ENV)
+    if most is not None:
+        segment_catalog.MAX_CATALOGS = int(most)  # type: ignore[misc]
     mode, checkpoint_dir = sys.argv[1], Path(sys.argv[2])
     if mode == "commit":
         asyncio.run(commit(checkpoint_dir))

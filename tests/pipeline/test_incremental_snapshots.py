@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from pipeline_helpers import dataset_of, small_config
-from snapshot_versions import data_plane_index_to_version_2
+from snapshot_versions import data_plane_index_to_version_2, data_plane_index_to_version_3
 from test_group_entries import _reserve
 
 from rollvault.config.schema import RunConfig
@@ -66,12 +66,12 @@ def verified_resume(config: RunConfig, newest: Path) -> ResumeSource:
 
 def _segments_of(snapshot: Path) -> dict[str, str]:
     """The segments a snapshot references: file name to partition."""
-    content = read_segmented_content(snapshot / DATA_PLANE_DIRNAME)
+    content = read_segmented_content(snapshot / DATA_PLANE_DIRNAME, segments_dir_for(snapshot))
     return {reference.file: reference.partition for reference in content.segments}
 
 
 def _keys_in(snapshot: Path, file: str) -> set[str]:
-    content = read_segmented_content(snapshot / DATA_PLANE_DIRNAME)
+    content = read_segmented_content(snapshot / DATA_PLANE_DIRNAME, segments_dir_for(snapshot))
     (reference,) = [r for r in content.segments if r.file == file]
     segment = read_segment(
         segments_dir_for(snapshot) / file,
@@ -272,8 +272,11 @@ def _index_version(snapshot: Path) -> int:
     return version
 
 
-def test_a_snapshot_whose_row_index_is_version_2_restores_and_the_next_writes_version_3(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("version", "convert"), [(2, data_plane_index_to_version_2), (3, data_plane_index_to_version_3)]
+)
+def test_a_snapshot_whose_row_index_is_an_older_version_restores_and_the_next_writes_version_4(
+    tmp_path: Path, version: int, convert: Any
 ) -> None:
     config = _config(tmp_path)
 
@@ -290,10 +293,10 @@ def test_a_snapshot_whose_row_index_is_version_2_restores_and_the_next_writes_ve
         return newest, staged, train
 
     newest, staged, train = asyncio.run(write())
-    assert _index_version(newest) == 3
+    assert _index_version(newest) == 4
     segments = _segments_of(newest)
-    data_plane_index_to_version_2(newest)  # as the writer before version 3 left it
-    assert _index_version(newest) == 2
+    convert(newest)  # as an older writer left it (3: main's before catalogs)
+    assert _index_version(newest) == version
     assert _segments_of(newest) == segments
     source = verified_resume(config, newest)
 
@@ -309,8 +312,12 @@ def test_a_snapshot_whose_row_index_is_version_2_restores_and_the_next_writes_ve
         return after, new
 
     after, new = asyncio.run(restart())
-    assert _index_version(after) == 3
-    # The rows the version 2 index held are referenced, not written again.
+    assert _index_version(after) == 4
+    # The rows the older index held are referenced, not written again; one new catalog
+    # describes every held segment (the older index's had none).
+    index = read_segmented_content(after / DATA_PLANE_DIRNAME, segments_dir_for(after))
+    (catalog,) = index.catalogs
+    assert set(catalog.segments) == set(_segments_of(after))
     fresh = set(_segments_of(after)) - set(segments)
     assert {key for file in fresh for key in _keys_in(after, file)} == new
     assert verify_snapshot(after, generations_per_group=SIBLINGS, level=VerificationLevel.FULL).ok

@@ -56,6 +56,7 @@ ROWS = CrashCase(
     child=Path(__file__).with_name("segments_crash_child.py"),
     steps=(
         "segment.",
+        "catalog.",
         "atomic_write.",
         "commit.before_rename",
         "commit.after_rename",
@@ -67,12 +68,21 @@ ROWS = CrashCase(
         {
             "segment.before_write",
             "segment.durable",
+            "catalog.before_write",
+            "catalog.durable",
             "commit.before_rename",
             "segment_gc.before_delete",
             "segment_gc.after_delete",
             "segment_gc.synced",
         }
     ),
+)
+ROW_CATALOG_MERGES = dataclasses.replace(
+    ROWS,
+    # One catalog listed at most: every step moves the older catalog's live entries into
+    # its own (see segments_crash_child.py).
+    env=(("ROLLVAULT_TEST_MAX_CATALOGS", "1"),),
+    name="row_catalogs_merging",
 )
 LEDGER = CrashCase(
     child=Path(__file__).with_name("ledger_segments_crash_child.py"),
@@ -152,6 +162,12 @@ def _template(child: Child, directory: Path) -> Path:
     assert report["segments"] == report["referenced"]
     if case in (LEDGER, FACTS, FACT_MERGES):
         assert len(report["referenced"]) > 1  # the third snapshot references an older segment
+    if case is ROW_CATALOG_MERGES:
+        # One catalog a snapshot: the third's describes its segment and the older one it
+        # still holds rows of, moved from the second's catalog.
+        assert report["catalog_entries"]["snapshot_000003"] == [2]
+    elif case is ROWS:
+        assert report["catalog_entries"]["snapshot_000003"] == [1, 1]
     return directory
 
 
@@ -172,7 +188,7 @@ def _kill_points(child: Child, template: Path, tmp_path: Path) -> list[tuple[str
     return [(name, nth) for name, nth in points if name.startswith(child.case.steps)]
 
 
-@pytest.mark.parametrize("case", [ROWS, LEDGER, FACTS, FACT_MERGES], ids=str)
+@pytest.mark.parametrize("case", [ROWS, ROW_CATALOG_MERGES, LEDGER, FACTS, FACT_MERGES], ids=str)
 def test_a_kill_at_every_fault_point_of_an_incremental_snapshot_leaves_it_loadable(
     case: CrashCase, tmp_path: Path
 ) -> None:

@@ -1,4 +1,4 @@
-"""Writing a data-plane index as version 2 lists it, for the tests of reading old snapshots."""
+"""Writing a data-plane index as version 2 or 3 lists it, for the tests of reading old snapshots."""
 
 from __future__ import annotations
 
@@ -9,21 +9,35 @@ import msgspec
 from rollvault.dataplane.checkpoint_format import (
     METADATA_FILENAME,
     SEGMENTED_V2_SCHEMA_VERSION,
+    SEGMENTED_V3_SCHEMA_VERSION,
     encode_envelope,
 )
 from rollvault.dataplane.segmented import (
     SegmentedCheckpointContent,
+    SegmentedCheckpointContentV3,
+    SegmentEntryV3,
     SegmentReference,
+    encode_live,
     encode_live_bitmap,
     read_segmented_content,
+    segment_name_field,
 )
 
 
-def index_as_version_2(directory: Path) -> Path:
+def _segments_dir(directory: Path, segments_dir: Path | None) -> Path:
+    """The tests' layouts: a data plane directory beside ``segments/`` (the data-plane
+    tests), or a snapshot's ``data_plane/`` beside the anchor's ``segments/``."""
+    if segments_dir is not None:
+        return segments_dir
+    beside = directory.parent / "segments"
+    return beside if beside.is_dir() else directory.parent.parent / "segments"
+
+
+def index_as_version_2(directory: Path, segments_dir: Path | None = None) -> Path:
     """Rewrite the ``metadata.json`` in ``directory`` (a data-plane checkpoint directory) as
     version 2 lists the same index: each segment an object (file name, hex digest, base64
     bitmap), as the writer before version 3 wrote it. Returns the file's path."""
-    index = read_segmented_content(directory)
+    index = read_segmented_content(directory, _segments_dir(directory, segments_dir))
     content = SegmentedCheckpointContent(
         partitions=index.partitions,
         segments=[
@@ -44,4 +58,32 @@ def index_as_version_2(directory: Path) -> Path:
     )
     path = directory / METADATA_FILENAME
     path.write_bytes(encode_envelope(msgspec.json.encode(content), SEGMENTED_V2_SCHEMA_VERSION))
+    return path
+
+
+def index_as_version_3(directory: Path, segments_dir: Path | None = None) -> Path:
+    """Rewrite the ``metadata.json`` in ``directory`` as version 3 lists the same index (each
+    segment's fixed parts in its own row, no catalogs), as main's writer before version 4
+    wrote it. Returns the file's path."""
+    index = read_segmented_content(directory, _segments_dir(directory, segments_dir))
+    position = {name: number for number, name in enumerate(index.partitions)}
+    content = SegmentedCheckpointContentV3(
+        partitions=index.partitions,
+        segments=[
+            SegmentEntryV3(
+                name=segment_name_field(held.file, held.partition),
+                partition=position[held.partition],
+                sha256=bytes.fromhex(held.sha256),
+                byte_size=held.byte_size,
+                row_count=held.row_count,
+                live=encode_live(
+                    held.row_count, [ordinal for ordinal, kept in enumerate(held.wanted) if kept]
+                ),
+            )
+            for held in sorted(index.segments, key=lambda held: held.file)
+        ],
+        user_metadata=index.user_metadata,
+    )
+    path = directory / METADATA_FILENAME
+    path.write_bytes(encode_envelope(msgspec.json.encode(content), SEGMENTED_V3_SCHEMA_VERSION))
     return path

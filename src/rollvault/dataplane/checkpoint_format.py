@@ -56,11 +56,18 @@ SEGMENTED_V2_SCHEMA_VERSION = 2
 """Version 2 of ``metadata.json``: rows in shared segment files
 (:mod:`rollvault.dataplane.segmented`), each segment an object with its file
 name, hex SHA-256 and base64 live bitmap. Still read; no longer written."""
-DATA_PLANE_SCHEMA_VERSION = 3
+SEGMENTED_V3_SCHEMA_VERSION = 3
 """Version 3 of ``metadata.json``: version 2's index in a compact form (each
 segment an array, its name as a sequence number, its digest as raw bytes, its
-held rows as runs or omitted when all are held), what rollout snapshots write."""
-SEGMENTED_SCHEMA_VERSIONS = frozenset({SEGMENTED_V2_SCHEMA_VERSION, DATA_PLANE_SCHEMA_VERSION})
+held rows as runs or omitted when all are held). Still read; no longer written."""
+DATA_PLANE_SCHEMA_VERSION = 4
+"""Version 4 of ``metadata.json``: version 3's index with each segment's fixed
+parts (partition, digest, sizes) in the anchor's catalog files
+(:mod:`rollvault.dataplane.segment_catalog`), listed by digest; per segment only
+its name, partition and held rows. What rollout snapshots write."""
+SEGMENTED_SCHEMA_VERSIONS = frozenset(
+    {SEGMENTED_V2_SCHEMA_VERSION, SEGMENTED_V3_SCHEMA_VERSION, DATA_PLANE_SCHEMA_VERSION}
+)
 """The versions that list segments rather than partition files."""
 SUPPORTED_DATA_PLANE_SCHEMA_VERSIONS = frozenset(
     {SELF_CONTAINED_SCHEMA_VERSION, *SEGMENTED_SCHEMA_VERSIONS}

@@ -7,7 +7,16 @@ name, partition, SHA-256, byte size, row count, and which of the segment's
 rows the checkpoint holds. It never has a per-row entry, so a snapshot's own
 bytes stay small next to its new rows.
 
-**Version 3** (written) lists each segment as an array
+**Version 4** (written) lists the anchor's catalogs it uses
+(:mod:`rollvault.dataplane.segment_catalog`: each segment's partition,
+SHA-256, byte size and row count, written once per anchor) as arrays
+``[name, sha256, byte_size, entry_count]`` (:class:`CatalogRef`), and each
+held segment as ``[name, partition, live]`` (:class:`HeldEntryV4`, ~11 bytes
+against version 3's ~80): the index no longer grows by a digest per segment
+the anchor's snapshots wrote. The writer keeps at most
+:data:`~rollvault.dataplane.segment_catalog.MAX_CATALOGS` listed.
+
+**Version 3** (still read) lists each segment as an array
 ``[name, partition, sha256, byte_size, row_count, live]``
 (:class:`SegmentEntryV3`): ``name`` is the snapshot sequence number the file
 name derives from (``segment_file_name(f"{name:06d}", partition)``), or the
@@ -51,7 +60,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import compress
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -62,6 +71,7 @@ from rollvault.dataplane.checkpoint_format import (
     METADATA_FILENAME,
     SEGMENTED_SCHEMA_VERSIONS,
     SEGMENTED_V2_SCHEMA_VERSION,
+    SEGMENTED_V3_SCHEMA_VERSION,
     NonNegativeInt,
     PartitionName,
     Sha256Hex,
@@ -78,6 +88,21 @@ from rollvault.dataplane.checkpoint_io import (
 )
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowView
+from rollvault.dataplane.segment_catalog import (
+    CatalogEntry,
+    CatalogFileName,
+    SegmentFileName,
+    Sha256Bytes,
+    WrittenCatalog,
+    catalog_file_from_name,
+    catalog_file_name,
+    catalog_name_field,
+    catalogs_to_merge,
+    read_catalog,
+    segment_file_from_name,
+    segment_name_field,
+    write_catalog,
+)
 from rollvault.dataplane.segments import (
     SegmentRows,
     WrittenSegment,
@@ -87,12 +112,6 @@ from rollvault.dataplane.segments import (
     segment_file_name,
     write_segment,
 )
-from rollvault.durable.segment_store import file_of_sequence_name, sequence_name
-
-SegmentFileName = Annotated[
-    str,
-    msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}\.segment\.safetensors$"),
-]
 
 
 class SegmentReference(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -114,10 +133,6 @@ class SegmentedCheckpointContent(msgspec.Struct, forbid_unknown_fields=True, fro
     partitions: list[PartitionName]
     segments: list[SegmentReference]
     user_metadata: dict[str, Any]
-
-
-Sha256Bytes = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
-"""A raw SHA-256 digest (base64 in JSON)."""
 
 
 class SegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
@@ -148,6 +163,41 @@ class SegmentedCheckpointContentV3(msgspec.Struct, forbid_unknown_fields=True, f
     user_metadata: dict[str, Any]
 
 
+class CatalogRef(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """One catalog a version 4 checkpoint uses: ``[name, sha256, byte_size, entry_count]``."""
+
+    name: NonNegativeInt | CatalogFileName
+    """The sequence number the catalog's file name derives from, or the file name as text."""
+    sha256: Sha256Bytes
+    byte_size: NonNegativeInt
+    entry_count: NonNegativeInt
+
+
+class HeldEntryV4(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """One segment a version 4 checkpoint holds rows of: ``[name, partition, live]``, its
+    fixed parts in a listed catalog."""
+
+    name: NonNegativeInt | SegmentFileName
+    """As version 3's: the sequence number the file name derives from, or the name as text."""
+    partition: NonNegativeInt
+    """Index into ``partitions``."""
+    live: list[NonNegativeInt] | bytes
+    """As version 3's: held ordinals as run lengths (``[]`` = all held) or the raw bitmap."""
+
+
+_V4_FIELDS = HeldEntryV4.__struct_fields__
+_CATALOG_FIELDS = CatalogRef.__struct_fields__
+
+
+class SegmentedCheckpointContentV4(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What a version 4 ``metadata.json`` describes."""
+
+    partitions: list[PartitionName]
+    catalogs: list[CatalogRef]
+    segments: list[HeldEntryV4]
+    user_metadata: dict[str, Any]
+
+
 @dataclass(frozen=True)
 class HeldSegment:
     """One segment a checkpoint holds rows of, whichever version listed it."""
@@ -171,6 +221,8 @@ class SegmentedIndex:
     partitions: list[str]
     segments: list[HeldSegment]
     user_metadata: dict[str, Any]
+    catalogs: tuple[WrittenCatalog, ...] = ()
+    """Version 4: the catalogs it lists, in its order (none before)."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +241,7 @@ class SegmentedWriteInfo:
     """What one :meth:`SegmentedWriter.write` did."""
 
     bytes_written: int
-    """``metadata.json`` plus the new segments."""
+    """``metadata.json`` plus the new segments and catalog."""
     segment_bytes: int
     new_rows: int
     new_row_bytes: int
@@ -197,6 +249,10 @@ class SegmentedWriteInfo:
     row_counts: dict[str, int]
     referenced: tuple[str, ...]
     """Segment files the checkpoint references."""
+    catalog_bytes: int = 0
+    """The new catalog's bytes (0 when none was written)."""
+    catalogs: tuple[str, ...] = ()
+    """Catalog files the checkpoint lists."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +269,7 @@ class PendingCheckpoint:
     locations: dict[str, dict[str, _Location]]
     segments: dict[str, WrittenSegment]
     info: SegmentedWriteInfo
+    catalogs: dict[str, WrittenCatalog] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,6 +281,8 @@ class SegmentedWriter:
     """What the last :meth:`write` wrote, for the caller to pass to :meth:`committed`."""
     _locations: dict[str, dict[str, _Location]] = field(default_factory=dict)
     _segments: dict[str, WrittenSegment] = field(default_factory=dict)
+    _catalogs: dict[str, WrittenCatalog] = field(default_factory=dict)
+    """The catalogs the last committed checkpoint lists."""
 
     def write(
         self,
@@ -270,36 +329,89 @@ class SegmentedWriter:
             locations[partition] = kept
         known = {**self._segments, **segments}
         partition_names = capture.partitions()
-        references = _references(locations, known, partition_names)
-        content = SegmentedCheckpointContentV3(
+        held = _held(locations)
+        catalogs, catalog_bytes = self._catalogs_for(held, known, stem)
+        index = {name: position for position, name in enumerate(partition_names)}
+        content = SegmentedCheckpointContentV4(
             partitions=partition_names,
-            segments=[reference for _file, reference in references],
+            catalogs=[_catalog_ref(catalogs[file]) for file in sorted(catalogs)],
+            segments=[
+                HeldEntryV4(
+                    name=segment_name_field(file, known[file].partition),
+                    partition=index[known[file].partition],
+                    live=encode_live(known[file].row_count, ordinals),
+                )
+                for file, ordinals in sorted(held.items())
+            ],
             user_metadata=user_metadata,
         )
         metadata = encode_envelope(msgspec.json.encode(content), DATA_PLANE_SCHEMA_VERSION)
         with open(directory / METADATA_FILENAME, "xb") as handle:
             handle.write(metadata)
         info = SegmentedWriteInfo(
-            bytes_written=len(metadata) + segment_bytes,
+            bytes_written=len(metadata) + segment_bytes + catalog_bytes,
             segment_bytes=segment_bytes,
             new_rows=new_rows,
             new_row_bytes=new_row_bytes,
             row_counts=capture.row_counts(),
-            referenced=tuple(file for file, _reference in references),
+            referenced=tuple(sorted(held)),
+            catalog_bytes=catalog_bytes,
+            catalogs=tuple(sorted(catalogs)),
         )
-        used = {file: known[file] for file, _reference in references}
-        self.last_written = PendingCheckpoint(locations=locations, segments=used, info=info)
+        used = {file: known[file] for file in held}
+        self.last_written = PendingCheckpoint(
+            locations=locations, segments=used, info=info, catalogs=catalogs
+        )
         return self.last_written
+
+    def _catalogs_for(
+        self, held: Mapping[str, object], known: Mapping[str, WrittenSegment], stem: str
+    ) -> tuple[dict[str, WrittenCatalog], int]:
+        """The catalogs describing the ``held`` segments, and the bytes of the one written.
+
+        A held segment no committed catalog describes (new, or restored from an index
+        before catalogs) goes into a new catalog named after ``stem``, durable when this
+        returns, and so do the live entries of the catalogs merged to keep at most
+        :data:`~rollvault.dataplane.segment_catalog.MAX_CATALOGS` listed. A catalog
+        none of whose segments is held is no longer listed.
+        """
+        catalog_of = {
+            segment: catalog.file
+            for catalog in self._catalogs.values()
+            for segment in catalog.segments
+        }
+        live: dict[str, int] = dict.fromkeys(self._catalogs, 0)
+        fresh = []
+        for file in held:
+            if file in catalog_of:
+                live[catalog_of[file]] += 1
+            else:
+                fresh.append(file)
+        merged = set(catalogs_to_merge(live, adding=bool(fresh)))
+        fresh += [file for file in held if catalog_of.get(file) in merged]
+        catalogs = {
+            file: self._catalogs[file]
+            for file, count in live.items()
+            if count and file not in merged
+        }
+        if not fresh:
+            return catalogs, 0
+        written = write_catalog(
+            self.segments_dir, catalog_file_name(stem), [known[file] for file in sorted(fresh)]
+        )
+        catalogs[written.file] = written
+        return catalogs, written.byte_size
 
     def committed(self, pending: PendingCheckpoint) -> None:
         """Make ``pending`` the base of the next checkpoint: it is committed now."""
         self._locations = pending.locations
         self._segments = pending.segments
+        self._catalogs = pending.catalogs
         self.last_written = None
 
     def base_segments(self) -> set[str]:
-        """Segment files the last committed checkpoint references."""
-        return set(self._segments)
+        """Segment and catalog files the last committed checkpoint references."""
+        return set(self._segments) | set(self._catalogs)
 
     def seed(self, capture: DataPlaneCapture, loaded: LoadedSegmented) -> None:
         """Take the checkpoint a store was just loaded from as the base of the next one.
@@ -316,6 +428,7 @@ class SegmentedWriter:
             }
         self._locations = locations
         self._segments = dict(loaded.segments)
+        self._catalogs = dict(loaded.catalogs)
 
 
 def row_bytes(key: str, row: RowView) -> int:
@@ -329,45 +442,22 @@ def row_bytes(key: str, row: RowView) -> int:
     return size
 
 
-def _references(
-    locations: Mapping[str, Mapping[str, _Location]],
-    segments: Mapping[str, WrittenSegment],
-    partitions: Sequence[str],
-) -> list[tuple[str, SegmentEntryV3]]:
-    """Each held segment's file name and its version 3 entry, sorted by file name."""
+def _held(locations: Mapping[str, Mapping[str, _Location]]) -> dict[str, list[int]]:
+    """Per segment file, the ordinals of its rows the checkpoint holds."""
     held: dict[str, list[int]] = {}
     for partition_locations in locations.values():
         for location in partition_locations.values():
             held.setdefault(location.segment, []).append(location.ordinal)
-    index = {name: position for position, name in enumerate(partitions)}
-    references = []
-    for file in sorted(held):
-        segment = segments[file]
-        references.append(
-            (
-                file,
-                SegmentEntryV3(
-                    name=segment_name_field(file, segment.partition),
-                    partition=index[segment.partition],
-                    sha256=bytes.fromhex(segment.sha256),
-                    byte_size=segment.byte_size,
-                    row_count=segment.row_count,
-                    live=encode_live(segment.row_count, held[file]),
-                ),
-            )
-        )
-    return references
+    return held
 
 
-def segment_name_field(file: str, partition: str) -> int | str:
-    """Version 3's ``name`` of ``file``: the sequence number where the name is
-    ``segment_file_name`` of a zero-padded one and ``partition``, else the name itself."""
-    return sequence_name(file, functools.partial(segment_file_name, partition=partition))
-
-
-def segment_file_from_name(name: int | str, partition: str) -> str:
-    """The file name version 3's ``name`` stands for (see :func:`segment_name_field`)."""
-    return file_of_sequence_name(name, functools.partial(segment_file_name, partition=partition))
+def _catalog_ref(catalog: WrittenCatalog) -> CatalogRef:
+    return CatalogRef(
+        name=catalog_name_field(catalog.file),
+        sha256=bytes.fromhex(catalog.sha256),
+        byte_size=catalog.byte_size,
+        entry_count=len(catalog.segments),
+    )
 
 
 def encode_live(count: int, held: Sequence[int]) -> list[int] | bytes:
@@ -465,6 +555,8 @@ class LoadedSegmented:
     wanted: dict[str, list[bool]] | None = None
     """Per segment file, whether the checkpoint holds each of its rows (by ordinal);
     None for a version 1 checkpoint, which has no segments."""
+    catalogs: dict[str, WrittenCatalog] = field(default_factory=dict)
+    """Version 4: the catalogs it lists (a writer seeded from it goes on with them)."""
 
     @functools.cached_property
     def locations(self) -> dict[str, dict[str, tuple[str, int]]]:
@@ -492,20 +584,30 @@ def _held_at(
             yield key, (file, ordinal)
 
 
-def read_segmented_content(directory: Path) -> SegmentedIndex:
-    """Read and check a segmented ``metadata.json`` of version 2 or 3 (no segment is read).
+def read_segmented_content(directory: Path, segments_dir: Path | None = None) -> SegmentedIndex:
+    """Read and check a segmented ``metadata.json`` of version 2, 3 or 4 (no segment is read;
+    version 4's catalogs are, from ``segments_dir``, which it needs).
 
     Every problem raises :class:`DataPlaneCheckpointError` naming the file and
     the field; any other version is refused naming the file.
     """
     path = directory / METADATA_FILENAME
     version, content_bytes = decode_envelope(read_checkpoint_file(path), path)
-    return _segmented_index(version, content_bytes, path)
+    return _segmented_index(version, content_bytes, path, segments_dir)
 
 
-def _segmented_index(version: int, content_bytes: bytes, path: Path) -> SegmentedIndex:
+def _segmented_index(
+    version: int, content_bytes: bytes, path: Path, segments_dir: Path | None
+) -> SegmentedIndex:
     """:func:`read_segmented_content` of an envelope already read and decoded."""
     if version == DATA_PLANE_SCHEMA_VERSION:
+        content_v4 = decode_content(content_bytes, SegmentedCheckpointContentV4, path)
+        if segments_dir is None:
+            raise DataPlaneCheckpointError(
+                path, "schema_version 4 lists catalogs: read it with its segments directory"
+            )
+        return _index_v4(content_v4, path, segments_dir)
+    if version == SEGMENTED_V3_SCHEMA_VERSION:
         content = decode_content(content_bytes, SegmentedCheckpointContentV3, path)
         return _index_v3(content, path)
     if version == SEGMENTED_V2_SCHEMA_VERSION:
@@ -595,8 +697,111 @@ def _index_v3(content: SegmentedCheckpointContentV3, path: Path) -> SegmentedInd
             )
         )
     return SegmentedIndex(
-        DATA_PLANE_SCHEMA_VERSION, content.partitions, segments, content.user_metadata
+        SEGMENTED_V3_SCHEMA_VERSION, content.partitions, segments, content.user_metadata
     )
+
+
+def _index_v4(
+    content: SegmentedCheckpointContentV4, path: Path, segments_dir: Path
+) -> SegmentedIndex:
+    """Version 4's index: each listed catalog read and checked, each held segment's fixed
+    parts from the one catalog describing it."""
+    _check_partitions(content.partitions, path)
+    catalogs, described = _read_catalogs(content.catalogs, path, segments_dir)
+    seen: dict[str, int] = {}
+    segments = []
+    for index, held in enumerate(content.segments):
+
+        def where(field: str, index: int = index) -> str:
+            return f"$.content.segments[{index}][{_V4_FIELDS.index(field)}] ({field})"
+
+        if held.partition >= len(content.partitions):
+            raise DataPlaneCheckpointError(
+                path,
+                f"{where('partition')}: {held.partition} is not an index of "
+                f"$.content.partitions ({len(content.partitions)} of them)",
+            )
+        partition = content.partitions[held.partition]
+        file = segment_file_from_name(held.name, partition)
+        first = seen.setdefault(file, index)
+        if first != index:
+            raise DataPlaneCheckpointError(
+                path, f"{where('name')}: {file!r} listed twice (first at segments[{first}])"
+            )
+        entry = described.get(file)
+        if entry is None:
+            raise DataPlaneCheckpointError(
+                path, f"{where('name')}: segment {file!r} is described by none of its catalogs"
+            )
+        if entry.partition != partition:
+            raise DataPlaneCheckpointError(
+                path,
+                f"{where('partition')}: {partition!r}, its catalog says {entry.partition!r}",
+            )
+        try:
+            wanted = decode_live(held.live, entry.row_count)
+        except ValueError as exc:
+            raise DataPlaneCheckpointError(path, f"{where('live')}: {exc}") from exc
+        segments.append(
+            HeldSegment(
+                file=file,
+                partition=partition,
+                sha256=entry.sha256.hex(),
+                byte_size=entry.byte_size,
+                row_count=entry.row_count,
+                live_rows=wanted.count(True),
+                wanted=wanted,
+            )
+        )
+    return SegmentedIndex(
+        DATA_PLANE_SCHEMA_VERSION,
+        content.partitions,
+        segments,
+        content.user_metadata,
+        catalogs=tuple(catalogs),
+    )
+
+
+def _read_catalogs(
+    refs: Sequence[CatalogRef], path: Path, segments_dir: Path
+) -> tuple[list[WrittenCatalog], dict[str, CatalogEntry]]:
+    """The catalogs ``refs`` list, each read and checked against its row, and each segment
+    file's entry; a catalog listed twice or a segment described by two raise."""
+    catalogs: list[WrittenCatalog] = []
+    described: dict[str, CatalogEntry] = {}
+    owner: dict[str, str] = {}
+    for index, ref in enumerate(refs):
+        file = catalog_file_from_name(ref.name)
+        if any(catalog.file == file for catalog in catalogs):
+            raise DataPlaneCheckpointError(
+                path,
+                f"$.content.catalogs[{index}][{_CATALOG_FIELDS.index('name')}] (name): "
+                f"{file!r} listed twice",
+            )
+        catalog_path = segments_dir / file
+        catalog = read_catalog(
+            catalog_path,
+            sha256=ref.sha256.hex(),
+            byte_size=ref.byte_size,
+            entry_count=ref.entry_count,
+        )
+        for entry in catalog.entries:
+            segment = entry.file
+            other = owner.setdefault(segment, file)
+            if other != file:
+                raise DataPlaneCheckpointError(
+                    catalog_path, f"segment {segment!r} is also described by catalog {other!r}"
+                )
+            described[segment] = entry
+        catalogs.append(
+            WrittenCatalog(
+                file=file,
+                sha256=ref.sha256.hex(),
+                byte_size=ref.byte_size,
+                segments=tuple(entry.file for entry in catalog.entries),
+            )
+        )
+    return catalogs, described
 
 
 def read_segmented(directory: Path, segments_dir: Path) -> LoadedSegmented:
@@ -607,7 +812,8 @@ def read_segmented(directory: Path, segments_dir: Path) -> LoadedSegmented:
     """
     if not directory.is_dir():
         raise DataPlaneCheckpointError(directory, "not a checkpoint directory (absent or a file)")
-    return _open_segmented(directory, segments_dir, read_segmented_content(directory)).finish()
+    index = read_segmented_content(directory, segments_dir)
+    return _open_segmented(directory, segments_dir, index).finish()
 
 
 def read_any_checkpoint(directory: Path, segments_dir: Path) -> LoadedSegmented:
@@ -658,7 +864,8 @@ def open_any_checkpoint(directory: Path, segments_dir: Path) -> OpenedCheckpoint
         checkpoint = read_checkpoint(directory, metadata=data)
         loaded = LoadedSegmented(checkpoint=checkpoint, segments={})
         return OpenedCheckpoint(checkpoint.user_metadata, lambda: loaded)
-    return _open_segmented(directory, segments_dir, _segmented_index(version, content_bytes, path))
+    index = _segmented_index(version, content_bytes, path, segments_dir)
+    return _open_segmented(directory, segments_dir, index)
 
 
 def _open_segmented(directory: Path, segments_dir: Path, index: SegmentedIndex) -> OpenedCheckpoint:
@@ -729,6 +936,7 @@ def _finish_segmented(
         checkpoint=LoadedCheckpoint(partitions=partitions, user_metadata=index.user_metadata),
         segments=segments,
         wanted={reference.file: reference.wanted for reference in index.segments},
+        catalogs={catalog.file: catalog for catalog in index.catalogs},
     )
 
 
@@ -780,11 +988,12 @@ def checkpoint_summary(directory: Path, segments_dir: Path) -> CheckpointSummary
     data = read_checkpoint_file(path)
     version, content_bytes = decode_envelope(data, path)
     if version in SEGMENTED_SCHEMA_VERSIONS:
-        content = _segmented_index(version, content_bytes, path)
+        content = _segmented_index(version, content_bytes, path, segments_dir)
         counts = dict.fromkeys(content.partitions, 0)
         for reference in content.segments:
             counts[reference.partition] += reference.live_rows
         files = tuple((segments_dir / r.file, r.byte_size) for r in content.segments)
+        files += tuple((segments_dir / c.file, c.byte_size) for c in content.catalogs)
         return CheckpointSummary(version, counts, files, content.user_metadata)
     old = decode_metadata(data, path)
     return CheckpointSummary(
@@ -805,7 +1014,25 @@ def referenced_segments(checkpoint_dirs: Sequence[Path]) -> set[str]:
     for directory in checkpoint_dirs:
         path = directory / METADATA_FILENAME
         version, content_bytes = decode_envelope(read_checkpoint_file(path), path)
-        if version in SEGMENTED_SCHEMA_VERSIONS:
-            index = _segmented_index(version, content_bytes, path)
+        if version == DATA_PLANE_SCHEMA_VERSION:
+            content = decode_content(content_bytes, SegmentedCheckpointContentV4, path)
+            files |= _files_of_v4(content, path)
+        elif version in SEGMENTED_SCHEMA_VERSIONS:
+            index = _segmented_index(version, content_bytes, path, None)
             files |= {reference.file for reference in index.segments}
+    return files
+
+
+def _files_of_v4(content: SegmentedCheckpointContentV4, path: Path) -> set[str]:
+    """The segment and catalog files a version 4 index names (no catalog read: retention
+    needs the names only). An index naming a partition it does not list raises."""
+    files = {catalog_file_from_name(ref.name) for ref in content.catalogs}
+    for held in content.segments:
+        if held.partition >= len(content.partitions):
+            raise DataPlaneCheckpointError(
+                path,
+                f"$.content.segments: partition {held.partition} is not an index of "
+                "$.content.partitions",
+            )
+        files.add(segment_file_from_name(held.name, content.partitions[held.partition]))
     return files

@@ -87,6 +87,8 @@ FAULT_POINTS: Final = frozenset(
         "ledger_segment.durable",
         "fact_segment.before_write",
         "fact_segment.durable",
+        "catalog.before_write",
+        "catalog.durable",
         "segment_gc.before_delete",
         "segment_gc.after_delete",
         "segment_gc.synced",

@@ -98,6 +98,14 @@ def publish_fact_segment(path: Path, data: bytes) -> None:
     fault_point("fact_segment.durable")
 
 
+def publish_catalog(path: Path, data: bytes) -> None:
+    """Write the segment catalog ``path`` durably: as :func:`publish_segment`, own fault points."""
+    _ensure_directory(path.parent)
+    fault_point("catalog.before_write")
+    atomic_write_bytes(path, data)
+    fault_point("catalog.durable")
+
+
 class RecordedSegmentError(Exception):
     """A segment is missing, or not the one an index recorded (size, SHA-256)."""
 

@@ -4,7 +4,8 @@ Runs after every committed snapshot, in the checkpointer's worker thread and
 under its lock, so no other snapshot is being written meanwhile: the snapshot
 retention has already pruned the old snapshots, and every segment that no
 remaining committed snapshot's ``data_plane/metadata.json`` lists (nor the
-writer's base, the newest of them) is deleted
+writer's base, the newest of them) is deleted, and so are the row segments'
+catalogs no such index lists
 (:func:`rollvault.durable.segment_store.delete_unreferenced`). Ledger segments
 the same way: one is deleted only when no remaining committed snapshot's
 ``rollout_recovery.json`` (version 6: an index of them) lists it, and fact
@@ -28,6 +29,7 @@ from rollvault.controller.snapshots.fact_segments import (
 )
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, SnapshotCorruptError
 from rollvault.dataplane.errors import DataPlaneCheckpointError
+from rollvault.dataplane.segment_catalog import CATALOG_FILE_SUFFIX
 from rollvault.dataplane.segmented import referenced_segments
 from rollvault.dataplane.segments import SEGMENT_FILE_SUFFIX
 from rollvault.durable.layout import SEGMENTS_DIRNAME
@@ -46,11 +48,17 @@ _LOG = logging.getLogger("rollvault.checkpointer")
 
 
 def is_segment_file(name: str) -> bool:
-    """A row, ledger or fact segment, or the temporary a crashed ``atomic_write_bytes`` of
-    one left."""
+    """A row, ledger or fact segment, a row segments' catalog, or the temporary a crashed
+    ``atomic_write_bytes`` of one left."""
+    suffixes = (
+        SEGMENT_FILE_SUFFIX,
+        CATALOG_FILE_SUFFIX,
+        *LEDGER_SEGMENT_SUFFIXES,
+        *FACT_SEGMENT_SUFFIXES,
+    )
     return any(
         name.endswith(suffix) or (name.startswith(".") and f"{suffix}.tmp." in name)
-        for suffix in (SEGMENT_FILE_SUFFIX, *LEDGER_SEGMENT_SUFFIXES, *FACT_SEGMENT_SUFFIXES)
+        for suffix in suffixes
     )
 
 

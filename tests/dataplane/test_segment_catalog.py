@@ -1,0 +1,419 @@
+"""Version 4 data-plane indexes: the row segments' fixed parts in per-anchor catalogs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from dataplane_helpers import assert_rows_identical, sample_row
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollvault.cut import DataPlaneMutationCut
+from rollvault.dataplane import (
+    METADATA_FILENAME,
+    STAGING_PARTITION,
+    TRAIN_PARTITION,
+    DataPlaneCheckpointError,
+    EmbeddedDataPlane,
+    Row,
+)
+from rollvault.dataplane import segment_catalog as catalog_module
+from rollvault.dataplane.checkpoint_format import decode_envelope, encode_envelope
+from rollvault.dataplane.segment_catalog import (
+    MAX_CATALOGS,
+    catalogs_to_merge,
+)
+from rollvault.dataplane.segmented import (
+    SegmentedWriteInfo,
+    SegmentedWriter,
+    checkpoint_summary,
+    read_segmented,
+    read_segmented_content,
+    referenced_segments,
+)
+
+USER: dict[str, Any] = {"sidecars": {}}
+
+
+def write(writer: SegmentedWriter, plane: EmbeddedDataPlane, directory: Path, stem: str) -> Any:
+    pending = writer.write(directory, plane.capture(), USER, stem=stem)
+    writer.committed(pending)
+    return pending.info
+
+
+def read_back(directory: Path, segments: Path) -> dict[str, dict[str, Any]]:
+    loaded = read_segmented(directory, segments).checkpoint
+    assert loaded.user_metadata == USER
+    return {partition: dict(rows) for partition, rows in loaded.partitions.items()}
+
+
+def assert_same(got: dict[str, dict[str, Any]], expected: dict[str, dict[str, Row]]) -> None:
+    assert {p: sorted(rows) for p, rows in got.items() if rows} == {
+        p: sorted(rows) for p, rows in expected.items() if rows
+    }
+    for partition, rows in expected.items():
+        for key, row in rows.items():
+            assert_rows_identical(dict(got[partition][key]), row)
+
+
+def content_of(snapshot: Path) -> Any:
+    path = snapshot / METADATA_FILENAME
+    version, content_bytes = decode_envelope(path.read_bytes(), path)
+    assert version == 4
+    return json.loads(content_bytes)
+
+
+def rewrite_content(snapshot: Path, change: Any) -> Path:
+    path = snapshot / METADATA_FILENAME
+    version, content_bytes = decode_envelope(path.read_bytes(), path)
+    content = json.loads(content_bytes)
+    change(content)
+    path.write_bytes(encode_envelope(json.dumps(content).encode(), version))
+    return path
+
+
+# -- which catalogs merge ---------------------------------------------------------------
+
+
+def test_merges_keep_at_most_the_limit_the_fewest_live_first() -> None:
+    live = {"c1": 5, "c2": 1, "c3": 0, "c4": 3, "c5": 1}
+    # c3 holds no live entry: dropped, not merged. Four left + the new one, limit 3: two go.
+    assert catalogs_to_merge(live, adding=True, limit=3) == ["c2", "c5"]
+    assert catalogs_to_merge(live, adding=True, limit=5) == []
+    # No new catalog otherwise: merging writes one, so one more goes.
+    assert catalogs_to_merge(live, adding=False, limit=4) == []
+    assert catalogs_to_merge(live, adding=False, limit=3) == ["c2", "c5"]
+    assert catalogs_to_merge(live, adding=False, limit=1) == ["c2", "c5", "c4", "c1"]
+    assert catalogs_to_merge({}, adding=True, limit=1) == []
+
+
+# -- the writer over many snapshots -----------------------------------------------------
+
+
+def run_rounds(tmp_path: Path, rounds: int, seed: int, limit: int) -> list[SegmentedWriteInfo]:
+    """``rounds`` snapshots of a store whose rows come and go at random; each snapshot read
+    back whole and checked against the store. Returns each write's info."""
+    rng = random.Random(seed)
+    segments = tmp_path / "segments"
+    plane = EmbeddedDataPlane(DataPlaneMutationCut())
+    writer = SegmentedWriter(segments)
+    expected: dict[str, dict[str, Row]] = {STAGING_PARTITION: {}, TRAIN_PARTITION: {}}
+    infos = []
+    next_key = 0
+
+    async def step() -> None:
+        nonlocal next_key
+        for partition in (STAGING_PARTITION, TRAIN_PARTITION):
+            held = expected[partition]
+            gone = [key for key in sorted(held) if rng.random() < 0.25]
+            if gone:
+                await plane.clear(partition, gone)
+                for key in gone:
+                    del held[key]
+            new = {f"k{next_key + n}": sample_row(next_key + n, length=2) for n in range(3)}
+            next_key += 3
+            if rng.random() < 0.8:
+                await plane.put(partition, new)
+                held.update(new)
+
+    # The snapshot before, with what it held: it must still read back (retention keeps 2).
+    previous: tuple[Path, dict[str, dict[str, Row]]] | None = None
+    for number in range(1, rounds + 1):
+        asyncio.run(step())
+        directory = tmp_path / f"s{number}"
+        info = write(writer, plane, directory, f"{number:06d}")
+        infos.append(info)
+        assert len(info.catalogs) <= limit
+        assert_same(read_back(directory, segments), expected)
+        summary = checkpoint_summary(directory, segments)
+        assert {path.name for path, _size in summary.files} == {*info.referenced, *info.catalogs}
+        assert referenced_segments([directory]) == {*info.referenced, *info.catalogs}
+        # Every held segment is described by exactly one listed catalog.
+        index = read_segmented_content(directory, segments)
+        described = [file for catalog in index.catalogs for file in catalog.segments]
+        assert set(info.referenced) <= set(described)
+        if previous is not None:
+            assert_same(read_back(previous[0], segments), previous[1])
+        previous = directory, {p: dict(r) for p, r in expected.items()}
+    return infos
+
+
+@pytest.mark.parametrize("limit", [1, 3, MAX_CATALOGS])
+def test_many_snapshots_read_back_and_list_at_most_the_limit(
+    tmp_path: Path, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog_module, "MAX_CATALOGS", limit)
+    infos = run_rounds(tmp_path, 40, seed=limit, limit=limit)
+    most = max(len(info.catalogs) for info in infos)
+    if limit < MAX_CATALOGS:  # reached, so merges happened (rows die too slowly to avoid it)
+        assert most == limit
+    assert any(info.catalog_bytes for info in infos[1:])
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**16), limit=st.integers(1, 6))
+def test_random_histories_read_back_exactly(tmp_path_factory: Any, seed: int, limit: int) -> None:
+    tmp_path = tmp_path_factory.mktemp("history")
+    catalog_module.MAX_CATALOGS = limit  # type: ignore[misc]
+    try:
+        run_rounds(tmp_path, 12, seed=seed, limit=limit)
+    finally:
+        catalog_module.MAX_CATALOGS = MAX_CATALOGS  # type: ignore[misc]
+
+
+def test_the_index_no_longer_grows_by_a_digest_per_segment(tmp_path: Path) -> None:
+    """Sixty snapshots each adding a segment that stays held: version 3 would list 60 rows
+    of ~70 bytes; version 4 lists at most MAX_CATALOGS catalogs and ~11 bytes a segment,
+    and no snapshot rewrites more than its share of the catalog entries."""
+    segments = tmp_path / "segments"
+    plane = EmbeddedDataPlane(DataPlaneMutationCut())
+    writer = SegmentedWriter(segments)
+    catalog_bytes = []
+    for number in range(1, 61):
+        asyncio.run(plane.put(STAGING_PARTITION, {f"r{number}": sample_row(number, length=1)}))
+        info = write(writer, plane, tmp_path / f"s{number}", f"{number:06d}")
+        catalog_bytes.append(info.catalog_bytes)
+    content = content_of(tmp_path / "s60")
+    assert len(content["segments"]) == 60
+    assert len(content["catalogs"]) <= MAX_CATALOGS
+    for entry in content["segments"]:
+        assert len(json.dumps(entry, separators=(",", ":"))) <= 12
+    # A new segment's entry is ~90 bytes; a merge moves at most the average catalog's
+    # live entries (60 / 17 < 4): never the whole catalog at once.
+    assert max(catalog_bytes) < 6 * 100
+    index = read_segmented_content(tmp_path / "s60", segments)
+    assert sorted(file for c in index.catalogs for file in c.segments) == sorted(
+        held.file for held in index.segments
+    )
+
+
+# -- refusals ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def snapshot(tmp_path: Path) -> tuple[Path, Path]:
+    """Two snapshots, the second holding rows of segments 1 and 2 (two catalogs);
+    returns (segments, second)."""
+    segments = tmp_path / "segments"
+    plane = EmbeddedDataPlane(DataPlaneMutationCut())
+    writer = SegmentedWriter(segments)
+    asyncio.run(plane.put(STAGING_PARTITION, {"a": sample_row(1), "b": sample_row(2)}))
+    write(writer, plane, tmp_path / "s1", "000001")
+    asyncio.run(plane.put(TRAIN_PARTITION, {"t": sample_row(3)}))
+    info = write(writer, plane, tmp_path / "s2", "000002")
+    assert info.catalogs == ("000001-rows.catalog.json", "000002-rows.catalog.json")
+    return segments, tmp_path / "s2"
+
+
+def refused(snapshot: Path, segments: Path, culprit: Path, message: str) -> None:
+    with pytest.raises(DataPlaneCheckpointError, match=message) as caught:
+        read_segmented(snapshot, segments)
+    assert caught.value.path == culprit
+    with pytest.raises(DataPlaneCheckpointError, match=message):
+        checkpoint_summary(snapshot, segments)
+
+
+def test_the_written_form(snapshot: tuple[Path, Path]) -> None:
+    segments, second = snapshot
+    content = content_of(second)
+    catalog = segments / "000001-rows.catalog.json"
+    data = catalog.read_bytes()
+    assert content["catalogs"][0] == [
+        1,
+        base64.b64encode(hashlib.sha256(data).digest()).decode(),
+        len(data),
+        1,
+    ]
+    staging = content["partitions"].index(STAGING_PARTITION)
+    assert content["segments"][0] == [1, staging, []]
+    segment = segments / "000001-rollout_staging.segment.safetensors"
+    digest = hashlib.sha256(segment.read_bytes()).digest()
+    assert json.loads(data) == {
+        "schema_version": 1,
+        "entries": [
+            [1, STAGING_PARTITION, base64.b64encode(digest).decode(), segment.stat().st_size, 2]
+        ],
+    }
+
+
+def test_a_missing_catalog_is_named(snapshot: tuple[Path, Path]) -> None:
+    segments, second = snapshot
+    catalog = segments / "000001-rows.catalog.json"
+    catalog.unlink()
+    refused(second, segments, catalog, "missing catalog")
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "append"])
+def test_a_damaged_catalog_is_named(snapshot: tuple[Path, Path], damage: str) -> None:
+    segments, second = snapshot
+    catalog = segments / "000002-rows.catalog.json"
+    data = bytearray(catalog.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+        message = "catalog checksum mismatch"
+    elif damage == "truncate":
+        del data[-3:]
+        message = "catalog size is"
+    else:
+        data += b" "
+        message = "catalog size is"
+    catalog.write_bytes(bytes(data))
+    refused(second, segments, catalog, message)
+
+
+def forge_catalog(segments: Path, second: Path, content: Any, *, entry_count: int = 1) -> Path:
+    """Replace the second catalog by ``content`` (JSON) and record its digest and size in
+    the index, so that only the content's own check can refuse it."""
+    catalog = segments / "000002-rows.catalog.json"
+    data = json.dumps(content).encode()
+    catalog.write_bytes(data)
+
+    def record(index: dict[str, Any]) -> None:
+        index["catalogs"][1] = [
+            2,
+            base64.b64encode(hashlib.sha256(data).digest()).decode(),
+            len(data),
+            entry_count,
+        ]
+
+    rewrite_content(second, record)
+    return catalog
+
+
+def catalog_content(segments: Path) -> Any:
+    return json.loads((segments / "000002-rows.catalog.json").read_bytes())
+
+
+def _entry_set(position: int, value: Any) -> Any:
+    def change(content: dict[str, Any]) -> None:
+        content["entries"][0][position] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda c: c.update(schema_version=2), "unsupported catalog schema_version 2"),
+        (lambda c: c.update(extra=1), "Object contains unknown field `extra`"),
+        (_entry_set(1, "no/such"), r"at `\$.entries\[0\]\[1\]`"),
+        (_entry_set(2, "AAAA"), r"Expected `bytes` of length >= 32 - at `\$.entries\[0\]\[2\]`"),
+        (_entry_set(3, -1), r"Expected `int` >= 0 - at `\$.entries\[0\]\[3\]`"),
+        (_entry_set(0, "../x.segment.safetensors"), r"at `\$.entries\[0\]\[0\]`"),
+        (lambda c: c["entries"][0].pop(), r"at `\$.entries\[0\]`"),
+        (
+            lambda c: c["entries"].append(list(c["entries"][0])),
+            r"\$.entries\[1\]\[0\] \(name\): segment '000002-train.segment.safetensors' "
+            r"described twice",
+        ),
+    ],
+)
+def test_a_malformed_catalog_is_refused_naming_it_and_the_field(
+    snapshot: tuple[Path, Path], change: Any, message: str
+) -> None:
+    segments, second = snapshot
+    content = catalog_content(segments)
+    change(content)
+    count = len(content.get("entries", []))
+    catalog = forge_catalog(segments, second, content, entry_count=count)
+    refused(second, segments, catalog, message)
+
+
+def test_a_catalog_of_another_entry_count_is_refused(snapshot: tuple[Path, Path]) -> None:
+    segments, second = snapshot
+    catalog = forge_catalog(segments, second, catalog_content(segments), entry_count=2)
+    refused(second, segments, catalog, "catalog holds 1 entries, the snapshot records 2")
+
+
+def test_a_segment_two_catalogs_describe_is_refused(snapshot: tuple[Path, Path]) -> None:
+    segments, second = snapshot
+    first = json.loads((segments / "000001-rows.catalog.json").read_bytes())
+    content = catalog_content(segments)
+    content["entries"].append(first["entries"][0])
+    catalog = forge_catalog(segments, second, content, entry_count=2)
+    refused(
+        second,
+        segments,
+        catalog,
+        "segment '000001-rollout_staging.segment.safetensors' is also described by catalog "
+        "'000001-rows.catalog.json'",
+    )
+
+
+def test_a_segment_no_catalog_describes_is_refused(snapshot: tuple[Path, Path]) -> None:
+    segments, second = snapshot
+    path = rewrite_content(second, lambda c: c["catalogs"].pop())
+    refused(
+        second,
+        segments,
+        path,
+        r"segments\[1\]\[0\] \(name\): segment '000002-train.segment.safetensors' is "
+        "described by none of its catalogs",
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda c: c["catalogs"].append(list(c["catalogs"][0])),
+            r"catalogs\[2\]\[0\] \(name\): '000001-rows.catalog.json' listed twice",
+        ),
+        (lambda c: c["catalogs"][0].__setitem__(0, "../x.catalog.json"), r"catalogs\[0\]\[0\]"),
+        (lambda c: c["catalogs"][0].__setitem__(3, -1), r"catalogs\[0\]\[3\]"),
+        (lambda c: c["segments"][0].__setitem__(1, 5), r"segments\[0\]\[1\] \(partition\): 5"),
+        (
+            lambda c: c["segments"][0].__setitem__(2, [1, 2]),
+            r"segments\[0\]\[2\] \(live\): runs add up to 3 rows, the segment has 2",
+        ),
+        (lambda c: c["segments"][0].append(1), r"at most length 3"),
+    ],
+)
+def test_a_malformed_index_row_is_refused_naming_the_field(
+    snapshot: tuple[Path, Path], change: Any, message: str
+) -> None:
+    segments, second = snapshot
+    path = rewrite_content(second, change)
+    refused(second, segments, path, message)
+
+
+def test_the_catalog_partition_must_agree_with_the_index(snapshot: tuple[Path, Path]) -> None:
+    segments, second = snapshot
+    content = catalog_content(segments)
+    content["entries"][0][0] = "000002-train.segment.safetensors"  # a name not derived
+    content["entries"][0][1] = STAGING_PARTITION
+    catalog = forge_catalog(segments, second, content)
+
+    def by_text(index: dict[str, Any]) -> None:
+        index["segments"][1][0] = "000002-train.segment.safetensors"
+
+    path = rewrite_content(second, by_text)
+    del catalog
+    refused(second, segments, path, r"segments\[1\]\[1\] \(partition\): 'train', its catalog")
+
+
+def test_a_version_4_index_without_its_segments_directory_is_refused(
+    snapshot: tuple[Path, Path],
+) -> None:
+    _segments, second = snapshot
+    with pytest.raises(DataPlaneCheckpointError, match="read it with its segments directory"):
+        read_segmented_content(second)
+
+
+def test_an_entry_is_msgspec_strict(snapshot: tuple[Path, Path]) -> None:
+    """A catalog is never executed: a pickle-like payload is just a schema error."""
+    segments, second = snapshot
+    content = {"schema_version": 1, "entries": [{"__reduce__": "os.system"}]}
+    catalog = forge_catalog(segments, second, content)
+    refused(second, segments, catalog, "invalid catalog")
+    assert msgspec.json.decode(catalog.read_bytes()) == content
