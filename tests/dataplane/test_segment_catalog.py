@@ -387,19 +387,40 @@ def test_a_malformed_index_row_is_refused_naming_the_field(
     refused(second, segments, path, message)
 
 
-def test_the_catalog_partition_must_agree_with_the_index(snapshot: tuple[Path, Path]) -> None:
+def test_a_segment_the_index_places_in_another_partition_is_described_by_none(
+    snapshot: tuple[Path, Path],
+) -> None:
+    """Index rows and catalog entries match on (name, partition): the train segment listed
+    under the staging partition is another file, which no catalog describes."""
     segments, second = snapshot
+    staging = content_of(second)["partitions"].index(STAGING_PARTITION)
+    path = rewrite_content(second, lambda c: c["segments"][1].__setitem__(1, staging))
+    refused(
+        second,
+        segments,
+        path,
+        r"segments\[1\]\[0\] \(name\): segment '000002-rollout_staging.segment.safetensors' "
+        "is described by none",
+    )
+
+
+def test_a_name_given_as_text_where_its_number_is_due_is_refused(
+    snapshot: tuple[Path, Path],
+) -> None:
+    """One spelling per file, so that index rows and catalog entries match without building
+    file names; the other spelling is refused, in the catalog and in the index."""
+    segments, second = snapshot
+    original = catalog_content(segments)
     content = catalog_content(segments)
-    content["entries"][0][0] = "000002-train.segment.safetensors"  # a name not derived
-    content["entries"][0][1] = STAGING_PARTITION
+    content["entries"][0][0] = "000002-train.segment.safetensors"
     catalog = forge_catalog(segments, second, content)
-
-    def by_text(index: dict[str, Any]) -> None:
-        index["segments"][1][0] = "000002-train.segment.safetensors"
-
-    path = rewrite_content(second, by_text)
-    del catalog
-    refused(second, segments, path, r"segments\[1\]\[1\] \(partition\): 'train', its catalog")
+    refused(second, segments, catalog, r"\$.entries\[0\]\[0\] \(name\): the text")
+    forge_catalog(segments, second, original)
+    read_segmented(second, segments)  # as written again: readable
+    path = rewrite_content(
+        second, lambda c: c["segments"][1].__setitem__(0, "000002-train.segment.safetensors")
+    )
+    refused(second, segments, path, r"\$.content.segments\[1\]\[0\] \(name\): the text")
 
 
 def test_a_version_4_index_without_its_segments_directory_is_refused(

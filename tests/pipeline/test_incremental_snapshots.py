@@ -213,6 +213,53 @@ def test_a_missing_segment_rejects_its_snapshots_and_restore_falls_back(
     assert written == put and put  # the restored rows were referenced, not rewritten
 
 
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_a_damaged_catalog_rejects_the_snapshot_listing_it_and_restore_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    """The row segments' catalog is checked like a segment (invariant 6): a flipped byte or a
+    missing file names it, and restore takes the older snapshot, which does not list it."""
+    config = _config(tmp_path)
+
+    async def write() -> tuple[Path, Path]:
+        run = Run.fresh(config)
+        await _reserve(run.parts, sealed=2, gate=run.gate)
+        older = await run.snapshot()
+        await _reserve(run.parts, sealed=3, gate=run.gate)
+        newest = await run.snapshot()
+        run.parts.logs.close()
+        return older, newest
+
+    older, newest = asyncio.run(write())
+
+    def catalogs(snapshot: Path) -> set[str]:
+        index = read_segmented_content(snapshot / DATA_PLANE_DIRNAME, segments_dir_for(snapshot))
+        return {catalog.file for catalog in index.catalogs}
+
+    (only_newest,) = catalogs(newest) - catalogs(older)
+    catalog = segments_dir_for(newest) / only_newest
+    if damage == "flip":
+        data = bytearray(catalog.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        catalog.write_bytes(bytes(data))
+    else:
+        catalog.unlink()
+    verification = verify_snapshot(
+        newest, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    )
+    (problem,) = verification.problems
+    assert problem.kind is ProblemKind.DAMAGED and problem.path == catalog
+    assert ("checksum mismatch" if damage == "flip" else "missing catalog") in problem.problem
+    assert verify_snapshot(
+        older, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
+    ).ok
+    with caplog.at_level(logging.WARNING):
+        source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+    assert source.snapshot.path == older
+    assert str(catalog) in caplog.text
+
+
 def test_segments_are_kept_while_a_committed_snapshot_s_index_is_unreadable(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -46,7 +46,13 @@ import msgspec
 from rollvault.dataplane.checkpoint_format import NonNegativeInt, PartitionName, sha256_hex
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.segments import WrittenSegment, segment_file_name
-from rollvault.durable.segment_store import file_of_sequence_name, publish_catalog, sequence_name
+from rollvault.durable.segment_store import (
+    SEQUENCE_DIGITS,
+    file_of_sequence_name,
+    publish_catalog,
+    require_sequence_number,
+    sequence_name,
+)
 
 CATALOG_SCHEMA_VERSION: Final = 1
 SUPPORTED_CATALOG_SCHEMA_VERSIONS: Final = frozenset({CATALOG_SCHEMA_VERSION})
@@ -116,8 +122,21 @@ def segment_name_field(file: str, partition: str) -> int | str:
 
 
 def segment_file_from_name(name: int | str, partition: str) -> str:
-    """The segment file a compact row's ``name`` stands for (see :func:`segment_name_field`)."""
-    return file_of_sequence_name(name, functools.partial(segment_file_name, partition=partition))
+    """The segment file a compact row's ``name`` stands for (see :func:`segment_name_field`).
+
+    Called per segment of every index read (hundreds in a long anchor's restore): the
+    number's file name is built directly, without a partial per call."""
+    if isinstance(name, str):
+        return name
+    return segment_file_name(f"{name:0{SEQUENCE_DIGITS}d}", partition)
+
+
+def require_canonical_name(name: int | str, partition: str) -> None:
+    """Refuse a segment named by text where its sequence number is due (``ValueError``
+    naming the field): so ``(name, partition)`` names one file one way, and an index and a
+    catalog can be matched on it without building file names."""
+    if isinstance(name, str):
+        require_sequence_number(name, functools.partial(segment_file_name, partition=partition))
 
 
 @dataclass(frozen=True)
@@ -192,26 +211,25 @@ def read_catalog(path: Path, *, sha256: str, byte_size: int, entry_count: int) -
 def decode_catalog(path: Path, data: bytes, *, entry_count: int) -> CatalogFile:
     """The catalog in ``data`` (already checked against its recorded SHA-256), checked."""
     try:
-        version = msgspec.json.decode(data, type=_VersionProbe).schema_version
-    except msgspec.DecodeError as exc:
-        raise DataPlaneCheckpointError(path, f"invalid catalog: {exc}") from exc
-    if version not in SUPPORTED_CATALOG_SCHEMA_VERSIONS:
-        readable = ", ".join(map(str, sorted(SUPPORTED_CATALOG_SCHEMA_VERSIONS)))
-        raise DataPlaneCheckpointError(
-            path, f"unsupported catalog schema_version {version} (this build reads {readable})"
-        )
-    try:
         catalog = msgspec.json.decode(data, type=CatalogFile, strict=True)
     except msgspec.DecodeError as exc:
+        # A version this build does not read is named as such, not as whatever it changed.
+        _check_version(path, data)
         raise DataPlaneCheckpointError(path, f"invalid catalog: {exc}") from exc
+    if catalog.schema_version not in SUPPORTED_CATALOG_SCHEMA_VERSIONS:
+        _check_version(path, data)
     if len(catalog.entries) != entry_count:
         raise DataPlaneCheckpointError(
             path,
             f"catalog holds {len(catalog.entries)} entries, the snapshot records {entry_count}",
         )
-    seen: dict[str, int] = {}
+    seen: dict[tuple[int | str, str], int] = {}
     for index, entry in enumerate(catalog.entries):
-        first = seen.setdefault(entry.file, index)
+        try:
+            require_canonical_name(entry.name, entry.partition)
+        except ValueError as exc:
+            raise DataPlaneCheckpointError(path, f"$.entries[{index}]{exc}") from exc
+        first = seen.setdefault((entry.name, entry.partition), index)
         if first != index:
             raise DataPlaneCheckpointError(
                 path,
@@ -219,6 +237,20 @@ def decode_catalog(path: Path, data: bytes, *, entry_count: int) -> CatalogFile:
                 f"(first at entries[{first}])",
             )
     return catalog
+
+
+def _check_version(path: Path, data: bytes) -> None:
+    """Refuse ``data`` unless its ``schema_version`` is one this build reads (an error of
+    another kind is left to the caller)."""
+    try:
+        version = msgspec.json.decode(data, type=_VersionProbe).schema_version
+    except msgspec.DecodeError:
+        return
+    if version not in SUPPORTED_CATALOG_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, sorted(SUPPORTED_CATALOG_SCHEMA_VERSIONS)))
+        raise DataPlaneCheckpointError(
+            path, f"unsupported catalog schema_version {version} (this build reads {readable})"
+        )
 
 
 def catalogs_to_merge(

@@ -99,6 +99,7 @@ from rollvault.dataplane.segment_catalog import (
     catalog_name_field,
     catalogs_to_merge,
     read_catalog,
+    require_canonical_name,
     segment_file_from_name,
     segment_name_field,
     write_catalog,
@@ -705,10 +706,11 @@ def _index_v4(
     content: SegmentedCheckpointContentV4, path: Path, segments_dir: Path
 ) -> SegmentedIndex:
     """Version 4's index: each listed catalog read and checked, each held segment's fixed
-    parts from the one catalog describing it."""
+    parts from the one catalog describing it (matched on ``(name, partition)``, both
+    canonical: no file name is built twice)."""
     _check_partitions(content.partitions, path)
     catalogs, described = _read_catalogs(content.catalogs, path, segments_dir)
-    seen: dict[str, int] = {}
+    seen: dict[tuple[int | str, str], int] = {}
     segments = []
     for index, held in enumerate(content.segments):
 
@@ -722,22 +724,22 @@ def _index_v4(
                 f"$.content.partitions ({len(content.partitions)} of them)",
             )
         partition = content.partitions[held.partition]
-        file = segment_file_from_name(held.name, partition)
-        first = seen.setdefault(file, index)
-        if first != index:
-            raise DataPlaneCheckpointError(
-                path, f"{where('name')}: {file!r} listed twice (first at segments[{first}])"
+        try:
+            require_canonical_name(held.name, partition)
+        except ValueError as exc:
+            raise DataPlaneCheckpointError(path, f"$.content.segments[{index}]{exc}") from exc
+        key = (held.name, partition)
+        first = seen.setdefault(key, index)
+        found = described.get(key)
+        if first != index or found is None:
+            file = segment_file_from_name(held.name, partition)
+            problem = (
+                f"{file!r} listed twice (first at segments[{first}])"
+                if first != index
+                else f"segment {file!r} is described by none of its catalogs"
             )
-        entry = described.get(file)
-        if entry is None:
-            raise DataPlaneCheckpointError(
-                path, f"{where('name')}: segment {file!r} is described by none of its catalogs"
-            )
-        if entry.partition != partition:
-            raise DataPlaneCheckpointError(
-                path,
-                f"{where('partition')}: {partition!r}, its catalog says {entry.partition!r}",
-            )
+            raise DataPlaneCheckpointError(path, f"{where('name')}: {problem}")
+        entry, file = found
         try:
             wanted = decode_live(held.live, entry.row_count)
         except ValueError as exc:
@@ -762,14 +764,18 @@ def _index_v4(
     )
 
 
+_Described = dict[tuple[int | str, str], tuple[CatalogEntry, str]]
+"""Per segment ``(name, partition)``, its catalog entry and its file name."""
+
+
 def _read_catalogs(
     refs: Sequence[CatalogRef], path: Path, segments_dir: Path
-) -> tuple[list[WrittenCatalog], dict[str, CatalogEntry]]:
-    """The catalogs ``refs`` list, each read and checked against its row, and each segment
-    file's entry; a catalog listed twice or a segment described by two raise."""
+) -> tuple[list[WrittenCatalog], _Described]:
+    """The catalogs ``refs`` list, each read and checked against its row, and each segment's
+    entry; a catalog listed twice or a segment described by two raise."""
     catalogs: list[WrittenCatalog] = []
-    described: dict[str, CatalogEntry] = {}
-    owner: dict[str, str] = {}
+    described: _Described = {}
+    owner: dict[tuple[int | str, str], str] = {}
     for index, ref in enumerate(refs):
         file = catalog_file_from_name(ref.name)
         if any(catalog.file == file for catalog in catalogs):
@@ -785,20 +791,23 @@ def _read_catalogs(
             byte_size=ref.byte_size,
             entry_count=ref.entry_count,
         )
+        files = []
         for entry in catalog.entries:
-            segment = entry.file
-            other = owner.setdefault(segment, file)
+            key = (entry.name, entry.partition)
+            segment = segment_file_from_name(entry.name, entry.partition)
+            other = owner.setdefault(key, file)
             if other != file:
                 raise DataPlaneCheckpointError(
                     catalog_path, f"segment {segment!r} is also described by catalog {other!r}"
                 )
-            described[segment] = entry
+            described[key] = (entry, segment)
+            files.append(segment)
         catalogs.append(
             WrittenCatalog(
                 file=file,
                 sha256=ref.sha256.hex(),
                 byte_size=ref.byte_size,
-                segments=tuple(entry.file for entry in catalog.entries),
+                segments=tuple(files),
             )
         )
     return catalogs, described
