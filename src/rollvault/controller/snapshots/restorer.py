@@ -70,7 +70,7 @@ from rollvault.ledger.statuses import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
-from rollvault.tasks.protocols import describe_row
+from rollvault.tasks.protocols import describe_row, identified_row_fetcher
 
 _LOG = logging.getLogger("rollvault.restore")
 
@@ -161,6 +161,8 @@ class RolloutRestorer:
         self.counts = RestoreCounts()
         self.restored_group_ids: list[str] = []
         self._identities: dict[str, str] = {}
+        self._fetch_row: Callable[[int], tuple[DatumSpec, str]] | None = None
+        """Each group's row and identity, from one build when the dataset can (chosen once)."""
         self.segment_seed: SegmentSeed | None = None
         """The restored rows' segments, for the checkpointer's first snapshot to reference."""
         self.ledger_seed: LedgerSeed | None = None
@@ -581,6 +583,7 @@ class RolloutRestorer:
         """
         parts = self._parts
         self._identities = snapshot.controller.prompt_identities
+        self._fetch_row = identified_row_fetcher(parts.dataset)
         bound = []
         for record in self._records:
             payload = await self._load_recovery_prompt(
@@ -600,13 +603,17 @@ class RolloutRestorer:
                 f"dataset index {origin.dataset_idx}"
             )
         recorded = self._identities.get(group_id)
-        if recorded is not None and parts.dataset.identity(origin.dataset_idx) != recorded:
+        if recorded is None:
+            return parts.dataset[origin.dataset_idx]
+        fetch = self._fetch_row or identified_row_fetcher(parts.dataset)
+        payload, identity = fetch(origin.dataset_idx)
+        if identity != recorded:
             raise RestoreError(
                 f"group {group_id!r}: {describe_row(parts.dataset, origin.dataset_idx)} no "
                 "longer holds the prompt it was reserved with (the dataset changed order or "
                 "content)"
             )
-        return parts.dataset[origin.dataset_idx]
+        return payload
 
     # -- accounting -------------------------------------------------------------------
 
