@@ -316,12 +316,17 @@ class RolloutRestorer:
                 if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP
             ]
         )
+        evidence = None
         if self._resume.mode is RestoreMode.LATEST:
-            controller = snapshot.controller
-            self._record_interruptions(
-                journal_seq=controller.dispatch_journal_seq, carried=controller.lost_interruptions
-            )
-        parts.ledger.prepare_for_restart(parts.cut)
+            evidence = self._crash_evidence(journal_seq=snapshot.controller.dispatch_journal_seq)
+        if evidence is None:
+            parts.ledger.prepare_for_restart(parts.cut)
+        else:
+            # The interruptions recorded, then the restart's replacements, in one pass
+            # that copies each group the seed shares once (see restart_interrupted).
+            parts.ledger.restart_interrupted(parts.cut, evidence.in_ledger)
+        if evidence is not None:
+            self._log_interruptions(evidence, carried=snapshot.controller.lost_interruptions)
         self._restore_episodes(snapshot)
         self._restore_prefixes()
         self._records = parts.ledger.shared_groups()
@@ -393,11 +398,23 @@ class RolloutRestorer:
         """Charge the attempts the process's death interrupted (``crash_evidence``).
 
         ``journal_seq`` is where the restored snapshot reflects the dispatch
-        journal; ``carried`` are the lost groups' interruptions it kept.
+        journal; ``carried`` are the lost groups' interruptions it kept. (A
+        restore of a snapshot records them with ``restart_interrupted``.)
         """
         parts = self._parts
-        if parts.journal is None:
+        evidence = self._crash_evidence(journal_seq=journal_seq)
+        if evidence is None:
             return
+        for group_id, interrupted in evidence.in_ledger.items():
+            parts.ledger.mark_attempts_interrupted(parts.cut, group_id, interrupted)
+        self._log_interruptions(evidence, carried=carried)
+
+    def _crash_evidence(self, *, journal_seq: int) -> CrashEvidence | None:
+        """The attempts the dispatch journal shows in flight at the death, after
+        ``journal_seq`` (None: the run keeps no journal)."""
+        parts = self._parts
+        if parts.journal is None:
+            return None
         tail = read_dispatch_journal(
             Path(parts.config.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME,
             after_seq=journal_seq,
@@ -407,10 +424,14 @@ class RolloutRestorer:
             f"{parts.logs.incarnation})"
         )
         # Crash evidence reads every group and keeps none of them: borrowed, not
-        # frozen (frozen, each group recorded below would be copied first).
-        evidence = crash_evidence(parts.ledger.borrowed_groups(), tail, reason=reason)
-        for group_id, interrupted in evidence.in_ledger.items():
-            parts.ledger.mark_attempts_interrupted(parts.cut, group_id, interrupted)
+        # frozen (frozen, each group it finds would be copied whole when recorded).
+        return crash_evidence(parts.ledger.borrowed_groups(), tail, reason=reason)
+
+    def _log_interruptions(
+        self, evidence: CrashEvidence, *, carried: list[LostGroupInterruption]
+    ) -> None:
+        """Once recorded: their attempts-log lines, and the lost groups' interruptions kept."""
+        parts = self._parts
         # One write for thousands of lines, each built once in its final form.
         parts.logs.attempts.write_stamped(self._interruption_lines(evidence))
         parts.lost_interruptions = [*carried, *evidence.lost]
