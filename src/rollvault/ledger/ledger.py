@@ -912,7 +912,7 @@ class RolloutRecoveryLedger:
         at the siblings they touch (``copy_sibling_path``), where the two
         calls copied it whole.
         """
-        self._enter(cut, "prepare_for_restart")
+        self._enter(cut, "restart_interrupted")
         self._restart(cut, interrupted)
 
     def _restart(
