@@ -278,3 +278,105 @@ def test_interruptions_of_a_shared_group_leave_what_was_shared_as_it_was(
     harness.call("mark_attempts_interrupted", group_id, [interrupted(0)])
     assert msgspec.to_builtins(shared) == frozen
     assert [len(s.attempts) for s in harness.group(group_id).siblings] == [2, 1, 2]
+
+
+def _lineages(harness: Harness, group_id: str) -> list[list[tuple[object, ...]]]:
+    """Each sibling's attempts as (status, kind, reason, turn keys): all but fresh UUIDs."""
+    return [
+        [(a.status, a.failure_kind, a.failure_reason, a.turn_keys) for a in sibling.attempts]
+        for sibling in harness.group(group_id).siblings
+    ]
+
+
+def _restart_shape(harness: Harness) -> tuple[str, str, str]:
+    """Groups as a restore finds them: interrupted siblings, a sealed one, a failed one, one
+    left reserved, and a finalizing group (a later sibling minted after the snapshot)."""
+    mixed = harness.reserve(5)
+    harness.dispatch(mixed, [0, 1, 2, 3])
+    harness.seal(mixed, 1)
+    harness.fail(mixed, 2)
+    atomic = harness.reserve(2, granularity=RecoveryGranularity.PROMPT_GROUP)
+    harness.dispatch(atomic)
+    harness.seal(atomic, 0)
+    finalizing = harness.ready_group(2)
+    harness.call("mark_finalization_started", finalizing)
+    return mixed, atomic, finalizing
+
+
+def _evidence(harness: Harness, mixed: str, atomic: str) -> dict[str, list[InterruptedAttempt]]:
+    return {
+        mixed: [interrupted(0, current_uuid(harness, mixed, 0)), interrupted(0)],
+        atomic: [interrupted(1, current_uuid(harness, atomic, 1))],
+    }
+
+
+def test_restart_interrupted_equals_marking_then_prepare_for_restart() -> None:
+    apart, together = Harness(), Harness()
+    try:
+        shapes = [_restart_shape(h) for h in (apart, together)]
+        for harness in (apart, together):
+            harness.ledger.shared_groups()  # as a restore's ledger seed shares them
+        (mixed, atomic, _) = shapes[0]
+        for group_id, items in _evidence(apart, mixed, atomic).items():
+            apart.call("mark_attempts_interrupted", group_id, items)
+        apart.call("prepare_for_restart")
+        (mixed2, atomic2, _) = shapes[1]
+        together.call("restart_interrupted", _evidence(together, mixed2, atomic2))
+        for a, b in zip(shapes[0], shapes[1], strict=True):
+            assert _lineages(apart, a) == _lineages(together, b)
+            assert apart.group(a).status == together.group(b).status
+        assert [len(s.attempts) for s in together.group(mixed2).siblings] == [3, 1, 1, 2, 2]
+    finally:
+        apart.close()
+        together.close()
+
+
+def test_a_restart_copies_a_shared_group_only_at_the_siblings_it_changes(
+    harness: Harness,
+) -> None:
+    """The restore's ledger seed shares every loaded group: a restart's interruptions and
+    replacements go into a copy of only the siblings they touch; the shared record, which
+    stands for the loaded one, never changes, also once the run goes on changing the group."""
+    mixed, atomic, _ = _restart_shape(harness)
+    shared = {record.group_id: record for record in harness.ledger.shared_groups()}
+    frozen = {group_id: msgspec.to_builtins(record) for group_id, record in shared.items()}
+    harness.call("restart_interrupted", _evidence(harness, mixed, atomic))
+    live = harness.ledger.borrowed_group(mixed)
+    assert live.siblings is not shared[mixed].siblings  # a changed group, for the seed
+    # The sealed and failed siblings are the shared ones, not copies; the interrupted (0)
+    # and the live ones replaced (3 dispatched, 4 reserved) are copies.
+    assert [live.siblings[i] is shared[mixed].siblings[i] for i in range(5)] == [
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert {g: msgspec.to_builtins(r) for g, r in shared.items()} == frozen
+    # Still shared at its other siblings: the next change copies the group whole first.
+    harness.dispatch(mixed, [0, 3, 4])
+    harness.seal(mixed, 4)
+    assert {g: msgspec.to_builtins(r) for g, r in shared.items()} == frozen
+    assert current_statuses(harness.group(mixed)) == [A.DISPATCHED, A.SEALED, A.FAILED] + [
+        A.DISPATCHED,
+        A.SEALED,
+    ]
+
+
+def test_a_restart_with_a_refused_interruption_leaves_the_shared_group_as_it_was(
+    harness: Harness,
+) -> None:
+    group_id = harness.reserve(3)
+    harness.dispatch(group_id)
+    harness.seal(group_id, 1)
+    (shared,) = harness.ledger.shared_groups()
+    frozen = msgspec.to_builtins(shared)
+    before = harness.ledger.state_dict()
+    doomed = [interrupted(0, current_uuid(harness, group_id, 0)), interrupted(1)]
+    with pytest.raises(LedgerTransitionError, match="cannot have been retried"):
+        harness.call("restart_interrupted", {group_id: doomed})
+    assert harness.ledger.state_dict() == before
+    assert msgspec.to_builtins(shared) == frozen
+    with pytest.raises(InvalidLedgerInputError, match="expected InterruptedAttempt"):
+        harness.call("restart_interrupted", {group_id: [interrupted(0), "x"]})
+    assert harness.ledger.state_dict() == before

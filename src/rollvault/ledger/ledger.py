@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
 import msgspec
@@ -44,6 +44,8 @@ from rollvault.ledger.records import (
     RolloutSiblingRecord,
     SiblingSealResult,
     copy_group_record,
+    copy_sibling_path,
+    copy_siblings_into,
     new_attempts,
     unshare_group_record,
 )
@@ -771,19 +773,29 @@ class RolloutRecoveryLedger:
         group checks the cut, the group and its status once. All or nothing:
         when one of them is refused, none is recorded.
         """
+        self._record_group_interruptions(cut, group_id, interrupted)
+
+    def _record_group_interruptions(
+        self, cut: DataPlaneMutationCut, group_id: str, interrupted: list[InterruptedAttempt]
+    ) -> set[int] | None:
+        """:meth:`mark_attempts_interrupted`; returns the siblings it copied when the group
+        was shared (its new record is this call's own copy at those siblings, else None)."""
         self._enter(cut, "mark_attempts_interrupted", group_id)
         record = self._require_group(group_id)
         self._check_interrupted(record, interrupted, "record an interrupted attempt")
         if group_id not in self._captured:
             record_interruptions(record, interrupted)
-            return
+            return None
         # Shared with a capture (a restore's ledger seed holds every loaded group):
-        # recorded into the copy that unshares it, installed only when all are
-        # recorded, so a refusal needs no undo and leaves the shared record as it was.
-        copy = unshare_group_record(record)
+        # recorded into a copy of only the siblings it touches, installed only when all
+        # are recorded, so a refusal needs no undo and leaves the shared record as it
+        # was. The copy shares the rest with the capture: it stays captured, so that a
+        # later change copies it whole first (see copy_sibling_path).
+        touched = {item.generation_index for item in interrupted}
+        copy = copy_sibling_path(record, touched)
         record_interruptions(copy, interrupted, undo=False)
         self._groups[group_id] = copy
-        self._captured.discard(group_id)
+        return touched
 
     def carry_interrupted_attempts(
         self,
@@ -883,6 +895,37 @@ class RolloutRecoveryLedger:
         canonical rows were published is resolved by looking for them.
         """
         self._enter(cut, "prepare_for_restart")
+        self._restart(cut, {})
+
+    def restart_interrupted(
+        self, cut: DataPlaneMutationCut, interrupted: Mapping[str, list[InterruptedAttempt]]
+    ) -> None:
+        """:meth:`mark_attempts_interrupted` of each group of ``interrupted``, then
+        :meth:`prepare_for_restart`, in one pass.
+
+        Not in the reference API. ``interrupted``: per group, the attempts a
+        restore's crash evidence found in flight, each group's checked and
+        recorded exactly as :meth:`mark_attempts_interrupted` does, all of
+        them before any replacement; a refusal leaves the groups recorded
+        before it. A group shared with a capture (a restore's ledger seed
+        shares every loaded group) is copied once for both changes, and only
+        at the siblings they touch (``copy_sibling_path``), where the two
+        calls copied it whole.
+        """
+        self._enter(cut, "restart_interrupted")
+        self._restart(cut, interrupted)
+
+    def _restart(
+        self, cut: DataPlaneMutationCut, interrupted: Mapping[str, list[InterruptedAttempt]]
+    ) -> None:
+        """:meth:`restart_interrupted`, the cut checked by the caller."""
+        # Groups copied here at their siblings' path (copy_sibling_path): the siblings
+        # each copy owns already, for the replacements to copy only the others.
+        owned = {
+            group_id: touched
+            for group_id, items in interrupted.items()
+            if (touched := self._record_group_interruptions(cut, group_id, items)) is not None
+        }
         redone: list[tuple[str, list[int]]] = []
         fresh_count = 0
         for group_id, shared in list(self._groups.items()):
@@ -902,7 +945,32 @@ class RolloutRecoveryLedger:
         # C conversion instead of one per group (~770 per restore at 1,024 x 16).
         fresh = iter(new_attempts(fresh_count))
         for group_id, redo in redone:
-            redo_interrupted(self._mutable_group(group_id), redo, fresh)
+            record = self._restart_copy(group_id, redo, owned.get(group_id))
+            redo_interrupted(record, redo, fresh)
+
+    def _restart_copy(
+        self, group_id: str, redo: list[int], owned: set[int] | None
+    ) -> PromptGroupRecoveryRecord:
+        """The record ``redo_interrupted`` changes at ``redo``, a ``generating`` group's.
+
+        A shared ``sibling`` group (a restore's, frozen for its ledger seed) gets a
+        copy of only the siblings redone (their current attempt is abandoned or
+        failed, and a fresh one appended) and stays captured; when ``owned`` (the
+        siblings :meth:`restart_interrupted` copied recording its interruptions), its
+        record is that copy, which gets the others. A ``prompt_group`` group changes
+        every sibling and is copied whole.
+        """
+        record = self._groups[group_id]
+        if group_id not in self._captured or (
+            record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP
+        ):
+            return self._mutable_group(group_id)
+        if owned is None:
+            record = copy_sibling_path(record, redo)
+            self._groups[group_id] = record
+        else:
+            copy_siblings_into(record.siblings, [index for index in redo if index not in owned])
+        return record
 
     @staticmethod
     def _abandon_entire_group(record: PromptGroupRecoveryRecord) -> None:

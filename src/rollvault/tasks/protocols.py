@@ -3,7 +3,9 @@
 Datasets are map-style: a stable integer index and a digest per prompt.
 Restore rehydrates prompts by dataset index, so a dataset must return the same
 prompt for the same index in every process; :meth:`PromptDataset.identity`
-lets restore check that it did.
+lets restore check that it did. A dataset whose identity is a digest of the
+row it builds may also give both from one build (:class:`IdentifiedRows`):
+restore fetches every restored group's row and checks its identity.
 
 Environments score a response; the gate runs them after generation. A
 token-level :class:`Environment` scores response token ids (the simulated
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # episodes builds on this module's scorers
 __all__ = [
     "DatasetBuilder",
     "Environment",
+    "IdentifiedRows",
     "PromptDataset",
     "PromptEnvironmentError",
     "RowDescriber",
@@ -48,6 +51,7 @@ __all__ = [
     "WarmupExample",
     "WarmupSource",
     "describe_row",
+    "identified_row_fetcher",
     "prompt_identity",
 ]
 
@@ -67,6 +71,42 @@ class PromptDataset(Protocol):
     def identity(self, idx: int) -> str:
         """A stable digest of the prompt at ``idx``, compared on restore."""
         ...
+
+
+@runtime_checkable
+class IdentifiedRows(Protocol):
+    """A dataset that gives a row and its identity from one fetch (optional).
+
+    For a dataset whose :meth:`PromptDataset.identity` builds the row to
+    digest it (every generated task's): a restore needs both for each
+    restored group, and would build each row twice. A dataset without it
+    works as before (:func:`identified_row_fetcher` calls ``identity`` and
+    ``__getitem__``).
+    """
+
+    def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
+        """``(self[idx], self.identity(idx))``, the row built once."""
+        ...
+
+
+def identified_row_fetcher(dataset: PromptDataset) -> Callable[[int], tuple[DatumSpec, str]]:
+    """How to fetch ``(row, identity)`` of an index of ``dataset``: once per restore.
+
+    The dataset's ``row_with_identity`` (:class:`IdentifiedRows`) only when
+    the class that defines its ``identity`` defines it too: a subclass that
+    overrides ``identity`` alone (to count or change it) must be asked its
+    own. Otherwise ``identity``, then the row, in that order as before.
+    """
+    owner = next((cls for cls in type(dataset).__mro__ if "identity" in vars(cls)), None)
+    defined_with_identity = owner is not None and "row_with_identity" in vars(owner)
+    if defined_with_identity and isinstance(dataset, IdentifiedRows):
+        return dataset.row_with_identity
+
+    def fetch(idx: int) -> tuple[DatumSpec, str]:
+        identity = dataset.identity(idx)
+        return dataset[idx], identity
+
+    return fetch
 
 
 @runtime_checkable

@@ -70,7 +70,7 @@ from rollvault.ledger.statuses import (
     RecoveryGranularity,
     RolloutAttemptStatus,
 )
-from rollvault.tasks.protocols import describe_row
+from rollvault.tasks.protocols import describe_row, identified_row_fetcher
 
 _LOG = logging.getLogger("rollvault.restore")
 
@@ -161,6 +161,8 @@ class RolloutRestorer:
         self.counts = RestoreCounts()
         self.restored_group_ids: list[str] = []
         self._identities: dict[str, str] = {}
+        self._fetch_row: Callable[[int], tuple[DatumSpec, str]] | None = None
+        """Each group's row and identity, from one build when the dataset can (chosen once)."""
         self.segment_seed: SegmentSeed | None = None
         """The restored rows' segments, for the checkpointer's first snapshot to reference."""
         self.ledger_seed: LedgerSeed | None = None
@@ -314,12 +316,17 @@ class RolloutRestorer:
                 if record.recovery_granularity is RecoveryGranularity.PROMPT_GROUP
             ]
         )
+        evidence = None
         if self._resume.mode is RestoreMode.LATEST:
-            controller = snapshot.controller
-            self._record_interruptions(
-                journal_seq=controller.dispatch_journal_seq, carried=controller.lost_interruptions
-            )
-        parts.ledger.prepare_for_restart(parts.cut)
+            evidence = self._crash_evidence(journal_seq=snapshot.controller.dispatch_journal_seq)
+        if evidence is None:
+            parts.ledger.prepare_for_restart(parts.cut)
+        else:
+            # The interruptions recorded, then the restart's replacements, in one pass
+            # that copies each group the seed shares once (see restart_interrupted).
+            parts.ledger.restart_interrupted(parts.cut, evidence.in_ledger)
+        if evidence is not None:
+            self._log_interruptions(evidence, carried=snapshot.controller.lost_interruptions)
         self._restore_episodes(snapshot)
         self._restore_prefixes()
         self._records = parts.ledger.shared_groups()
@@ -391,11 +398,23 @@ class RolloutRestorer:
         """Charge the attempts the process's death interrupted (``crash_evidence``).
 
         ``journal_seq`` is where the restored snapshot reflects the dispatch
-        journal; ``carried`` are the lost groups' interruptions it kept.
+        journal; ``carried`` are the lost groups' interruptions it kept. (A
+        restore of a snapshot records them with ``restart_interrupted``.)
         """
         parts = self._parts
-        if parts.journal is None:
+        evidence = self._crash_evidence(journal_seq=journal_seq)
+        if evidence is None:
             return
+        for group_id, interrupted in evidence.in_ledger.items():
+            parts.ledger.mark_attempts_interrupted(parts.cut, group_id, interrupted)
+        self._log_interruptions(evidence, carried=carried)
+
+    def _crash_evidence(self, *, journal_seq: int) -> CrashEvidence | None:
+        """The attempts the dispatch journal shows in flight at the death, after
+        ``journal_seq`` (None: the run keeps no journal)."""
+        parts = self._parts
+        if parts.journal is None:
+            return None
         tail = read_dispatch_journal(
             Path(parts.config.checkpointing.checkpoint_dir) / DISPATCH_JOURNAL_DIRNAME,
             after_seq=journal_seq,
@@ -405,10 +424,14 @@ class RolloutRestorer:
             f"{parts.logs.incarnation})"
         )
         # Crash evidence reads every group and keeps none of them: borrowed, not
-        # frozen (frozen, each group recorded below would be copied first).
-        evidence = crash_evidence(parts.ledger.borrowed_groups(), tail, reason=reason)
-        for group_id, interrupted in evidence.in_ledger.items():
-            parts.ledger.mark_attempts_interrupted(parts.cut, group_id, interrupted)
+        # frozen (frozen, each group it finds would be copied whole when recorded).
+        return crash_evidence(parts.ledger.borrowed_groups(), tail, reason=reason)
+
+    def _log_interruptions(
+        self, evidence: CrashEvidence, *, carried: list[LostGroupInterruption]
+    ) -> None:
+        """Once recorded: their attempts-log lines, and the lost groups' interruptions kept."""
+        parts = self._parts
         # One write for thousands of lines, each built once in its final form.
         parts.logs.attempts.write_stamped(self._interruption_lines(evidence))
         parts.lost_interruptions = [*carried, *evidence.lost]
@@ -581,6 +604,7 @@ class RolloutRestorer:
         """
         parts = self._parts
         self._identities = snapshot.controller.prompt_identities
+        self._fetch_row = identified_row_fetcher(parts.dataset)
         bound = []
         for record in self._records:
             payload = await self._load_recovery_prompt(
@@ -600,13 +624,17 @@ class RolloutRestorer:
                 f"dataset index {origin.dataset_idx}"
             )
         recorded = self._identities.get(group_id)
-        if recorded is not None and parts.dataset.identity(origin.dataset_idx) != recorded:
+        if recorded is None:
+            return parts.dataset[origin.dataset_idx]
+        fetch = self._fetch_row or identified_row_fetcher(parts.dataset)
+        payload, identity = fetch(origin.dataset_idx)
+        if identity != recorded:
             raise RestoreError(
                 f"group {group_id!r}: {describe_row(parts.dataset, origin.dataset_idx)} no "
                 "longer holds the prompt it was reserved with (the dataset changed order or "
                 "content)"
             )
-        return parts.dataset[origin.dataset_idx]
+        return payload
 
     # -- accounting -------------------------------------------------------------------
 

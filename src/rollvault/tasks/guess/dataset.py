@@ -50,6 +50,11 @@ class GuessPromptDataset:
         """SHA-256 of the prompt at ``idx`` (see :func:`prompt_identity`)."""
         return prompt_identity(self[idx])
 
+    def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
+        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both)."""
+        row = self[idx]
+        return row, prompt_identity(row)
+
 
 def build_guess_dataset(config: DatasetConfig, *, seed: int, vocab_size: int) -> GuessPromptDataset:
     """``num_prompts`` games; ``vocab_size`` is unused (observations are text)."""

@@ -36,8 +36,8 @@ class SyntheticPromptDataset:
         self._prompt_tokens = prompt_tokens
         self._vocab_size = vocab_size
         self._seed = seed
-        # One C call for every draw of a prompt: a restore reads each group's prompt twice
-        # (its identity, then its payload), and int.from_bytes per token was most of it.
+        # One C call for every draw of a prompt: a restore builds each group's prompt (its
+        # payload and identity, row_with_identity), and int.from_bytes per token was most of it.
         self._draws = struct.Struct(f"<{prompt_tokens}I")
 
     def __len__(self) -> int:
@@ -55,6 +55,11 @@ class SyntheticPromptDataset:
     def identity(self, idx: int) -> str:
         """SHA-256 of the prompt at ``idx`` (see :func:`prompt_identity`)."""
         return prompt_identity(self[idx])
+
+    def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
+        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both)."""
+        row = self[idx]
+        return row, prompt_identity(row)
 
     def _tokens(self, idx: int) -> list[int]:
         stream = hashlib.shake_256(f"rollvault/synthetic/{self._seed}/{idx}".encode())
