@@ -669,36 +669,55 @@ def _index_v3(content: SegmentedCheckpointContentV3, path: Path) -> SegmentedInd
         def where(field: str, index: int = index) -> str:
             return f"$.content.segments[{index}][{_V3_FIELDS.index(field)}] ({field})"
 
-        if entry.partition >= len(content.partitions):
-            raise DataPlaneCheckpointError(
-                path,
-                f"{where('partition')}: {entry.partition} is not an index of "
-                f"$.content.partitions ({len(content.partitions)} of them)",
-            )
-        partition = content.partitions[entry.partition]
+        partition = _partition_at(content.partitions, entry.partition, where, path)
         file = segment_file_from_name(entry.name, partition)
         first = seen.setdefault(file, index)
         if first != index:
             raise DataPlaneCheckpointError(
                 path, f"{where('name')}: {file!r} listed twice (first at segments[{first}])"
             )
-        try:
-            wanted = decode_live(entry.live, entry.row_count)
-        except ValueError as exc:
-            raise DataPlaneCheckpointError(path, f"{where('live')}: {exc}") from exc
-        segments.append(
-            HeldSegment(
-                file=file,
-                partition=partition,
-                sha256=entry.sha256.hex(),
-                byte_size=entry.byte_size,
-                row_count=entry.row_count,
-                live_rows=wanted.count(True),
-                wanted=wanted,
-            )
-        )
+        segments.append(_held_segment(file, partition, entry, entry.live, where, path))
     return SegmentedIndex(
         SEGMENTED_V3_SCHEMA_VERSION, content.partitions, segments, content.user_metadata
+    )
+
+
+def _partition_at(
+    partitions: Sequence[str], position: int, where: Callable[[str], str], path: Path
+) -> str:
+    """The partition a compact row's ``position`` names (versions 3 and 4); ``where``
+    names a field of the row, in an error only (built per row, it would cost every read)."""
+    if position >= len(partitions):
+        raise DataPlaneCheckpointError(
+            path,
+            f"{where('partition')}: {position} is not an index of $.content.partitions "
+            f"({len(partitions)} of them)",
+        )
+    return partitions[position]
+
+
+def _held_segment(
+    file: str,
+    partition: str,
+    fixed: SegmentEntryV3 | CatalogEntry,
+    live: list[int] | bytes,
+    where: Callable[[str], str],
+    path: Path,
+) -> HeldSegment:
+    """A held segment of version 3 or 4: its fixed parts (a version 3 row, a catalog's
+    entry) and the ordinals ``live`` holds (``where`` names the row's fields)."""
+    try:
+        wanted = decode_live(live, fixed.row_count)
+    except ValueError as exc:
+        raise DataPlaneCheckpointError(path, f"{where('live')}: {exc}") from exc
+    return HeldSegment(
+        file=file,
+        partition=partition,
+        sha256=fixed.sha256.hex(),
+        byte_size=fixed.byte_size,
+        row_count=fixed.row_count,
+        live_rows=wanted.count(True),
+        wanted=wanted,
     )
 
 
@@ -717,13 +736,7 @@ def _index_v4(
         def where(field: str, index: int = index) -> str:
             return f"$.content.segments[{index}][{_V4_FIELDS.index(field)}] ({field})"
 
-        if held.partition >= len(content.partitions):
-            raise DataPlaneCheckpointError(
-                path,
-                f"{where('partition')}: {held.partition} is not an index of "
-                f"$.content.partitions ({len(content.partitions)} of them)",
-            )
-        partition = content.partitions[held.partition]
+        partition = _partition_at(content.partitions, held.partition, where, path)
         try:
             require_canonical_name(held.name, partition)
         except ValueError as exc:
@@ -740,21 +753,7 @@ def _index_v4(
             )
             raise DataPlaneCheckpointError(path, f"{where('name')}: {problem}")
         entry, file = found
-        try:
-            wanted = decode_live(held.live, entry.row_count)
-        except ValueError as exc:
-            raise DataPlaneCheckpointError(path, f"{where('live')}: {exc}") from exc
-        segments.append(
-            HeldSegment(
-                file=file,
-                partition=partition,
-                sha256=entry.sha256.hex(),
-                byte_size=entry.byte_size,
-                row_count=entry.row_count,
-                live_rows=wanted.count(True),
-                wanted=wanted,
-            )
-        )
+        segments.append(_held_segment(file, partition, entry, held.live, where, path))
     return SegmentedIndex(
         DATA_PLANE_SCHEMA_VERSION,
         content.partitions,
