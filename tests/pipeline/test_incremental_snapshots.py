@@ -168,21 +168,23 @@ def test_each_snapshot_writes_only_new_rows_and_old_segments_are_collected(
         assert verification.ok, verification.problems
 
 
+async def _two_snapshots(config: RunConfig) -> tuple[Path, Path]:
+    """A fresh run's older and newest snapshots, rows sealed before each."""
+    run = Run.fresh(config)
+    await _reserve(run.parts, sealed=2, gate=run.gate)
+    older = await run.snapshot()
+    await _reserve(run.parts, sealed=3, gate=run.gate)
+    newest = await run.snapshot()
+    run.parts.logs.close()
+    return older, newest
+
+
 def test_a_missing_segment_rejects_its_snapshots_and_restore_falls_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = _config(tmp_path)
 
-    async def write() -> tuple[Path, Path]:
-        run = Run.fresh(config)
-        await _reserve(run.parts, sealed=2, gate=run.gate)
-        older = await run.snapshot()
-        await _reserve(run.parts, sealed=3, gate=run.gate)
-        newest = await run.snapshot()
-        run.parts.logs.close()
-        return older, newest
-
-    older, newest = asyncio.run(write())
+    older, newest = asyncio.run(_two_snapshots(config))
     (only_newest,) = set(_segments_of(newest)) - set(_segments_of(older))
     missing = segments_dir_for(newest) / only_newest
     missing.unlink()
@@ -221,16 +223,7 @@ def test_a_damaged_catalog_rejects_the_snapshot_listing_it_and_restore_falls_bac
     missing file names it, and restore takes the older snapshot, which does not list it."""
     config = _config(tmp_path)
 
-    async def write() -> tuple[Path, Path]:
-        run = Run.fresh(config)
-        await _reserve(run.parts, sealed=2, gate=run.gate)
-        older = await run.snapshot()
-        await _reserve(run.parts, sealed=3, gate=run.gate)
-        newest = await run.snapshot()
-        run.parts.logs.close()
-        return older, newest
-
-    older, newest = asyncio.run(write())
+    older, newest = asyncio.run(_two_snapshots(config))
 
     def catalogs(snapshot: Path) -> set[str]:
         index = read_segmented_content(snapshot / DATA_PLANE_DIRNAME, segments_dir_for(snapshot))
