@@ -122,7 +122,10 @@ def test_prompt_group_granularity_redoes_incomplete_groups_whole(
     restores = read_run_history(tmp_path / "latest" / "logs").restores
     # Only whole groups are kept: those the seal journal (or the snapshot) holds complete.
     assert restores and all(r.siblings_reused % 4 == 0 for r in restores)
-    assert sum(r.attempts_redispatched for r in restores) > 0
+    # Once seen at 0 in CI (not reproduced): say what each restore started from.
+    assert sum(r.attempts_redispatched for r in restores) > 0, [
+        (r.snapshot, r.siblings_reused, r.attempts_redispatched) for r in restores
+    ]
 
 
 @pytest.mark.slow
