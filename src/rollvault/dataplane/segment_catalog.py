@@ -45,7 +45,12 @@ import msgspec
 
 from rollvault.dataplane.checkpoint_format import NonNegativeInt, PartitionName, sha256_hex
 from rollvault.dataplane.errors import DataPlaneCheckpointError
-from rollvault.dataplane.segments import WrittenSegment, segment_file_name
+from rollvault.dataplane.segments import (
+    WrittenSegment,
+    check_segment_digest,
+    read_segment_bytes,
+    segment_file_name,
+)
 from rollvault.durable.segment_store import (
     SEQUENCE_DIGITS,
     file_of_sequence_name,
@@ -188,23 +193,8 @@ def read_catalog(path: Path, *, sha256: str, byte_size: int, entry_count: int) -
     that fails the schema (the field's path), another entry count, or a segment
     it describes twice.
     """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataPlaneCheckpointError(path, "missing catalog (listed by the snapshot)") from None
-    except OSError as exc:
-        raise DataPlaneCheckpointError(path, f"unreadable catalog: {exc}") from exc
-    if len(data) != byte_size:
-        raise DataPlaneCheckpointError(
-            path,
-            f"catalog size is {len(data)} bytes, the snapshot records {byte_size} "
-            "(truncated or overwritten)",
-        )
-    digest = sha256_hex(data)
-    if digest != sha256:
-        raise DataPlaneCheckpointError(
-            path, f"catalog checksum mismatch: SHA-256 is {digest}, the snapshot records {sha256}"
-        )
+    data = read_segment_bytes(path, byte_size=byte_size, what="catalog")
+    check_segment_digest(path, sha256_hex(data), sha256, what="catalog")
     return decode_catalog(path, data, entry_count=entry_count)
 
 

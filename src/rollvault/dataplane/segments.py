@@ -315,37 +315,38 @@ def read_segment(
     return decode_segment(path, data, partition=partition, row_count=row_count, wanted=wanted)
 
 
-def read_segment_bytes(path: Path, *, byte_size: int) -> bytes:
+def read_segment_bytes(path: Path, *, byte_size: int, what: str = "segment") -> bytes:
     """The bytes of the segment at ``path``, of the ``byte_size`` a snapshot records.
 
     The first step of :func:`read_segment`; nothing in them is trusted before
     :func:`check_segment_digest`. A missing or unreadable file or another size
-    raises :class:`DataPlaneCheckpointError` naming the segment.
+    raises :class:`DataPlaneCheckpointError` naming the file (``what`` says its
+    kind: a segment, or a segment catalog).
     """
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise DataPlaneCheckpointError(
-            path, "missing segment (referenced by the snapshot)"
+            path, f"missing {what} (referenced by the snapshot)"
         ) from None
     except OSError as exc:
-        raise DataPlaneCheckpointError(path, f"unreadable segment: {exc}") from exc
+        raise DataPlaneCheckpointError(path, f"unreadable {what}: {exc}") from exc
     if len(data) != byte_size:
         raise DataPlaneCheckpointError(
             path,
-            f"segment size is {len(data)} bytes, the snapshot records {byte_size} "
+            f"{what} size is {len(data)} bytes, the snapshot records {byte_size} "
             "(truncated or overwritten)",
         )
     return data
 
 
-def check_segment_digest(path: Path, digest: str, sha256: str) -> None:
+def check_segment_digest(path: Path, digest: str, sha256: str, *, what: str = "segment") -> None:
     """Refuse the segment at ``path`` unless its bytes' hex SHA-256 ``digest`` is the
     ``sha256`` a snapshot records (the digest may be computed elsewhere, in a worker
-    thread)."""
+    thread; ``what`` as for :func:`read_segment_bytes`)."""
     if digest != sha256:
         raise DataPlaneCheckpointError(
-            path, f"segment checksum mismatch: SHA-256 is {digest}, the snapshot records {sha256}"
+            path, f"{what} checksum mismatch: SHA-256 is {digest}, the snapshot records {sha256}"
         )
 
 

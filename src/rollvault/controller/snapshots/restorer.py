@@ -325,7 +325,6 @@ class RolloutRestorer:
             # The interruptions recorded, then the restart's replacements, in one pass
             # that copies each group the seed shares once (see restart_interrupted).
             parts.ledger.restart_interrupted(parts.cut, evidence.in_ledger)
-        if evidence is not None:
             self._log_interruptions(evidence, carried=snapshot.controller.lost_interruptions)
         self._restore_episodes(snapshot)
         self._restore_prefixes()
