@@ -44,6 +44,7 @@ __all__ = [
     "PromptDataset",
     "PromptEnvironmentError",
     "RowDescriber",
+    "RowDigestIdentity",
     "Score",
     "Task",
     "TextEnvironment",
@@ -87,6 +88,27 @@ class IdentifiedRows(Protocol):
     def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
         """``(self[idx], self.identity(idx))``, the row built once."""
         ...
+
+
+class RowDigestIdentity:
+    """A dataset whose identity is :func:`prompt_identity` of the row it builds.
+
+    Gives :meth:`PromptDataset.identity` and :meth:`IdentifiedRows.row_with_identity`
+    to a dataset that builds its rows (every generated task's), from its own
+    ``__getitem__``.
+    """
+
+    def __getitem__(self, idx: int) -> DatumSpec:
+        raise NotImplementedError
+
+    def identity(self, idx: int) -> str:
+        """SHA-256 of the prompt at ``idx`` (see :func:`prompt_identity`)."""
+        return prompt_identity(self[idx])
+
+    def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
+        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both)."""
+        row = self[idx]
+        return row, prompt_identity(row)
 
 
 def identified_row_fetcher(dataset: PromptDataset) -> Callable[[int], tuple[DatumSpec, str]]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
-from rollvault.tasks.protocols import prompt_identity
+from rollvault.tasks.protocols import RowDigestIdentity
 
 __all__ = [
     "ADDITION_TASK_NAME",
@@ -41,7 +41,7 @@ def addition_pair(a: int, b: int) -> DatumSpec:
     }
 
 
-class AdditionPromptDataset:
+class AdditionPromptDataset(RowDigestIdentity):
     """``num_prompts`` distinct two-digit additions in a seeded, stable order."""
 
     def __init__(self, num_prompts: int, *, seed: int) -> None:
@@ -68,15 +68,6 @@ class AdditionPromptDataset:
         datum = addition_pair(*self._pairs[idx])
         datum["idx"] = idx
         return datum
-
-    def identity(self, idx: int) -> str:
-        """SHA-256 of the prompt at ``idx`` (see :func:`prompt_identity`)."""
-        return prompt_identity(self[idx])
-
-    def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
-        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both)."""
-        row = self[idx]
-        return row, prompt_identity(row)
 
 
 def build_addition_dataset(

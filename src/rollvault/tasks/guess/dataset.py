@@ -12,7 +12,7 @@ import hashlib
 
 from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
-from rollvault.tasks.protocols import prompt_identity
+from rollvault.tasks.protocols import RowDigestIdentity
 
 __all__ = ["GUESS_PROMPT_TEXT", "GUESS_TASK_NAME", "GuessPromptDataset", "build_guess_dataset"]
 
@@ -22,7 +22,7 @@ NUM_SECRETS = 10
 """Secrets are the digits 0..9."""
 
 
-class GuessPromptDataset:
+class GuessPromptDataset(RowDigestIdentity):
     """``num_prompts`` games, each with a hidden digit drawn from the seed."""
 
     def __init__(self, num_prompts: int, *, seed: int) -> None:
@@ -45,15 +45,6 @@ class GuessPromptDataset:
             "prompt_text": GUESS_PROMPT_TEXT,
             "extra_env_info": {"secret": self._secrets[idx]},
         }
-
-    def identity(self, idx: int) -> str:
-        """SHA-256 of the prompt at ``idx`` (see :func:`prompt_identity`)."""
-        return prompt_identity(self[idx])
-
-    def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
-        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both)."""
-        row = self[idx]
-        return row, prompt_identity(row)
 
 
 def build_guess_dataset(config: DatasetConfig, *, seed: int, vocab_size: int) -> GuessPromptDataset:

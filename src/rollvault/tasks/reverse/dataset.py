@@ -16,7 +16,7 @@ import numpy as np
 
 from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
-from rollvault.tasks.protocols import prompt_identity
+from rollvault.tasks.protocols import RowDigestIdentity
 
 __all__ = [
     "MAX_REVERSE_PROMPTS",
@@ -45,7 +45,7 @@ def reverse_prompt(digits: str) -> DatumSpec:
     }
 
 
-class ReversePromptDataset:
+class ReversePromptDataset(RowDigestIdentity):
     """``num_prompts`` distinct digit strings in a seeded, stable order."""
 
     def __init__(self, num_prompts: int, *, seed: int) -> None:
@@ -72,15 +72,6 @@ class ReversePromptDataset:
         datum = reverse_prompt(self._digits[idx])
         datum["idx"] = idx
         return datum
-
-    def identity(self, idx: int) -> str:
-        """SHA-256 of the prompt at ``idx`` (see :func:`prompt_identity`)."""
-        return prompt_identity(self[idx])
-
-    def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
-        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both)."""
-        row = self[idx]
-        return row, prompt_identity(row)
 
 
 def build_reverse_dataset(

@@ -7,14 +7,14 @@ import struct
 
 from rollvault.config.schema import DatasetConfig
 from rollvault.ledger.datum import DatumSpec
-from rollvault.tasks.protocols import prompt_identity
+from rollvault.tasks.protocols import RowDigestIdentity
 
 __all__ = ["SYNTHETIC_TASK_NAME", "SyntheticPromptDataset", "build_synthetic_dataset"]
 
 SYNTHETIC_TASK_NAME = "synthetic"
 
 
-class SyntheticPromptDataset:
+class SyntheticPromptDataset(RowDigestIdentity):
     """Deterministic random prompts: a function of (seed, index) only.
 
     Token ids come from SHAKE-256 of ``(seed, index)`` rather than a seeded
@@ -51,15 +51,6 @@ class SyntheticPromptDataset:
             "prompt_token_ids": self._tokens(idx),
             "prompt_text": f"synthetic prompt {idx}",
         }
-
-    def identity(self, idx: int) -> str:
-        """SHA-256 of the prompt at ``idx`` (see :func:`prompt_identity`)."""
-        return prompt_identity(self[idx])
-
-    def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
-        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both)."""
-        row = self[idx]
-        return row, prompt_identity(row)
 
     def _tokens(self, idx: int) -> list[int]:
         stream = hashlib.shake_256(f"rollvault/synthetic/{self._seed}/{idx}".encode())
