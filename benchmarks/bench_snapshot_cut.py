@@ -452,12 +452,23 @@ async def measure_incremental(
         seconds = time.perf_counter() - started
         sizes = file_bytes(path)
         info = pending.info
-        ledger_bytes = 0 if ledger_pending is None else ledger_pending.info.segment_bytes
+        ledger_bytes = (
+            0
+            if ledger_pending is None
+            # the ledger catalog (sidecar version 10; 0 before it) counts with its segments
+            else ledger_pending.info.segment_bytes
+            + getattr(ledger_pending.info, "catalog_bytes", 0)
+        )
         rounds.append(
             {
                 "build_ms": 1e3 * build_seconds,
                 "write_ms": 1e3 * seconds,
                 "ledger_segment_bytes": ledger_bytes,
+                "ledger_catalog_bytes": (
+                    0
+                    if ledger_pending is None
+                    else getattr(ledger_pending.info, "catalog_bytes", 0)
+                ),
                 "ledger_records_written": (
                     len(capture.recovery_state["ledger"]["groups"])
                     if ledger_pending is None

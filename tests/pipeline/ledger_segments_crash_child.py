@@ -24,6 +24,7 @@ Modes:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ from rollvault.controller.snapshots.segment_retention import (
 from rollvault.controller.snapshots.snapshot_files import (
     DATA_PLANE_DIRNAME,
     SnapshotCorruptError,
+    read_ledger_catalog,
     read_ledger_segment,
     segments_dir_for,
 )
@@ -50,10 +52,11 @@ from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
+    LEDGER_CATALOG_SUFFIX,
     LedgerIndex,
     assemble_indexed_ledger,
-    decode_indexed_sidecar,
-    encode_indexed_sidecar,
+    decode_catalog_sidecar,
+    encode_catalog_sidecar,
 )
 from rollvault.ledger.ledger import RolloutRecoveryLedger
 from rollvault.ledger.ledger_records import LEDGER_SEGMENT_SUFFIX, RecordChain
@@ -67,8 +70,14 @@ from rollvault.ledger.sidecar import (
 def read(
     snapshot: Path,
 ) -> tuple[ParsedRolloutRecoveryState, LedgerIndex, list[RecordChain]]:
-    """The snapshot's sidecar and its ledger segments, checked as restore checks them."""
-    state = decode_indexed_sidecar((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    """The snapshot's sidecar (version 10, as the snapshot layer writes it: its segments'
+    rows in ledger catalogs) and its ledger segments, checked as restore checks them."""
+    state = decode_catalog_sidecar(
+        (snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes(),
+        finalizer_metrics_by_group={},
+        finalizer_rewards_by_group={},
+        read_catalog=functools.partial(read_ledger_catalog, segments_dir_for(snapshot)),
+    )
     records = {
         ref.file: read_ledger_segment(segments_dir_for(snapshot) / ref.file, ref)
         for ref in state.ledger_index.segments
@@ -131,7 +140,8 @@ async def commit(checkpoint_dir: Path) -> None:
             tmp / DATA_PLANE_DIRNAME, rows, {}, stem=tmp.name[13:]
         )
         pending = writer.write(records, stem=tmp.name[13:])
-        data = encode_indexed_sidecar(envelope, pending.index)
+        catalogs = [pending.catalogs[file].listed() for file in sorted(pending.catalogs)]
+        data = encode_catalog_sidecar(envelope, pending.index, catalogs)
         (tmp / ROLLOUT_RECOVERY_STATE_FILENAME).write_bytes(data)
 
     publish_snapshot(
@@ -154,12 +164,15 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
     root = snapshots_root(checkpoint_dir / BOOTSTRAP_DIRNAME)
     problems: dict[str, str] = {}
     steps = []
+    catalogs_listed = {}
     for path in committed_snapshot_paths(root):
         try:
             parsed, _index, _chains = read(path)
         except (SnapshotCorruptError, LedgerError, OSError) as exc:
             problems[path.name] = str(exc)
             continue
+        sidecar = json.loads((path / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+        catalogs_listed[path.name] = len(sidecar["ledger_index"]["catalogs"])
         step = step_of(parsed)
         steps.append(step)
         found = [
@@ -173,7 +186,12 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
     return {
         "steps": steps,
         "problems": problems,
-        "segments": [name for name in on_disk if name.endswith(LEDGER_SEGMENT_SUFFIX)],
+        "segments": [
+            name
+            for name in on_disk
+            if name.endswith(LEDGER_SEGMENT_SUFFIX) or name.endswith(LEDGER_CATALOG_SUFFIX)
+        ],
+        "catalogs_listed": catalogs_listed,
         "all_files": on_disk,
         "referenced": sorted(referenced_ledger_segments(committed_snapshot_paths(root))),
     }

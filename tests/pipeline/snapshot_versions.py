@@ -10,6 +10,7 @@ bytes' SHA-256 and schema 3, as a version 3 writer's did.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Final
@@ -37,6 +38,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     SIDECARS_METADATA_KEY,
     empty_env_rollouts,
     read_facts,
+    read_ledger_catalog,
     read_ledger_segment,
     segments_dir_for,
 )
@@ -49,12 +51,15 @@ from rollvault.dataplane.segmented import (
     encode_live_bitmap,
 )
 from rollvault.ledger.indexed_sidecar import (
+    CATALOG_SIDECAR_SCHEMA_VERSION,
     COMPACT_SIDECAR_SCHEMA_VERSION,
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
     RUNS_SIDECAR_SCHEMA_VERSION,
+    LedgerCatalogIndex,
     LedgerSegmentEntryV9,
     assemble_indexed_sidecar,
+    catalog_segment_refs,
     decode_indexed_sidecar,
 )
 from rollvault.ledger.ledger_records import (
@@ -145,6 +150,20 @@ def _user_metadata(metadata_path: Path) -> dict[str, Any]:
     return user_metadata
 
 
+def sidecar_as_version_9(state: dict[str, Any], snapshot: Path) -> dict[str, Any]:
+    """A sidecar (builtins) of ``snapshot``; a version 10 one as version 9, what main wrote
+    before it: each segment's row, read from its catalog, in the index itself (any other
+    version as it is)."""
+    if state["schema_version"] != CATALOG_SIDECAR_SCHEMA_VERSION:
+        return state
+    index = state["ledger_index"]
+    decoded = msgspec.json.decode(msgspec.json.encode(index), type=LedgerCatalogIndex)
+    reader = functools.partial(read_ledger_catalog, segments_dir_for(snapshot))
+    rows = [LedgerSegmentEntryV9.of(ref) for ref in catalog_segment_refs(decoded, reader)]
+    ledger_index = {"segments": msgspec.to_builtins(rows), "runs": index["runs"]}
+    return dict(state, schema_version=COMPACT_SIDECAR_SCHEMA_VERSION, ledger_index=ledger_index)
+
+
 def sidecar_as_version_8(state: dict[str, Any]) -> dict[str, Any]:
     """A sidecar (builtins); a version 9 one as version 8, what main wrote before it: each
     segment a row naming its file, with the hex digest (any other version as it is)."""
@@ -179,9 +198,9 @@ def sidecar_as_version_7(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_sidecar_json(snapshot: Path) -> dict[str, Any]:
-    """The snapshot's sidecar as builtins, a version 8 or 9 one as version 7."""
+    """The snapshot's sidecar as builtins, a version 8, 9 or 10 one as version 7."""
     state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-    return sidecar_as_version_7(state)
+    return sidecar_as_version_7(sidecar_as_version_9(state, snapshot))
 
 
 def read_sidecar(snapshot: Path) -> dict[str, Any]:

@@ -172,7 +172,7 @@ def test_each_snapshot_writes_only_the_facts_new_since_the_one_before(tmp_path: 
         assert (controller["schema_version"], replay["schema_version"]) == (5, 3)
         assert "origins" not in controller and "canonical_attempts" not in replay
         assert replay == {"schema_version": 3, "index_schema_version": 1, "order": [[0, 1]]}
-        assert sidecar["schema_version"] == 9 and "finalizer_rewards_by_group" not in sidecar
+        assert sidecar["schema_version"] == 10 and "finalizer_rewards_by_group" not in sidecar
         await finalizer.finalize(b)
         c = await _reserve(parts, sealed=0, gate=run.gate)
         second = await run.snapshot()

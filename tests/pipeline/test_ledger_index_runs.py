@@ -19,6 +19,7 @@ from snapshot_versions import (
     rewrite_sidecar,
     sidecar_as_version_7,
     sidecar_as_version_8,
+    sidecar_as_version_9,
 )
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run
@@ -99,6 +100,12 @@ def _ledger(snapshot: Path) -> Any:
     return loaded.recovery.ledger_state, loaded.ledger_chains
 
 
+def _as_version_9(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's sidecar (version 10) as version 9, what main wrote before it."""
+    written = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    return sidecar_as_version_9(written, snapshot)
+
+
 def _problem(snapshot: Path) -> str:
     verification = verify_snapshot(
         snapshot, generations_per_group=SIBLINGS, level=VerificationLevel.RESTORABLE
@@ -113,11 +120,19 @@ def test_a_snapshot_writes_runs_and_restores_the_ledger_the_pairs_of_version_7_d
 ) -> None:
     config = _config(tmp_path)
     snapshot = _snapshot(config, groups=6)
-    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-    assert state["schema_version"] == 9 and "groups" not in state["ledger_index"]
-    assert state["ledger_index"]["runs"] == [[0, 0, 6]]  # one segment, in ledger order
+    written = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    assert written["schema_version"] == 10 and "groups" not in written["ledger_index"]
+    assert written["ledger_index"]["runs"] == [[0, 0, 6]]  # one segment, in ledger order
     ledger = _ledger(snapshot)
     assert len(ledger[0]["groups"]) == 6
+    # Version 9 (each segment's row in the index, no catalog), what main wrote before
+    # version 10, is still read, the same.
+    state = sidecar_as_version_9(written, snapshot)
+    rewrite_sidecar(snapshot, state)
+    assert (
+        json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())["schema_version"] == 9
+    )
+    assert _ledger(snapshot) == ledger
     # Version 8 (each segment named by its file, the digest in hex), what main wrote
     # before version 9, is still read, the same.
     rewrite_sidecar(snapshot, sidecar_as_version_8(state))
@@ -162,7 +177,7 @@ def test_a_version_9_row_with_a_digest_of_the_wrong_length_is_refused_naming_it(
     tmp_path: Path,
 ) -> None:
     snapshot = _snapshot(_config(tmp_path), groups=3)
-    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = _as_version_9(snapshot)
     assert state["schema_version"] == 9
     state["ledger_index"]["segments"][0][1] = "AAAA"  # 3 bytes, base64
     rewrite_sidecar(snapshot, state)
@@ -177,7 +192,7 @@ def test_a_version_9_row_naming_the_writer_s_segment_as_text_is_refused_naming_i
     (it would read the same file, but no writer of version 9 writes it), and retention,
     which reads the same rows, deletes nothing."""
     snapshot = _snapshot(_config(tmp_path), groups=3)
-    state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
+    state = _as_version_9(snapshot)
     number = state["ledger_index"]["segments"][0][0]
     assert isinstance(number, int)
     state["ledger_index"]["segments"][0][0] = ledger_segment_file_name(f"{number:06d}")
@@ -212,11 +227,11 @@ def test_an_unknown_sidecar_version_is_refused_naming_it_and_retention_deletes_n
     tmp_path: Path,
 ) -> None:
     snapshot = _snapshot(_config(tmp_path), groups=2)
-    advertise_sidecar(snapshot, schema_version=10)
+    advertise_sidecar(snapshot, schema_version=11)
     problem = _problem(snapshot)
-    assert "ledger schema 10" in problem and "reads schemas 3, 4, 5, 6, 7, 8, 9" in problem
+    assert "ledger schema 11" in problem and "reads schemas 3, 4, 5, 6, 7, 8, 9, 10" in problem
     state = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
-    state["schema_version"] = 10
+    state["schema_version"] = 11
     rewrite_sidecar(snapshot, state)
     segments = sorted(p.name for p in (snapshot.parent / "segments").iterdir())
     assert collect_segments(snapshot.parent) is None  # what it references is unknown

@@ -22,7 +22,6 @@ from snapshot_versions import (
     ledger_segments_to_form_1,
     read_sidecar_json,
     rewrite_sidecar,
-    sidecar_as_version_7,
 )
 from test_group_entries import _reserve
 from test_incremental_snapshots import SIBLINGS, Run, verified_resume
@@ -65,9 +64,9 @@ def _config(tmp_path: Path) -> RunConfig:
 def _index(snapshot: Path) -> dict[str, Any]:
     written = json.loads((snapshot / ROLLOUT_RECOVERY_STATE_FILENAME).read_bytes())
     # 7: the finalizer maps in the group facts; 8: the index's groups as runs too; 9: its
-    # segments as compact rows too.
-    assert written["schema_version"] in (6, 7, 8, 9)
-    index: dict[str, Any] = sidecar_as_version_7(written)["ledger_index"]
+    # segments as compact rows too; 10: those rows in ledger catalogs.
+    assert written["schema_version"] in (6, 7, 8, 9, 10)
+    index: dict[str, Any] = read_sidecar_json(snapshot)["ledger_index"]
     return index
 
 

@@ -88,6 +88,7 @@ LEDGER = CrashCase(
     child=Path(__file__).with_name("ledger_segments_crash_child.py"),
     steps=(
         "ledger_segment.",
+        "catalog.",
         "atomic_write.",
         "commit.before_rename",
         "commit.after_rename",
@@ -98,6 +99,8 @@ LEDGER = CrashCase(
         {
             "ledger_segment.before_write",
             "ledger_segment.durable",
+            "catalog.before_write",
+            "catalog.durable",
             "segment_gc.before_delete",
             "segment_gc.synced",
         }
@@ -162,6 +165,10 @@ def _template(child: Child, directory: Path) -> Path:
     assert report["segments"] == report["referenced"]
     if case in (LEDGER, FACTS, FACT_MERGES):
         assert len(report["referenced"]) > 1  # the third snapshot references an older segment
+    if case is LEDGER:
+        # Each step is a restart, whose seeded writer does not know the catalogs: its
+        # snapshot writes one describing every segment it references (the older ones too).
+        assert report["catalogs_listed"] == {"snapshot_000002": 1, "snapshot_000003": 1}
     if case is ROW_CATALOG_MERGES:
         # One catalog a snapshot: the third's describes its segment and the older one it
         # still holds rows of, moved from the second's catalog.

@@ -30,7 +30,7 @@ they live and when they are deleted is the snapshot layer's business.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
@@ -240,7 +240,11 @@ def decode_facts_apart_sidecar(
 
 
 _Versioned = TypeVar(
-    "_Versioned", "FactsApartSidecarState", "RunsSidecarState", "CompactSidecarState"
+    "_Versioned",
+    "FactsApartSidecarState",
+    "RunsSidecarState",
+    "CompactSidecarState",
+    "CatalogSidecarState",
 )
 
 
@@ -259,7 +263,7 @@ def _decode_versioned(data: bytes, kind: type[_Versioned], version: int) -> _Ver
 
 
 def _with_finalizer_maps(
-    state: FactsApartSidecarState | RunsSidecarState | CompactSidecarState,
+    state: FactsApartSidecarState | RunsSidecarState | CompactSidecarState | CatalogSidecarState,
     index: LedgerIndex,
     *,
     finalizer_metrics_by_group: dict[str, Any],
@@ -389,7 +393,9 @@ def encode_runs_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -> b
 
 
 def _encode_apart(
-    envelope: RolloutRecoveryState, version: int, index: LedgerRunsIndex | LedgerCompactIndex
+    envelope: RolloutRecoveryState,
+    version: int,
+    index: LedgerRunsIndex | LedgerCompactIndex | LedgerCatalogIndex,
 ) -> bytes:
     """``envelope`` as a sidecar of ``version`` with ``index``, its finalizer maps left out."""
     missing = sorted(sidecar_envelope_fields() - envelope.keys())
@@ -424,9 +430,12 @@ def decode_runs_sidecar(
 
 
 def referenced_ledger_segment_files(data: bytes) -> set[str]:
-    """The ledger segment files a sidecar of version 6 or later lists (what retention needs)."""
+    """The ledger segment files a sidecar of version 6 or later lists, and from version 10
+    its ledger catalogs (what retention keeps)."""
     version = sidecar_file_version(data)
-    if version is not None and version > COMPACT_SIDECAR_SCHEMA_VERSION:
+    if version == CATALOG_SIDECAR_SCHEMA_VERSION:
+        return referenced_catalog_sidecar_files(data)
+    if version is not None and version > CATALOG_SIDECAR_SCHEMA_VERSION:
         raise LedgerStateError(f"{_WHAT}: unsupported schema_version {version}")
     if version not in (RUNS_SIDECAR_SCHEMA_VERSION, COMPACT_SIDECAR_SCHEMA_VERSION):
         return {ref.file for ref in decode_ledger_index(data).segments}
@@ -537,3 +546,243 @@ def decode_compact_sidecar(
         finalizer_metrics_by_group=finalizer_metrics_by_group,
         finalizer_rewards_by_group=finalizer_rewards_by_group,
     )
+
+
+# -- version 10: the segments' rows in per-anchor catalogs ------------------------------
+
+CATALOG_SIDECAR_SCHEMA_VERSION: Final = 10
+"""The sidecar file's version when each listed segment's row is in a ledger catalog.
+
+Version 9 repeats every referenced ledger segment's row (~60 bytes: the raw digest
+is 46 of them) in every snapshot of an anchor, one more row each snapshot until
+compaction drops some: ~6 KB of a ~8.8 KB sidecar at round 100 of the benchmark's
+anchor (issue 16). The rows never change once their segment is written, so version 10
+writes them once, into a **ledger catalog** beside the segments
+(``<stem>-ledger.catalog.json``, :class:`LedgerCatalogFile`, written durably by the
+snapshot that writes its segments, before that snapshot commits), and the index lists
+the catalogs it uses (``[name, sha256, byte_size, entry_count]``, :class:`LedgerCatalogRef`)
+and each segment by its name only (the sequence number, ~4 bytes; or the file name
+as text). Decoded, it is version 9's index exactly: the rows in the index's order."""
+
+LEDGER_CATALOG_SCHEMA_VERSION: Final = 1
+SUPPORTED_LEDGER_CATALOG_SCHEMA_VERSIONS: Final = frozenset({LEDGER_CATALOG_SCHEMA_VERSION})
+LEDGER_CATALOG_SUFFIX: Final = "-ledger.catalog.json"
+
+LedgerCatalogFileName = Annotated[
+    str, msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}-ledger\.catalog\.json$")
+]
+
+
+def ledger_catalog_file_name(stem: str) -> str:
+    """The name of the ledger catalog the snapshot named ``stem`` writes."""
+    return f"{stem}{LEDGER_CATALOG_SUFFIX}"
+
+
+class LedgerCatalogFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A ledger catalog's content: the rows of the segments it describes (version 9's)."""
+
+    schema_version: int
+    entries: list[LedgerSegmentEntryV9]
+
+
+class LedgerCatalogRef(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A catalog a version 10 index uses: ``[name, sha256, byte_size, entry_count]``."""
+
+    name: _NonNegativeInt | LedgerCatalogFileName
+    """The sequence number when the file name is :func:`ledger_catalog_file_name` of it,
+    zero-padded; else the file name as text."""
+    sha256: Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+    byte_size: _NonNegativeInt
+    entry_count: Annotated[int, msgspec.Meta(ge=1)]
+
+    def __post_init__(self) -> None:
+        require_sequence_number(self.name, ledger_catalog_file_name)
+
+    @property
+    def file(self) -> str:
+        return file_of_sequence_name(self.name, ledger_catalog_file_name)
+
+
+class _SegmentName(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """Only to check one listed segment's name as version 9's rows are checked."""
+
+    name: _NonNegativeInt | LedgerSegmentFileName
+
+    def __post_init__(self) -> None:
+        require_sequence_number(self.name, ledger_segment_file_name)
+
+
+class LedgerCatalogIndex(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Version 10's index: the catalogs used, each segment by name, the groups as runs."""
+
+    catalogs: list[LedgerCatalogRef]
+    segments: list[_NonNegativeInt | LedgerSegmentFileName]
+    runs: list[tuple[_NonNegativeInt, _NonNegativeInt, Annotated[int, msgspec.Meta(ge=1)]]]
+    """``(position in segments, first record ordinal, count)``, in ledger order."""
+
+
+class CatalogSidecarState(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A version 10 ``rollout_recovery.json``: version 9 with its rows in catalogs."""
+
+    schema_version: int
+    ledger_index: LedgerCatalogIndex
+    batch_shortfall: dict[str, Any]
+    sampler_stamps_target_steps: bool | None
+    reward_settings: CaptureRewardSettings | None
+
+
+class _CatalogIndexOnly(msgspec.Struct):
+    ledger_index: LedgerCatalogIndex
+
+
+_CATALOG_DECODER: Final = msgspec.json.Decoder(LedgerCatalogFile, strict=True)
+_CATALOG_VERSION_DECODER: Final = msgspec.json.Decoder(_VersionOnly)
+
+
+def encode_ledger_catalog(refs: list[LedgerSegmentRef]) -> bytes:
+    """A ledger catalog describing ``refs`` (in that order)."""
+    return msgspec.json.encode(
+        LedgerCatalogFile(
+            schema_version=LEDGER_CATALOG_SCHEMA_VERSION,
+            entries=[LedgerSegmentEntryV9.of(ref) for ref in refs],
+        )
+    )
+
+
+def decode_ledger_catalog(data: bytes, *, file: str, entry_count: int) -> list[LedgerSegmentRef]:
+    """The rows of the catalog ``file`` (its bytes already checked against the index's
+    SHA-256 and size), checked: its version, its schema, ``entry_count`` entries, none twice.
+    Raises :class:`LedgerStateError` naming the catalog and the field."""
+    where = f"ledger catalog {file}"
+    try:
+        catalog = _CATALOG_DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        _require_catalog_version(data, where)
+        raise LedgerStateError(f"{where}: {exc}") from exc
+    _require_catalog_version(data, where)
+    if len(catalog.entries) != entry_count:
+        raise LedgerStateError(
+            f"{where}: holds {len(catalog.entries)} entries, the sidecar records {entry_count}"
+        )
+    refs = [entry.ref() for entry in catalog.entries]
+    first: dict[str, int] = {}
+    for position, ref in enumerate(refs):
+        if first.setdefault(ref.file, position) != position:
+            raise LedgerStateError(
+                f"{where}: $.entries[{position}][0] (name): segment {ref.file!r} described "
+                f"twice (first at entries[{first[ref.file]}])"
+            )
+    return refs
+
+
+def _require_catalog_version(data: bytes, where: str) -> None:
+    """Refuse ``data`` unless its ``schema_version`` is one this build reads (any other
+    problem is left to the caller)."""
+    try:
+        version = _CATALOG_VERSION_DECODER.decode(data).schema_version
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return
+    if version not in SUPPORTED_LEDGER_CATALOG_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, sorted(SUPPORTED_LEDGER_CATALOG_SCHEMA_VERSIONS)))
+        raise LedgerStateError(
+            f"{where}: $.schema_version: {version}; this build reads catalog versions {readable}"
+        )
+
+
+def encode_catalog_sidecar(
+    envelope: RolloutRecoveryState,
+    index: LedgerIndex,
+    catalogs: list[tuple[str, str, int, int]],
+) -> bytes:
+    """A version 10 sidecar: ``envelope`` with ``index``, its segments named only, their rows
+    in ``catalogs`` (each ``(file, hex sha256, byte_size, entry_count)``, durable already),
+    its finalizer maps left out (the caller stores them elsewhere)."""
+    compact = LedgerCatalogIndex(
+        catalogs=[
+            LedgerCatalogRef(
+                sequence_name(file, ledger_catalog_file_name), bytes.fromhex(sha), size, count
+            )
+            for file, sha, size, count in catalogs
+        ],
+        segments=[sequence_name(ref.file, ledger_segment_file_name) for ref in index.segments],
+        runs=_runs(index.groups),
+    )
+    return _encode_apart(envelope, CATALOG_SIDECAR_SCHEMA_VERSION, compact)
+
+
+CatalogReader = Callable[[LedgerCatalogRef], bytes]
+"""Reads a listed catalog's bytes, checked against the ref's size and SHA-256 (the snapshot
+layer's I/O; this layer does none)."""
+
+
+def decode_catalog_sidecar(
+    data: bytes,
+    *,
+    finalizer_metrics_by_group: dict[str, Any],
+    finalizer_rewards_by_group: dict[str, Any],
+    read_catalog: CatalogReader,
+) -> IndexedSidecarState:
+    """A version 10 sidecar's bytes, strictly decoded, its segments' rows taken from its
+    catalogs (each read with ``read_catalog``), its runs expanded, with the finalizer maps
+    the caller read from where they are held (as :func:`decode_compact_sidecar`)."""
+    state = _decode_versioned(data, CatalogSidecarState, CATALOG_SIDECAR_SCHEMA_VERSION)
+    refs = catalog_segment_refs(state.ledger_index, read_catalog)
+    return _with_finalizer_maps(
+        state,
+        _expand(refs, state.ledger_index.runs),
+        finalizer_metrics_by_group=finalizer_metrics_by_group,
+        finalizer_rewards_by_group=finalizer_rewards_by_group,
+    )
+
+
+def catalog_segment_refs(
+    index: LedgerCatalogIndex, read_catalog: CatalogReader
+) -> list[LedgerSegmentRef]:
+    """The rows of ``index``'s segments, in its order, from its catalogs: each catalog
+    listed once, each segment described by exactly one listed catalog."""
+    rows: dict[str, tuple[LedgerSegmentRef, int]] = {}
+    seen: dict[str, int] = {}
+    for position, catalog in enumerate(index.catalogs):
+        where = f"{_WHAT} $.ledger_index.catalogs[{position}]"
+        if seen.setdefault(catalog.file, position) != position:
+            raise LedgerStateError(
+                f"{where}: catalog {catalog.file!r} listed twice (first at [{seen[catalog.file]}])"
+            )
+        entries = decode_ledger_catalog(
+            read_catalog(catalog), file=catalog.file, entry_count=catalog.entry_count
+        )
+        for ref in entries:
+            if ref.file in rows:
+                raise LedgerStateError(
+                    f"{where}: segment {ref.file!r} is described by catalogs "
+                    f"[{rows[ref.file][1]}] and [{position}]"
+                )
+            rows[ref.file] = (ref, position)
+    refs: list[LedgerSegmentRef] = []
+    named: set[str] = set()
+    for position, name in enumerate(index.segments):
+        where = f"{_WHAT} $.ledger_index.segments[{position}]"
+        try:
+            _SegmentName(name)
+        except ValueError as exc:
+            raise LedgerStateError(f"{where}: {exc}") from exc
+        file = file_of_sequence_name(name, ledger_segment_file_name)
+        if file in named:
+            raise LedgerStateError(f"{where}: segment {file!r} listed twice")
+        named.add(file)
+        found = rows.get(file)
+        if found is None:
+            raise LedgerStateError(f"{where}: segment {file!r} is in none of its catalogs")
+        refs.append(found[0])
+    return refs
+
+
+def referenced_catalog_sidecar_files(data: bytes) -> set[str]:
+    """The ledger segments and catalogs a version 10 sidecar lists (what retention keeps)."""
+    try:
+        index = msgspec.json.decode(data, type=_CatalogIndexOnly, strict=True).ledger_index
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise LedgerStateError(f"{_WHAT} $.ledger_index: {exc}") from exc
+    files = {catalog.file for catalog in index.catalogs}
+    files.update(file_of_sequence_name(name, ledger_segment_file_name) for name in index.segments)
+    return files

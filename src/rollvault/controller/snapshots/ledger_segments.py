@@ -72,6 +72,17 @@ new rows' bytes), the delta segments of groups sealed in lockstep decaying
 together. The constants trade disk and restore reads for write bytes only;
 they are not config fields.
 
+Each segment's row (name, SHA-256, size, record count) is written once, into the
+**ledger catalog** of the snapshot that writes the segment (sidecar version 10,
+:data:`~rollvault.ledger.indexed_sidecar.CATALOG_SIDECAR_SCHEMA_VERSION`): the
+sidecar lists the catalogs it uses and each segment by name. Past
+:data:`MAX_CATALOGS` catalogs in use, the rows still referenced of those with the
+fewest move into the snapshot's new catalog
+(:func:`~rollvault.dataplane.segment_catalog.catalogs_to_merge`, the row segments'
+rule), so a restore opens at most that many and a snapshot rewrites at most about
+the average catalog's live rows. A writer seeded by a restore does not know the
+catalogs: its first snapshot writes one describing every segment it references.
+
 A snapshot that fails or is never committed leaves its segment unreferenced,
 for the next collection (:mod:`.segment_retention`); the writer still
 describes the last committed snapshot, so the next try writes those records
@@ -91,10 +102,13 @@ from typing import Final
 import msgspec
 
 from rollvault.controller.snapshots.write_budget import carry_after, take_within, write_budget
-from rollvault.durable.segment_store import publish_ledger_segment
+from rollvault.dataplane.segment_catalog import catalogs_to_merge
+from rollvault.durable.segment_store import publish_catalog, publish_ledger_segment
 from rollvault.ledger.indexed_sidecar import (
     LedgerIndex,
     LedgerSegmentRef,
+    encode_ledger_catalog,
+    ledger_catalog_file_name,
     ledger_segment_file_name,
 )
 from rollvault.ledger.ledger_records import (
@@ -119,6 +133,11 @@ once, whatever the budget: restore reads at most twice the live records' bytes."
 
 REWRITE_SHARE: Final = 1.0
 """A snapshot may rewrite whole records, by choice, up to this many times its changes' bytes."""
+
+
+MAX_CATALOGS: Final = 16
+"""Most ledger catalogs one sidecar lists (restore opens each); past it, the referenced rows
+of those with the fewest move into the snapshot's new catalog."""
 
 
 MAX_CHAIN: Final = 32
@@ -372,6 +391,24 @@ class LedgerWriteInfo:
     """Whole records a bound forced, outside the budget (see the module docstring)."""
     queued_records: int = 0
     """Groups due a rewrite (chain or sparse segment) left for a later snapshot."""
+    catalog_bytes: int = 0
+    """Bytes of the ledger catalog this snapshot wrote (0: none)."""
+
+
+@dataclass(frozen=True)
+class LedgerCatalog:
+    """A durable ledger catalog: its file, SHA-256, size and the segments it describes."""
+
+    file: str
+    sha256: str
+    """Hex SHA-256 of the file."""
+    byte_size: int
+    segments: tuple[str, ...]
+    """The segment files of its entries, in entry order."""
+
+    def listed(self) -> tuple[str, str, int, int]:
+        """How a sidecar lists it (see :func:`~rollvault.ledger.indexed_sidecar.encode_catalog_sidecar`)."""
+        return (self.file, self.sha256, self.byte_size, len(self.segments))
 
 
 @dataclass
@@ -384,6 +421,8 @@ class PendingLedger:
     info: LedgerWriteInfo
     carry: int = 0
     """The budget this snapshot left unspent, for the next one (see :func:`rewrite_budget`)."""
+    catalogs: dict[str, LedgerCatalog] = field(default_factory=dict)
+    """The catalogs the index's segments are described by (the sidecar lists them)."""
 
 
 @dataclass(frozen=True)
@@ -485,6 +524,8 @@ class LedgerSegmentWriter:
     _placed: dict[str, _Placed] = field(default_factory=dict)
     _segments: dict[str, LedgerSegmentRef] = field(default_factory=dict)
     _carry: int = 0
+    _catalogs: dict[str, LedgerCatalog] = field(default_factory=dict)
+    """The catalogs the last committed snapshot lists."""
 
     def write(self, records: Sequence[PromptGroupRecoveryRecord], *, stem: str) -> PendingLedger:
         """Write the changes of ``records`` (the live groups, in ledger order).
@@ -510,6 +551,7 @@ class LedgerSegmentWriter:
             if file in self._segments
         }
         segment_bytes = sum(self._publish(build, segments) for build in (fresh, cold))
+        catalogs, catalog_bytes = self._catalogs_for(segments, stem)
         listed = sorted(segments)
         position = {file: number for number, file in enumerate(listed)}
         index = LedgerIndex(
@@ -529,10 +571,16 @@ class LedgerSegmentWriter:
             rewritten_bytes=spent,
             forced_records=forced,
             queued_records=sum(1 for s in steps if s.due is not None and not s.rewrite),
+            catalog_bytes=catalog_bytes,
         )
         carry = carry_after(budget, spent, waiting=info.queued_records > 0)
         self.last_written = PendingLedger(
-            index=index, placed=placed, segments=segments, info=info, carry=carry
+            index=index,
+            placed=placed,
+            segments=segments,
+            info=info,
+            carry=carry,
+            catalogs=catalogs,
         )
         return self.last_written
 
@@ -622,6 +670,32 @@ class LedgerSegmentWriter:
         )
         return len(data)
 
+    def _catalogs_for(
+        self, segments: dict[str, LedgerSegmentRef], stem: str
+    ) -> tuple[dict[str, LedgerCatalog], int]:
+        """The catalogs describing ``segments`` (each by exactly one), and the bytes of the new
+        one: it describes the segments no kept catalog does (new, or a seeded writer's) and
+        those of the catalogs merged past :data:`MAX_CATALOGS`; durable when this returns."""
+        catalog_of = {
+            segment: catalog.file
+            for catalog in self._catalogs.values()
+            for segment in catalog.segments
+        }
+        live = Counter(catalog_of[file] for file in segments if file in catalog_of)
+        uncatalogued = [file for file in segments if file not in catalog_of]
+        merging = set(catalogs_to_merge(live, adding=bool(uncatalogued), limit=MAX_CATALOGS))
+        kept = {file: self._catalogs[file] for file in live if file not in merging}
+        moving = sorted(
+            file for file in segments if file not in catalog_of or catalog_of[file] in merging
+        )
+        if not moving:
+            return kept, 0
+        data = encode_ledger_catalog([segments[file] for file in moving])
+        file = ledger_catalog_file_name(stem)
+        publish_catalog(self.segments_dir / file, data)
+        kept[file] = LedgerCatalog(file, hashlib.sha256(data).hexdigest(), len(data), tuple(moving))
+        return kept, len(data)
+
     def _compaction(
         self, records: Sequence[PromptGroupRecoveryRecord]
     ) -> dict[str, tuple[int, bool]]:
@@ -660,8 +734,9 @@ class LedgerSegmentWriter:
         self._placed = pending.placed
         self._segments = pending.segments
         self._carry = pending.carry
+        self._catalogs = pending.catalogs
         self.last_written = None
 
     def base_segments(self) -> set[str]:
-        """Ledger segment files the last committed snapshot references."""
-        return set(self._segments)
+        """Ledger segment and catalog files the last committed snapshot references."""
+        return set(self._segments) | set(self._catalogs)

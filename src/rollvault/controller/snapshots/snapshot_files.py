@@ -68,6 +68,7 @@ an older snapshot; the references between files are checked by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 from collections.abc import Iterator, Mapping, Set
@@ -111,18 +112,21 @@ from rollvault.durable.manifest_schema import RolloutSnapshotManifest
 from rollvault.durable.segment_store import RecordedSegmentError, read_recorded_segment
 from rollvault.ledger.errors import LedgerError
 from rollvault.ledger.indexed_sidecar import (
+    CATALOG_SIDECAR_SCHEMA_VERSION,
     COMPACT_SIDECAR_SCHEMA_VERSION,
     FACTS_APART_SIDECAR_SCHEMA_VERSION,
     INDEXED_SIDECAR_SCHEMA_VERSION,
     RUNS_SIDECAR_SCHEMA_VERSION,
+    LedgerCatalogRef,
     LedgerIndex,
     LedgerSegmentRef,
     assemble_indexed_ledger,
+    decode_catalog_sidecar,
     decode_compact_sidecar,
     decode_facts_apart_sidecar,
     decode_indexed_sidecar,
     decode_runs_sidecar,
-    encode_compact_sidecar,
+    encode_catalog_sidecar,
 )
 from rollvault.ledger.ledger_records import RecordChain, SegmentRecords, decode_ledger_segment
 from rollvault.ledger.records import PromptGroupRecoveryRecord
@@ -162,18 +166,22 @@ _FACTS_APART_SIDECAR_VERSIONS: Final = frozenset(
         FACTS_APART_SIDECAR_SCHEMA_VERSION,
         RUNS_SIDECAR_SCHEMA_VERSION,
         COMPACT_SIDECAR_SCHEMA_VERSION,
+        CATALOG_SIDECAR_SCHEMA_VERSION,
     }
 )
 """Ledger sidecar versions whose finalizer maps are in the group facts (8: the index's
 groups as runs, :data:`~rollvault.ledger.indexed_sidecar.RUNS_SIDECAR_SCHEMA_VERSION`;
-9, written: its segments as compact rows too,
-:data:`~rollvault.ledger.indexed_sidecar.COMPACT_SIDECAR_SCHEMA_VERSION`)."""
+9: its segments as compact rows too,
+:data:`~rollvault.ledger.indexed_sidecar.COMPACT_SIDECAR_SCHEMA_VERSION`; 10, written:
+those rows in ledger catalogs beside the segments,
+:data:`~rollvault.ledger.indexed_sidecar.CATALOG_SIDECAR_SCHEMA_VERSION`)."""
 _SIDECAR_DECODERS: Final = {
     FACTS_APART_SIDECAR_SCHEMA_VERSION: decode_facts_apart_sidecar,
     RUNS_SIDECAR_SCHEMA_VERSION: decode_runs_sidecar,
     COMPACT_SIDECAR_SCHEMA_VERSION: decode_compact_sidecar,
 }
-"""The decoder of each version of :data:`_FACTS_APART_SIDECAR_VERSIONS`."""
+"""The decoder of each version of :data:`_FACTS_APART_SIDECAR_VERSIONS` but version 10
+(which reads its catalogs too: :func:`_decode_indexed`)."""
 REPLAY_BUFFER_METADATA_FILENAME: Final = "replay_buffer_metadata.json"
 REPLACEMENT_RESERVE_FILENAME: Final = "replacement_reserve.json"
 CONTROLLER_STATE_FILENAME: Final = "controller_state.json"
@@ -542,9 +550,11 @@ def _recovery_sidecar(
         )
     pending = writer.write(records, stem=_segment_stem(directory))
     # The finalizer maps are in the group facts, written once per canonical group, the
-    # index's groups are runs (version 8) and its segments compact rows (version 9).
-    data = encode_compact_sidecar(capture.recovery_state, pending.index)
-    return data, COMPACT_SIDECAR_SCHEMA_VERSION, len(records), pending.info.segment_bytes
+    # index's groups are runs (version 8) and its segments' rows in catalogs (version 10).
+    catalogs = [pending.catalogs[file].listed() for file in sorted(pending.catalogs)]
+    data = encode_catalog_sidecar(capture.recovery_state, pending.index, catalogs)
+    written = pending.info.segment_bytes + pending.info.catalog_bytes
+    return data, CATALOG_SIDECAR_SCHEMA_VERSION, len(records), written
 
 
 def read_snapshot_files(path: Path, manifest: RolloutSnapshotManifest) -> LoadedSnapshot:
@@ -811,6 +821,13 @@ def _decode_indexed(
     try:
         if facts is None:
             state = decode_indexed_sidecar(data)
+        elif version == CATALOG_SIDECAR_SCHEMA_VERSION:
+            state = decode_catalog_sidecar(
+                data,
+                finalizer_metrics_by_group=facts.metrics(),
+                finalizer_rewards_by_group=facts.rewards(),
+                read_catalog=functools.partial(read_ledger_catalog, segments_dir_for(path.parent)),
+            )
         else:
             state = _SIDECAR_DECODERS[version](
                 data,
@@ -829,6 +846,22 @@ def _decode_indexed(
         raise SnapshotCorruptError(path, str(exc)) from exc
     _require_reward_settings(path, parsed)
     return parsed, IndexedLedger(state.ledger_index, tuple(chains))
+
+
+def read_ledger_catalog(segments_dir: Path, ref: LedgerCatalogRef) -> bytes:
+    """The bytes of the ledger catalog ``ref`` names, refused unless they are what the sidecar
+    records of them (:class:`SnapshotCorruptError` naming the catalog: missing, another size
+    or SHA-256); their content is checked by the sidecar's decoder."""
+    try:
+        return read_recorded_segment(
+            segments_dir / ref.file,
+            what="ledger catalog",
+            byte_size=ref.byte_size,
+            sha256=ref.sha256.hex(),
+            recorded_in=ROLLOUT_RECOVERY_STATE_FILENAME,
+        )
+    except RecordedSegmentError as exc:
+        raise SnapshotCorruptError(exc.path, exc.problem) from exc
 
 
 def read_ledger_segment(path: Path, ref: LedgerSegmentRef) -> SegmentRecords:
