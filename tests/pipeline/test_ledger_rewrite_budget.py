@@ -34,6 +34,15 @@ from rollvault.ledger.statuses import (
 SIBLINGS = 8
 
 
+@pytest.fixture(autouse=True)
+def _dead_shares_these_cases_are_made_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cases below are sized for compaction due past 0.4 of the referenced bytes dead
+    and forced past 0.5 (the writer's thresholds when they were written): what they check
+    is the mechanism (the budget, the priority, the forced share), not the thresholds."""
+    monkeypatch.setattr(ledger_segments, "DEAD_DUE", 0.4)
+    monkeypatch.setattr(ledger_segments, "DEAD_FORCED", 0.5)
+
+
 def _attempt(rng: random.Random, status: RolloutAttemptStatus) -> RolloutAttemptRecord:
     return RolloutAttemptRecord(attempt_uuid=uuid.UUID(int=rng.getrandbits(128)), status=status)
 

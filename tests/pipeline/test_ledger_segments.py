@@ -207,8 +207,11 @@ def test_a_snapshot_writes_the_records_of_changed_groups_only_and_restores_the_l
 
 
 def test_retention_deletes_a_ledger_segment_once_no_kept_snapshot_references_it(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Sized for compaction due past 0.4 dead and forced past 0.5 (the thresholds then).
+    monkeypatch.setattr(ledger_segments, "DEAD_DUE", 0.4)
+    monkeypatch.setattr(ledger_segments, "DEAD_FORCED", 0.5)
     config = _config(tmp_path)
 
     async def main() -> None:
@@ -231,7 +234,12 @@ def test_retention_deletes_a_ledger_segment_once_no_kept_snapshot_references_it(
     asyncio.run(main())
 
 
-def test_a_sparse_ledger_segment_is_compacted_into_the_new_one(tmp_path: Path) -> None:
+def test_a_sparse_ledger_segment_is_compacted_into_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sized for compaction due past 0.4 dead and forced past 0.5 (the thresholds then).
+    monkeypatch.setattr(ledger_segments, "DEAD_DUE", 0.4)
+    monkeypatch.setattr(ledger_segments, "DEAD_FORCED", 0.5)
     config = _config(tmp_path)
 
     async def main() -> None:
