@@ -48,6 +48,7 @@ from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
 from rollvault.controller.snapshots import fact_segments
 from rollvault.controller.snapshots.fact_forms import FACT_SEGMENT_SUFFIXES
 from rollvault.controller.snapshots.fact_segments import (
+    FACT_CATALOG_SUFFIX,
     GROUP_FACTS_FILENAME,
     FactSeed,
     FactSegmentWriter,
@@ -146,7 +147,8 @@ def commit(checkpoint_dir: Path) -> None:
             tmp / DATA_PLANE_DIRNAME, rows, {}, stem=tmp.name[13:]
         )
         pending = writer.write(origins, identities, finalized, stem=tmp.name[13:], replay=replay)
-        (tmp / GROUP_FACTS_FILENAME).write_bytes(encode_group_facts_file(pending.index))
+        index = encode_group_facts_file(pending.index, pending.catalogs)  # version 4
+        (tmp / GROUP_FACTS_FILENAME).write_bytes(index)
         (tmp / REPLAY_ORDER_FILENAME).write_bytes(msgspec.json.encode(pending.replay_order))
 
     publish_snapshot(
@@ -183,7 +185,11 @@ def verify(checkpoint_dir: Path) -> dict[str, Any]:
     return {
         "steps": steps,
         "problems": problems,
-        "segments": [name for name in on_disk if name.endswith(FACT_SEGMENT_SUFFIXES)],
+        "segments": [
+            name
+            for name in on_disk
+            if name.endswith(FACT_SEGMENT_SUFFIXES) or name.endswith(FACT_CATALOG_SUFFIX)
+        ],
         "all_files": on_disk,
         "referenced": sorted(referenced_group_fact_segments(committed_snapshot_paths(root))),
     }

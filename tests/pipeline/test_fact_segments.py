@@ -96,6 +96,26 @@ def _index(snapshot: Path) -> dict[str, Any]:
         assert all(isinstance(row, list) and len(row) == 5 for row in index["segments"])
         decoded = fact_segments.decode_group_facts_file(path, path.read_bytes())
         index["segments"] = msgspec.to_builtins(decoded.segments)
+    elif index["schema_version"] == 4:
+        # Each segment [name, live], its row in a catalog.
+        assert all(isinstance(row, list) and len(row) == 2 for row in index["segments"])
+        decoded = fact_segments.decode_group_facts_file(
+            path, path.read_bytes(), segments_dir_for(snapshot)
+        )
+        index["segments"] = msgspec.to_builtins(decoded.segments)
+        del index["catalogs"]  # the rows are in the segments now, as version 1's
+    return index
+
+
+def _as_version_3(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's ``group_facts.json`` (version 4) as version 3, what main wrote before
+    fact catalogs: each segment's row in the index (builtins)."""
+    path = snapshot / GROUP_FACTS_FILENAME
+    decoded = fact_segments.decode_group_facts_file(
+        path, path.read_bytes(), segments_dir_for(snapshot)
+    )
+    index: dict[str, Any] = json.loads(encode_group_facts_file(decoded))
+    assert index["schema_version"] == 3
     return index
 
 
@@ -528,7 +548,7 @@ def test_a_snapshot_of_form_1_fact_segments_restores_and_its_segment_stays_refer
     async def restart() -> None:
         run = await Run.restored(config, source)
         after = await run.snapshot()
-        assert _index(after)["schema_version"] == 3
+        assert _index(after)["schema_version"] == 4
         assert old_segment in _fact_files(after)
         (new,) = _fact_files(after) - {old_segment}
         assert new.endswith(".facts-segment.msgpack")
@@ -576,9 +596,11 @@ def test_an_unknown_group_facts_version_is_refused_naming_file_and_version(
     config = _config(tmp_path)
     _older, newest = _two_snapshots(config)
     index = dict(_index(newest), schema_version=2)
-    index["schema_version"] = 4
+    index["schema_version"] = 5
     problem = _rewrite_index(newest, index)
-    assert problem == f"{GROUP_FACTS_FILENAME}: unsupported schema_version 4 (supported: 1, 2, 3)"
+    assert (
+        problem == f"{GROUP_FACTS_FILENAME}: unsupported schema_version 5 (supported: 1, 2, 3, 4)"
+    )
 
 
 def test_version_3_rows_are_compact_and_read_back_to_the_same_references(tmp_path: Path) -> None:
@@ -623,9 +645,7 @@ def test_version_3_rows_are_compact_and_read_back_to_the_same_references(tmp_pat
 def test_a_version_3_row_whose_live_runs_do_not_fit_is_refused_naming_it(tmp_path: Path) -> None:
     config = _config(tmp_path)
     _older, newest = _two_snapshots(config)
-    path = newest / GROUP_FACTS_FILENAME
-    index = json.loads(path.read_bytes())
-    assert index["schema_version"] == 3
+    index = _as_version_3(newest)
     count = index["segments"][0][3]
     index["segments"][0][4] = [count - 1, 2]  # runs adding up past the segment's facts
     problem = _rewrite_index(newest, index)
@@ -638,8 +658,7 @@ def test_a_version_3_row_naming_the_writer_s_segment_as_text_is_refused_naming_i
     """A segment of this writer is named by its number: its file name as text is refused."""
     config = _config(tmp_path)
     _older, newest = _two_snapshots(config)
-    path = newest / GROUP_FACTS_FILENAME
-    index = json.loads(path.read_bytes())
+    index = _as_version_3(newest)
     number = index["segments"][0][0]
     assert isinstance(number, int)
     index["segments"][0][0] = f"{number:06d}-facts{FACT_SEGMENT_SUFFIX}"
@@ -667,9 +686,95 @@ def test_a_version_2_group_facts_as_main_wrote_it_restores_and_the_next_snapshot
     async def restart() -> None:
         run = await Run.restored(config, source)
         after = await run.snapshot()
-        assert _index(after)["schema_version"] == 3
+        assert _index(after)["schema_version"] == 4
         assert files <= _fact_files(after)
         assert _maps(_loaded(after)) == expected
         run.parts.logs.close()
 
     asyncio.run(restart())
+
+
+# -- version 4: the segments' rows in fact catalogs -------------------------------------
+
+
+def _raw_index(snapshot: Path) -> dict[str, Any]:
+    index: dict[str, Any] = json.loads((snapshot / GROUP_FACTS_FILENAME).read_bytes())
+    return index
+
+
+def test_version_4_lists_each_segment_by_name_and_reads_back_the_maps_version_3_gives(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    older, newest = _two_snapshots(config)
+    expected = _maps(_loaded(newest))
+    index = _raw_index(newest)
+    assert index["schema_version"] == 4
+    # Each segment by number and live facts only; the older one's row is in the older
+    # snapshot's catalog, written once, the new one's in this snapshot's.
+    assert all(isinstance(name, int) for name, _live in index["segments"])
+    assert [catalog[0] for catalog in index["catalogs"]] == [1, 2]
+    assert len(index["segments"]) == 2
+    assert _raw_index(older)["catalogs"][0] == index["catalogs"][0]
+    # Version 3 (each row in the index), what main wrote before catalogs, reads the same.
+    _write_index(newest, _as_version_3(newest))
+    assert _maps(_loaded(newest)) == expected
+
+
+def _recatalog(snapshot: Path, change: Any) -> str:
+    """Rewrite the snapshot's newest catalog changed by ``change``, record its new bytes in
+    the index (so only the content is wrong), and return the problem verification finds."""
+    index = _raw_index(snapshot)
+    ref = index["catalogs"][-1]
+    path = segments_dir_for(snapshot) / f"{ref[0]:06d}{fact_segments.FACT_CATALOG_SUFFIX}"
+    content = json.loads(path.read_bytes())
+    change(content)
+    data = json.dumps(content).encode()
+    path.write_bytes(data)
+    ref[1] = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    ref[2] = len(data)
+    return _rewrite_index(snapshot, index)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda c: c.update(schema_version=2), "$.schema_version: 2; this build reads catalog"),
+        (lambda c: c.update(extra=1), "unknown field `extra`"),
+        (lambda c: c["entries"][0].__setitem__(1, "AAAA"), "$.entries[0][1]"),
+        (lambda c: c["entries"].append(c["entries"][0]), "holds 2 entries, group_facts.json"),
+    ],
+)
+def test_a_fact_catalog_whose_content_is_wrong_is_refused_naming_it(
+    tmp_path: Path, change: Any, expected: str
+) -> None:
+    _older, newest = _two_snapshots(_config(tmp_path))
+    problem = _recatalog(newest, change)
+    assert problem.startswith("000002-facts.catalog.json: ") and expected in problem, problem
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda i: i["catalogs"].append(i["catalogs"][0]), "$.catalogs[2]: catalog "),
+        (lambda i: i["catalogs"].pop(0), "$.segments[0][0] (name): segment "),
+        (lambda i: i["segments"].append(i["segments"][0]), "listed twice"),
+        (lambda i: i["catalogs"][0].__setitem__(2, 1), "size"),
+    ],
+)
+def test_an_index_that_does_not_match_its_fact_catalogs_is_refused_naming_the_field(
+    tmp_path: Path, change: Any, expected: str
+) -> None:
+    _older, newest = _two_snapshots(_config(tmp_path))
+    index = _raw_index(newest)
+    change(index)
+    problem = _rewrite_index(newest, index)
+    assert expected in problem, problem
+
+
+def test_a_missing_fact_catalog_is_refused_naming_it(tmp_path: Path) -> None:
+    _older, newest = _two_snapshots(_config(tmp_path))
+    (segments_dir_for(newest) / f"000002{fact_segments.FACT_CATALOG_SUFFIX}").unlink()
+    index = _raw_index(newest)
+    problem = _rewrite_index(newest, index)  # advertised anew: the catalog is what is wrong
+    assert problem.startswith("000002-facts.catalog.json: missing fact catalog"), problem

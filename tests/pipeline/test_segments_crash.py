@@ -111,6 +111,7 @@ FACTS = CrashCase(
     child=Path(__file__).with_name("fact_segments_crash_child.py"),
     steps=(
         "fact_segment.",
+        "catalog.",
         "atomic_write.",
         "commit.before_rename",
         "commit.after_rename",
@@ -121,6 +122,8 @@ FACTS = CrashCase(
         {
             "fact_segment.before_write",
             "fact_segment.durable",
+            "catalog.before_write",
+            "catalog.durable",
             "segment_gc.before_delete",
             "segment_gc.synced",
         }

@@ -88,6 +88,7 @@ from rollvault.controller.snapshots.fact_forms import (
     encode_fact_segment,
 )
 from rollvault.controller.snapshots.write_budget import carry_after, take_within, write_budget
+from rollvault.dataplane.segment_catalog import catalogs_to_merge
 from rollvault.dataplane.segmented import (
     decode_live,
     decode_live_bitmap,
@@ -97,6 +98,7 @@ from rollvault.dataplane.segmented import (
 from rollvault.durable.segment_store import (
     RecordedSegmentError,
     file_of_sequence_name,
+    publish_catalog,
     publish_fact_segment,
     read_recorded_segment,
     require_sequence_number,
@@ -106,13 +108,22 @@ from rollvault.ledger.reward_penalties import FinalizedReward
 
 GROUP_FACTS_FILENAME: Final = "group_facts.json"
 """The snapshot's index of its fact segments (advertised like every sidecar)."""
-GROUP_FACTS_SCHEMA_VERSION: Final = 3
-"""Version 3 (written) lists each segment as a compact row (:class:`FactSegmentEntryV3`,
-~60 bytes against version 2's ~130: every snapshot of an anchor repeats every referenced
-segment's row). Version 2 references form 2 segments (``*.facts-segment.msgpack``, which
-hold replay entries too) besides form 1 ones; version 1, form 1 segments only. Both are
-still read."""
-SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3})
+GROUP_FACTS_SCHEMA_VERSION: Final = 4
+"""Version 4 (written) lists each segment by name with its live facts
+(:class:`FactHeldEntry`, a few bytes), its fixed row (SHA-256, size, fact count) being
+in a **fact catalog** written once per anchor (:class:`FactCatalogFile`), as the ledger's
+and the rows' segments are. Version 3 lists each segment as a compact row
+(:class:`FactSegmentEntryV3`, ~60 bytes against version 2's ~130: every snapshot of an
+anchor repeats every referenced segment's row). Version 2 references form 2 segments
+(``*.facts-segment.msgpack``, which hold replay entries too) besides form 1 ones; version
+1, form 1 segments only. Versions 1 to 3 are still read."""
+SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4})
+FACT_CATALOG_SCHEMA_VERSION: Final = 1
+SUPPORTED_FACT_CATALOG_SCHEMA_VERSIONS: Final = frozenset({FACT_CATALOG_SCHEMA_VERSION})
+FACT_CATALOG_SUFFIX: Final = "-facts.catalog.json"
+MAX_CATALOGS: Final = 16
+"""Most fact catalogs one index lists (restore opens each); past it, the referenced rows of
+those with the fewest move into the snapshot's new catalog (the row catalogs' rule)."""
 COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live facts once fewer than this fraction of its facts are live."""
 DUE_REFERENCED: Final = 48
@@ -219,6 +230,89 @@ class FactSegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=
         require_sequence_number(self.name, fact_segment_file_name)
 
 
+class FactCatalogEntry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A fact segment's fixed row in a fact catalog: ``[name, sha256, byte_size, fact_count]``
+    (version 3's row without its live facts)."""
+
+    name: _NonNegativeInt | FactSegmentFileName
+    sha256: Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+    byte_size: _NonNegativeInt
+    fact_count: _PositiveInt
+
+    def __post_init__(self) -> None:
+        require_sequence_number(self.name, fact_segment_file_name)
+
+
+class FactCatalogFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A fact catalog's content (``<stem>-facts.catalog.json``, strict JSON)."""
+
+    schema_version: int
+    entries: list[FactCatalogEntry]
+
+
+FactCatalogFileName = Annotated[
+    str, msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}-facts\.catalog\.json$")
+]
+
+
+def fact_catalog_file_name(stem: str) -> str:
+    """The name of the fact catalog the snapshot named ``stem`` writes."""
+    return f"{stem}{FACT_CATALOG_SUFFIX}"
+
+
+class FactCatalogRef(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A catalog a version 4 index uses: ``[name, sha256, byte_size, entry_count]``."""
+
+    name: _NonNegativeInt | FactCatalogFileName
+    sha256: Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+    byte_size: _NonNegativeInt
+    entry_count: _PositiveInt
+
+    def __post_init__(self) -> None:
+        require_sequence_number(self.name, fact_catalog_file_name)
+
+    @property
+    def file(self) -> str:
+        return file_of_sequence_name(self.name, fact_catalog_file_name)
+
+
+class FactHeldEntry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """A segment a version 4 index references: ``[name, live]`` (``live`` as version 3's)."""
+
+    name: _NonNegativeInt | FactSegmentFileName
+    live: list[_NonNegativeInt] | bytes
+
+    def __post_init__(self) -> None:
+        require_sequence_number(self.name, fact_segment_file_name)
+
+
+class _GroupFactsFileV4(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``group_facts.json`` version 4 as it is on disk: catalogs, then each segment held."""
+
+    schema_version: int
+    catalogs: list[FactCatalogRef]
+    segments: list[FactHeldEntry]
+
+
+@dataclass(frozen=True)
+class FactCatalog:
+    """A durable fact catalog: its file, SHA-256, size and the segments it describes."""
+
+    file: str
+    sha256: str
+    """Hex SHA-256 of the file."""
+    byte_size: int
+    segments: tuple[str, ...]
+
+    def ref(self) -> FactCatalogRef:
+        return FactCatalogRef(
+            sequence_name(self.file, fact_catalog_file_name),
+            bytes.fromhex(self.sha256),
+            self.byte_size,
+            len(self.segments),
+        )
+
+
 class _GroupFactsFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """``group_facts.json`` version 3 as it is on disk: each segment a compact row."""
 
@@ -239,13 +333,14 @@ def _entry_v3(ref: FactSegmentRef) -> FactSegmentEntryV3:
     )
 
 
-def _ref_v3(entry: FactSegmentEntryV3, where: str) -> FactSegmentRef:
+def _ref_v3(entry: FactSegmentEntryV3, where: str, live_field: str = "[4]") -> FactSegmentRef:
     """The :class:`FactSegmentRef` a version 3 row stands for; ``ValueError`` naming the
-    field at ``where`` when its live ordinals do not fit its fact count."""
+    field at ``where`` (``live_field``: the live facts' place in the row) when its live
+    ordinals do not fit its fact count."""
     try:
         bits = decode_live(entry.live, entry.fact_count)
     except ValueError as exc:
-        raise ValueError(f"{where}[4] (live): {exc}") from exc
+        raise ValueError(f"{where}{live_field} (live): {exc}") from exc
     held = [ordinal for ordinal, live in enumerate(bits) if live]
     return FactSegmentRef(
         file=_file_of(entry.name),
@@ -327,6 +422,8 @@ class FactWriteInfo:
     """Segments merged past :data:`MAX_REFERENCED`, outside the budget."""
     waiting_segments: int = 0
     """Due segments left for a later snapshot's budget."""
+    catalog_bytes: int = 0
+    """Bytes of the fact catalog this snapshot wrote (0: none)."""
 
 
 @dataclass
@@ -344,6 +441,8 @@ class PendingFacts:
     (:func:`replay_order_runs`), for ``replay_buffer_metadata.json``."""
     carry: int = 0
     """The merge budget this snapshot left unspent, for the next one (:func:`merge_budget`)."""
+    catalogs: dict[str, FactCatalog] = field(default_factory=dict)
+    """The catalogs describing the index's segments (``group_facts.json`` lists them)."""
 
 
 @dataclass(frozen=True)
@@ -393,6 +492,8 @@ class FactSegmentWriter:
     _replay: dict[str, _Held] = field(default_factory=dict)
     _segments: dict[str, _SegmentInfo] = field(default_factory=dict)
     _carry: int = 0
+    _catalogs: dict[str, FactCatalog] = field(default_factory=dict)
+    """The catalogs the last committed snapshot lists."""
 
     def write(
         self,
@@ -436,6 +537,7 @@ class FactSegmentWriter:
             segments[file] = _SegmentInfo(hashlib.sha256(data).hexdigest(), len(data), len(facts))
             segment_bytes = len(data)
         index = _index(segments, placed)
+        catalogs, catalog_bytes = self._catalogs_for(index, stem)
         info = FactWriteInfo(
             segment_bytes=segment_bytes,
             new_facts=len(facts),
@@ -445,6 +547,7 @@ class FactSegmentWriter:
             merged_bytes=spent,
             forced_segments=len(plan.forced - plan.sparse),
             waiting_segments=waiting,
+            catalog_bytes=catalog_bytes,
         )
         order = replay_order_runs([placement.replay[entry.group_id] for entry in replay])
         self.last_written = PendingFacts(
@@ -456,8 +559,46 @@ class FactSegmentWriter:
             placement.replay,
             order,
             carry=carry_after(budget, spent, waiting=waiting > 0),
+            catalogs=catalogs,
         )
         return self.last_written
+
+    def _catalogs_for(self, index: GroupFactsFile, stem: str) -> tuple[dict[str, FactCatalog], int]:
+        """The catalogs describing ``index``'s segments (each by exactly one), and the bytes of
+        the new one: it describes the segments no kept catalog does (new, or a seeded
+        writer's) and those of the catalogs merged past :data:`MAX_CATALOGS`; durable when
+        this returns."""
+        catalog_of = {
+            segment: catalog.file
+            for catalog in self._catalogs.values()
+            for segment in catalog.segments
+        }
+        referenced = {ref.file: ref for ref in index.segments}
+        live = Counter(catalog_of[file] for file in referenced if file in catalog_of)
+        uncatalogued = [file for file in referenced if file not in catalog_of]
+        merging = set(catalogs_to_merge(live, adding=bool(uncatalogued), limit=MAX_CATALOGS))
+        kept = {file: self._catalogs[file] for file in live if file not in merging}
+        moving = sorted(
+            file for file in referenced if file not in catalog_of or catalog_of[file] in merging
+        )
+        if not moving:
+            return kept, 0
+        entries = [
+            FactCatalogEntry(
+                _name_field(file),
+                bytes.fromhex(referenced[file].sha256),
+                referenced[file].byte_size,
+                referenced[file].fact_count,
+            )
+            for file in moving
+        ]
+        data = msgspec.json.encode(
+            FactCatalogFile(schema_version=FACT_CATALOG_SCHEMA_VERSION, entries=entries)
+        )
+        file = fact_catalog_file_name(stem)
+        publish_catalog(self.segments_dir / file, data)
+        kept[file] = FactCatalog(file, hashlib.sha256(data).hexdigest(), len(data), tuple(moving))
+        return kept, len(data)
 
     def _placement(self, wanted: _Wanted, moving: set[str], file: str) -> _Placement:
         """Where each wanted fact is if the live facts of ``moving`` are rewritten: the held
@@ -553,11 +694,12 @@ class FactSegmentWriter:
         self._replay = pending.replay
         self._segments = pending.segments
         self._carry = pending.carry
+        self._catalogs = pending.catalogs
         self.last_written = None
 
     def base_segments(self) -> set[str]:
-        """Fact segment files the last committed snapshot references."""
-        return set(self._segments)
+        """Fact segment and catalog files the last committed snapshot references."""
+        return set(self._segments) | set(self._catalogs)
 
 
 def replay_order_runs(held: Sequence[_Held]) -> list[tuple[int, int]]:
@@ -648,19 +790,28 @@ class LoadedFacts:
         return {g: f.metrics_dict() for g, f in self.finalized.items()}
 
 
-def encode_group_facts_file(index: GroupFactsFile) -> bytes:
-    """The bytes of ``group_facts.json`` for ``index``: version 3, each segment a compact row."""
-    if index.schema_version != GROUP_FACTS_SCHEMA_VERSION:
-        raise ValueError(f"only version {GROUP_FACTS_SCHEMA_VERSION} is written")
-    on_disk = _GroupFactsFileV3(
-        schema_version=index.schema_version,
-        segments=[_entry_v3(ref) for ref in index.segments],
+def encode_group_facts_file(
+    index: GroupFactsFile, catalogs: Mapping[str, FactCatalog] | None = None
+) -> bytes:
+    """The bytes of ``group_facts.json`` for ``index``: version 4, its segments' rows in
+    ``catalogs`` (durable already: :attr:`PendingFacts.catalogs`); without catalogs version
+    3, each segment a compact row (what was written before catalogs: tests of reading it)."""
+    entries = [_entry_v3(ref) for ref in index.segments]
+    if catalogs is None:
+        return _INDEX_ENCODER.encode(_GroupFactsFileV3(schema_version=3, segments=entries))
+    on_disk = _GroupFactsFileV4(
+        schema_version=GROUP_FACTS_SCHEMA_VERSION,
+        catalogs=[catalogs[file].ref() for file in sorted(catalogs)],
+        segments=[FactHeldEntry(entry.name, entry.live) for entry in entries],
     )
     return _INDEX_ENCODER.encode(on_disk)
 
 
-def decode_group_facts_file(path: Path, data: bytes) -> GroupFactsFile:
-    """``group_facts.json``'s bytes, strictly decoded and checked (no segment is read)."""
+def decode_group_facts_file(
+    path: Path, data: bytes, segments_dir: Path | None = None
+) -> GroupFactsFile:
+    """``group_facts.json``'s bytes, strictly decoded and checked (no segment is read; a
+    version 4 index's catalogs are, in ``segments_dir``, which it needs)."""
     try:
         version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
         if version not in SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS:
@@ -673,6 +824,11 @@ def decode_group_facts_file(path: Path, data: bytes) -> GroupFactsFile:
             index = GroupFactsFile(
                 schema_version=version, segments=[row.ref() for row in rows.segments]
             )
+        elif version == 4:
+            if segments_dir is None:
+                raise FactsError(path, "version 4 is read with its catalogs' directory")
+            held = msgspec.json.decode(data, type=_GroupFactsFileV4, strict=True)
+            index = _index_v4(path, held, segments_dir)
         else:
             entries = msgspec.json.decode(data, type=_GroupFactsFileV3, strict=True)
             index = GroupFactsFile(
@@ -694,6 +850,85 @@ def decode_group_facts_file(path: Path, data: bytes) -> GroupFactsFile:
             )
         seen.add(ref.file)
     return index
+
+
+def _index_v4(path: Path, held: _GroupFactsFileV4, segments_dir: Path) -> GroupFactsFile:
+    """Version 4's index with each segment's row from its catalog (a segment in none of the
+    listed catalogs is refused naming its place; ``ValueError`` for a live field that does
+    not fit, as version 3's)."""
+    rows = _catalog_rows(path, held.catalogs, segments_dir)
+    refs = []
+    for position, entry in enumerate(held.segments):
+        file = _file_of(entry.name)
+        row = rows.get(file)
+        if row is None:
+            raise FactsError(
+                path,
+                f"$.segments[{position}][0] (name): segment {file!r} is in none of its catalogs",
+            )
+        compact = FactSegmentEntryV3(
+            entry.name, row.sha256, row.byte_size, row.fact_count, entry.live
+        )
+        refs.append(_ref_v3(compact, f"$.segments[{position}]", live_field="[1]"))
+    return GroupFactsFile(schema_version=held.schema_version, segments=refs)
+
+
+def _catalog_rows(
+    path: Path, catalogs: Sequence[FactCatalogRef], segments_dir: Path
+) -> dict[str, FactCatalogEntry]:
+    """Every row of the listed catalogs, by segment file: each catalog listed once, read and
+    checked against what the index records of it, each segment described once."""
+    rows: dict[str, FactCatalogEntry] = {}
+    listed: dict[str, int] = {}
+    for position, catalog in enumerate(catalogs):
+        if listed.setdefault(catalog.file, position) != position:
+            raise FactsError(path, f"$.catalogs[{position}]: catalog {catalog.file!r} listed twice")
+        catalog_path = segments_dir / catalog.file
+        try:
+            data = read_recorded_segment(
+                catalog_path,
+                what="fact catalog",
+                byte_size=catalog.byte_size,
+                sha256=catalog.sha256.hex(),
+                recorded_in=GROUP_FACTS_FILENAME,
+            )
+        except RecordedSegmentError as exc:
+            raise FactsError(exc.path, exc.problem) from exc
+        for index, entry in enumerate(
+            _decode_fact_catalog(catalog_path, data, catalog.entry_count)
+        ):
+            file = _file_of(entry.name)
+            if file in rows:
+                raise FactsError(
+                    catalog_path,
+                    f"$.entries[{index}][0] (name): segment {file!r} is described twice",
+                )
+            rows[file] = entry
+    return rows
+
+
+def _decode_fact_catalog(path: Path, data: bytes, entry_count: int) -> list[FactCatalogEntry]:
+    """A fact catalog's entries, strictly decoded: its version one this build reads, and as
+    many entries as the index records."""
+    try:
+        version = msgspec.json.decode(data, type=_Versioned).schema_version
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise FactsError(path, f"not a fact catalog: {exc}") from exc
+    if version not in SUPPORTED_FACT_CATALOG_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, sorted(SUPPORTED_FACT_CATALOG_SCHEMA_VERSIONS)))
+        raise FactsError(
+            path, f"$.schema_version: {version}; this build reads catalog versions {readable}"
+        )
+    try:
+        catalog = msgspec.json.decode(data, type=FactCatalogFile, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise FactsError(path, f"invalid fact catalog: {exc}") from exc
+    if len(catalog.entries) != entry_count:
+        raise FactsError(
+            path,
+            f"holds {len(catalog.entries)} entries, {GROUP_FACTS_FILENAME} records {entry_count}",
+        )
+    return catalog.entries
 
 
 def read_fact_segment(path: Path, ref: FactSegmentRef) -> list[Fact]:
@@ -735,7 +970,7 @@ def read_group_facts(path: Path, data: bytes, segments_dir: Path) -> LoadedFacts
     a group's origin, finalization or replay entry live twice is refused. Raises
     :class:`FactsError` naming the index or the segment.
     """
-    index = decode_group_facts_file(path, data)
+    index = decode_group_facts_file(path, data, segments_dir)
     origins: dict[str, GroupOrigin] = {}
     identities: dict[str, str] = {}
     finalized: dict[str, FinalizedGroup] = {}
@@ -809,7 +1044,16 @@ def replay_in_order(
 
 
 def referenced_fact_segments(path: Path, data: bytes) -> set[str]:
-    """The fact segment files the index ``path`` (bytes ``data``) lists (what retention needs)."""
+    """The fact segment files the index ``path`` (bytes ``data``) lists, and from version 4
+    its catalogs (what retention keeps; no catalog is read)."""
+    try:
+        version = msgspec.json.decode(data, type=_Versioned, strict=True).schema_version
+        if version == GROUP_FACTS_SCHEMA_VERSION:
+            held = msgspec.json.decode(data, type=_GroupFactsFileV4, strict=True)
+            files = {catalog.file for catalog in held.catalogs}
+            return files | {_file_of(entry.name) for entry in held.segments}
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+        raise FactsError(path, str(exc)) from exc
     return {ref.file for ref in decode_group_facts_file(path, data).segments}
 
 

@@ -472,7 +472,7 @@ def write_snapshot_payload(
         REPLACEMENT_RESERVE_FILENAME: _ENCODER.encode(capture.spares),
         CONTROLLER_STATE_FILENAME: _ENCODER.encode(_on_disk_controller_state(controller)),
         ENV_ROLLOUTS_FILENAME: _ENCODER.encode(capture.env_rollouts),
-        GROUP_FACTS_FILENAME: encode_group_facts_file(pending_facts.index),
+        GROUP_FACTS_FILENAME: encode_group_facts_file(pending_facts.index, pending_facts.catalogs),
     }
     counts = {
         ROLLOUT_RECOVERY_STATE_FILENAME: (sidecar_version, group_count),
@@ -515,6 +515,7 @@ def write_snapshot_payload(
         pending.info.bytes_written
         + ledger_bytes
         + pending_facts.info.segment_bytes
+        + pending_facts.info.catalog_bytes
         + sum(len(data) for data in files.values())
     )
 
