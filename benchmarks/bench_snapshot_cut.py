@@ -494,6 +494,8 @@ async def measure_incremental(
                 "segment_bytes": info.segment_bytes,
                 **sizes,
                 "fact_segment_bytes": facts_pending.info.segment_bytes,
+                # the fact catalog (group_facts.json version 4; 0 before it)
+                "fact_catalog_bytes": getattr(facts_pending.info, "catalog_bytes", 0),
                 "facts_written": facts_pending.info.new_facts,
                 "facts_compacted": facts_pending.info.compacted_facts,
                 "fact_segments_referenced": len(facts_pending.info.referenced),
@@ -506,6 +508,7 @@ async def measure_incremental(
                 + getattr(info, "catalog_bytes", 0)
                 + ledger_bytes
                 + facts_pending.info.segment_bytes
+                + getattr(facts_pending.info, "catalog_bytes", 0)
                 + sizes["ledger_sidecar"]
                 + sizes["index"]
                 + sizes["other_files"],
