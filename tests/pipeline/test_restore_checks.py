@@ -294,6 +294,33 @@ def test_the_restore_rereads_verified_bytes_on_the_loop_and_decodes_others_in_a_
     assert third == loaded.recovery and handed == [snapshot_files.read_recovery_sidecar_file]
 
 
+def test_a_snapshot_verified_twice_is_still_not_decoded_again_by_the_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snapshot_files._LAST_DECODED.clear()  # another test may have left its last parse
+    snapshot = _fixture(5, tmp_path)
+    first = _read(snapshot)
+    second = _read(snapshot)  # the same bytes again: the first parse, left for the restore
+    assert second.recovery is first.recovery
+    metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
+    sidecar = snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
+    config = _config(tmp_path)
+    handed: list[object] = []
+    real_to_thread = asyncio.to_thread
+
+    async def to_thread(function: Any, /, *args: Any, **kwargs: Any) -> Any:
+        handed.append(function)
+        return await real_to_thread(function, *args, **kwargs)
+
+    monkeypatch.setattr(restorer.asyncio, "to_thread", to_thread)
+    again = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    assert again is first.recovery and handed == []
+    # The restore's own decode (nothing verified left) is not kept for the rest of the run.
+    third = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    assert third == first.recovery and handed == [snapshot_files.read_recovery_sidecar_file]
+    assert snapshot_files._LAST_DECODED == {}
+
+
 def test_the_restore_reuses_the_parse_of_the_bytes_verification_just_read(tmp_path: Path) -> None:
     snapshot_files._LAST_DECODED.clear()  # another test may have left its last parse
     snapshot = _fixture(5, tmp_path)

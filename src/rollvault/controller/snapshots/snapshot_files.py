@@ -716,7 +716,11 @@ A restore reads the sidecar that verification decoded moments before (to
 refuse a file changed since, it reads and hashes the bytes again). The same
 bytes decode to the same state, and decoding and checking 16k attempts is
 most of a restore's CPU time, so the second decode is taken from here. One
-entry, dropped when it is used: nothing stays alive for the rest of the run.
+entry, put there by verification only and dropped when the restore uses it: nothing
+stays alive for the rest of the run. A verification that finds it (the same bytes
+verified twice before a restore) leaves it for the restore, and the restore's own
+decode (when the bytes are not those verified) is not put there: else each restore
+after it missed and decoded again, and the entry it left outlived the run's start.
 """
 
 
@@ -731,8 +735,13 @@ def read_recovery_sidecar_file(
     call it in a worker thread from async code. Raises
     :class:`SnapshotCorruptError` naming the file. A version 6 sidecar's
     ledger segments are read and checked too (a missing or damaged one is named).
+    A parse verification left is used (and dropped); a decode here is not kept.
     """
-    return read_recovery_sidecar_indexed(path, digests)[0]
+    data, digest, key = _sidecar_bytes(path, digests)
+    decoded = _LAST_DECODED.pop(key, None)
+    if decoded is None:
+        decoded = _decode_sidecar(path, digests, data, digest)
+    return _with_advertised_count(path, digest, decoded)[0]
 
 
 def read_recovery_sidecar_indexed(
@@ -740,24 +749,37 @@ def read_recovery_sidecar_indexed(
 ) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
     """:func:`read_recovery_sidecar_file`, and the ledger index and chains of a version 6,
     7, 8 or 9 sidecar. ``facts``: the snapshot's group facts if already read (versions 7 to
-    8 take their finalizer maps from them; else they are read beside it)."""
+    8 take their finalizer maps from them; else they are read beside it).
+
+    Verification's read: its parse stays in ``_LAST_DECODED`` for the restore that
+    follows (a parse already there, of the same bytes, is used and left there)."""
     data, digest, key = _sidecar_bytes(path, digests)
-    cached = _LAST_DECODED.pop(key, None)
+    cached = _LAST_DECODED.get(key)
     if cached is None:
-        if digest.schema_version == INDEXED_SIDECAR_SCHEMA_VERSION:
-            cached = _decode_indexed(path, data)
-        elif digest.schema_version in _FACTS_APART_SIDECAR_VERSIONS:
-            cached = _decode_indexed(
-                path,
-                data,
-                _facts_for_sidecar(path, digests, facts, digest.schema_version),
-                version=digest.schema_version,
-            )
-        else:
-            cached = (decode_recovery_sidecar(path, data, digest), None)
+        cached = _decode_sidecar(path, digests, data, digest, facts)
         _LAST_DECODED.clear()
         _LAST_DECODED[key] = cached
     return _with_advertised_count(path, digest, cached)
+
+
+def _decode_sidecar(
+    path: Path,
+    digests: Mapping[str, SidecarDigest],
+    data: bytes,
+    digest: SidecarDigest,
+    facts: LoadedFacts | None = None,
+) -> tuple[ParsedRolloutRecoveryState, IndexedLedger | None]:
+    """The sidecar ``data`` (checked against ``digest``) decoded by its advertised schema."""
+    if digest.schema_version == INDEXED_SIDECAR_SCHEMA_VERSION:
+        return _decode_indexed(path, data)
+    if digest.schema_version in _FACTS_APART_SIDECAR_VERSIONS:
+        return _decode_indexed(
+            path,
+            data,
+            _facts_for_sidecar(path, digests, facts, digest.schema_version),
+            version=digest.schema_version,
+        )
+    return decode_recovery_sidecar(path, data, digest), None
 
 
 def reread_decoded_recovery_sidecar(
