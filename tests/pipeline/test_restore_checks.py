@@ -300,8 +300,10 @@ def test_a_snapshot_verified_twice_is_still_not_decoded_again_by_the_restore(
     snapshot_files._LAST_DECODED.clear()  # another test may have left its last parse
     snapshot = _fixture(5, tmp_path)
     first = _read(snapshot)
-    second = _read(snapshot)  # the same bytes again: the first parse, left for the restore
-    assert second.recovery is first.recovery
+    # The same bytes again: verification decodes them again (it checks what is on disk)
+    # and its parse replaces the first one for the restore.
+    second = _read(snapshot)
+    assert second.recovery == first.recovery and second.recovery is not first.recovery
     metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
     sidecar = snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
     config = _config(tmp_path)
@@ -314,10 +316,10 @@ def test_a_snapshot_verified_twice_is_still_not_decoded_again_by_the_restore(
 
     monkeypatch.setattr(restorer.asyncio, "to_thread", to_thread)
     again = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
-    assert again is first.recovery and handed == []
+    assert again is second.recovery and handed == []
     # The restore's own decode (nothing verified left) is not kept for the rest of the run.
     third = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
-    assert third == first.recovery and handed == [snapshot_files.read_recovery_sidecar_file]
+    assert third == second.recovery and handed == [snapshot_files.read_recovery_sidecar_file]
     assert snapshot_files._LAST_DECODED == {}
 
 

@@ -717,10 +717,12 @@ refuse a file changed since, it reads and hashes the bytes again). The same
 bytes decode to the same state, and decoding and checking 16k attempts is
 most of a restore's CPU time, so the second decode is taken from here. One
 entry, put there by verification only and dropped when the restore uses it: nothing
-stays alive for the rest of the run. A verification that finds it (the same bytes
-verified twice before a restore) leaves it for the restore, and the restore's own
-decode (when the bytes are not those verified) is not put there: else each restore
-after it missed and decoded again, and the entry it left outlived the run's start.
+stays alive for the rest of the run. Verification never takes it: it decodes what is
+on disk each time (the sidecar's catalogs and segments are read again, so a file
+changed under an unchanged sidecar is refused) and replaces the entry, so the same
+bytes verified twice still leave one parse for the restore. The restore's own decode
+(when the bytes are not those verified) is not put there: else each restore after it
+missed and decoded again, and the entry it left outlived the run's start.
 """
 
 
@@ -751,15 +753,13 @@ def read_recovery_sidecar_indexed(
     7, 8 or 9 sidecar. ``facts``: the snapshot's group facts if already read (versions 7 to
     8 take their finalizer maps from them; else they are read beside it).
 
-    Verification's read: its parse stays in ``_LAST_DECODED`` for the restore that
-    follows (a parse already there, of the same bytes, is used and left there)."""
+    Verification's read: always a decode of what is on disk, whose parse replaces the
+    one in ``_LAST_DECODED`` for the restore that follows."""
     data, digest, key = _sidecar_bytes(path, digests)
-    cached = _LAST_DECODED.get(key)
-    if cached is None:
-        cached = _decode_sidecar(path, digests, data, digest, facts)
-        _LAST_DECODED.clear()
-        _LAST_DECODED[key] = cached
-    return _with_advertised_count(path, digest, cached)
+    decoded = _decode_sidecar(path, digests, data, digest, facts)
+    _LAST_DECODED.clear()
+    _LAST_DECODED[key] = decoded
+    return _with_advertised_count(path, digest, decoded)
 
 
 def _decode_sidecar(
