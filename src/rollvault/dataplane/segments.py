@@ -41,12 +41,11 @@ from __future__ import annotations
 import enum
 import operator
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, pairwise, repeat
 from pathlib import Path
-from types import MappingProxyType
-from typing import Annotated, Final, cast
+from typing import Annotated, Final
 
 import msgspec
 import numpy as np
@@ -55,6 +54,7 @@ import safetensors.numpy
 from rollvault.dataplane.checkpoint_format import PartitionName, sha256_hex
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowArray, RowDtype, RowValue, RowView, row_dtype
+from rollvault.dataplane.segment_rows import Column, RowColumns, SegmentRow
 from rollvault.durable.segment_store import publish_segment
 
 SEGMENT_SCHEMA_VERSION: Final = 2
@@ -525,32 +525,32 @@ def _decode_rows(
         group_keys = _group_keys(path, index, group, tensors)
         keep = None if wanted is None else wanted[ordinal : ordinal + group.rows]
         shared = group.lengths_source()
-        columns = [
-            _column(
-                path,
-                f"{index}/{position}",
-                spec,
-                group.rows,
-                tensors,
-                keep,
-                lengths_of=f"{index}/{shared.get(position, position)}",
-            )
-            for position, spec in enumerate(group.fields)
-        ]
-        names = [spec.name for spec in group.fields]
-        # Each row's view built by C iterators end to end (zip, dict, the proxy): no
-        # Python-level work per row, half the time of a comprehension (9.5k rows per
-        # restore). A row has one value per column, so per field. Kept rows have every
-        # value (only left-out rows are None).
-        values = zip(*columns, strict=True) if columns else iter(((),) * group.rows)
+        bounds: dict[str, list[int]] = {}  # per lengths tensor: fields sharing it share them
+        columns = RowColumns(
+            [spec.name for spec in group.fields],
+            [
+                _column(
+                    path,
+                    f"{index}/{position}",
+                    spec,
+                    group.rows,
+                    tensors,
+                    bounds,
+                    lengths_of=f"{index}/{shared.get(position, position)}",
+                )
+                for position, spec in enumerate(group.fields)
+            ],
+        )
+        # Every column is checked whole above; each row is its ordinal until a field of
+        # it is read (segment_rows): a restore uses the keys only.
+        ordinals: Iterable[int] = range(group.rows)
         if keep is None:
             kept_keys = group_keys
         else:  # group.rows long: read_segment checked the list against the groups' rows
             kept_keys = list(compress(group_keys, keep))
-            values = compress(values, keep)
-        views = list(map(MappingProxyType, map(dict, map(zip, repeat(names), values))))
+            ordinals = compress(ordinals, keep)
         before = len(rows)
-        rows.update(zip(kept_keys, cast(list[RowView], views), strict=True))
+        rows.update(zip(kept_keys, map(SegmentRow, repeat(columns), ordinals), strict=True))
         if len(rows) != before + len(kept_keys):
             raise DataPlaneCheckpointError(
                 path, f"segment holds key {_first_repeat(keys + group_keys)!r} twice"
@@ -587,34 +587,23 @@ def _checked(path: Path, name: str, array: RowArray, dtype: RowDtype, length: in
 def _bounds(path: Path, name: str, data: RowArray, lengths: RowArray) -> list[int]:
     """Row offsets into ``data``: row ``i`` is ``data[bounds[i]:bounds[i + 1]]``."""
     if (lengths < 0).any() or int(lengths.sum(dtype=np.int64)) != data.shape[0]:
-        raise DataPlaneCheckpointError(
-            path, f"tensor {name!r}: its lengths do not add up to its {data.shape[0]} elements"
-        )
+        raise _unequal_lengths(path, name, data)
     bounds: list[int] = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))).tolist()
     return bounds
 
 
-def _split(
-    path: Path, name: str, data: RowArray, lengths: RowArray, keep: Sequence[bool] | None = None
-) -> list[RowArray | None]:
-    """Each row's slice of ``data`` (None for a row ``keep`` leaves out).
+def _unequal_lengths(path: Path, name: str, data: RowArray) -> DataPlaneCheckpointError:
+    return DataPlaneCheckpointError(
+        path, f"tensor {name!r}: its lengths do not add up to its {data.shape[0]} elements"
+    )
 
-    The slices are read-only views of the one column array, itself a view of
-    the segment's bytes as read, not copies: a copy per row cost more than the
-    rest of a restore's row load. The price is memory: a segment's bytes are
-    freed once the last of its rows is cleared, so rows restored from one
-    segment hold at most what the restore read, never more.
-    """
-    bounds = _bounds(path, name, data, lengths)
+
+def _readonly(data: RowArray) -> RowArray:
+    """``data``, or a read-only view of it: the rows' arrays are views of it and inherit it."""
     if data.flags.writeable:
         data = data.view()
-        data.flags.writeable = False  # its views inherit it
-    if keep is None:
-        return [data[start:end] for start, end in pairwise(bounds)]
-    return [
-        data[start:end] if held else None
-        for (start, end), held in zip(pairwise(bounds), keep, strict=True)
-    ]
+        data.flags.writeable = False
+    return data
 
 
 def _group_keys(
@@ -666,27 +655,40 @@ def _column(
     spec: FieldSpec,
     rows: int,
     tensors: Mapping[str, RowArray],
-    keep: Sequence[bool] | None,
+    bounds: dict[str, list[int]],
     *,
     lengths_of: str,
-) -> list[RowValue | None]:
-    """The field's values; an array field's lengths are those of the field ``lengths_of``
-    (its own prefix, or the earlier field whose lengths it shares)."""
+) -> Column:
+    """The field's column, checked whole: an array field's data and each row's offsets
+    into it (its lengths are those of the field ``lengths_of``: its own prefix, or the
+    earlier field whose lengths it shares; ``bounds`` keeps each lengths tensor's
+    offsets, computed once), or a scalar field's values.
+
+    The rows' arrays will be read-only views of the data, itself a view of the
+    segment's bytes as read, not copies: a copy per row cost more than the rest of a
+    restore's row load. The price is memory: a segment's bytes are freed once the
+    last of its rows is cleared, so rows restored from one segment hold at most
+    what the restore read, never more.
+    """
     if spec.kind is FieldKind.ARRAY:
         data, lengths = tensors[f"{prefix}/data"], tensors[f"{lengths_of}/lengths"]
         _checked(path, f"{prefix}/data", data, spec.dtype, None)
         _checked(path, f"{lengths_of}/lengths", lengths, RowDtype.INT32, rows)
-        return list(_split(path, f"{prefix}/data", data, lengths, keep))
+        offsets = bounds.get(lengths_of)
+        if offsets is None:
+            offsets = bounds[lengths_of] = _bounds(path, f"{prefix}/data", data, lengths)
+        elif offsets[-1] != data.shape[0]:
+            raise _unequal_lengths(path, f"{prefix}/data", data)
+        return _readonly(data), offsets
     values = tensors[f"{prefix}/values"]
     if spec.dtype is not _SCALAR_DTYPES[spec.kind]:
         raise DataPlaneCheckpointError(
             path, f"field {spec.name!r}: a {spec.kind.value} scalar stored as {spec.dtype.value}"
         )
     _checked(path, f"{prefix}/values", values, spec.dtype, rows)
-    decoded: list[RowValue | None] = values.tolist()
     if spec.kind is FieldKind.FLOAT and not np.isfinite(values).all():
         raise DataPlaneCheckpointError(path, f"field {spec.name!r}: a float scalar is not finite")
-    return decoded
+    return values
 
 
 def segment_files(directory: Path) -> list[str]:
