@@ -699,3 +699,31 @@ def test_a_version_1_checkpoint_opens_whole(tmp_path: Path) -> None:
     assert loaded.segments == {} and loaded.locations == {}
     for key, row in mixed_rows().items():
         assert_rows_identical(dict(loaded.checkpoint.partitions[STAGING_PARTITION][key]), row)
+
+
+def test_a_plan_gives_the_new_rows_bytes_before_the_write_and_a_stale_one_is_refused(
+    tmp_path: Path, make_plane: PlaneFactory
+) -> None:
+    """The rows' bytes are known before anything is written (the snapshot caps its optional
+    rewrites by them); the write of that plan writes exactly those rows; a plan made before
+    the writer's last commit describes another base and is refused."""
+    segments = tmp_path / "segments"
+
+    async def main() -> None:
+        plane = make_plane(DataPlaneMutationCut())
+        writer = SegmentedWriter(segments)
+        await plane.put(STAGING_PARTITION, mixed_rows())
+        await written(writer, plane, tmp_path / "s1", "000001")
+        await plane.put(TRAIN_PARTITION, {"t_g0": sample_row(9)})
+        capture = plane.capture()
+        plan = writer.plan(capture)
+        assert plan.new_row_bytes == row_bytes("t_g0", sample_row(9))
+        assert sorted(segment_files(segments)) == ["000001-rollout_staging.segment.safetensors"]
+        pending = writer.write(tmp_path / "s2", capture, USER, stem="000002", plan=plan)
+        assert (pending.info.new_rows, pending.info.new_row_bytes) == (1, plan.new_row_bytes)
+        writer.committed(pending)
+        with pytest.raises(ValueError, match="before the writer's last committed checkpoint"):
+            writer.write(tmp_path / "s3", capture, USER, stem="000003", plan=plan)
+        assert not (tmp_path / "s3").exists()
+
+    asyncio.run(main())

@@ -68,7 +68,7 @@ from rollvault.controller.snapshots.verification import (
     verify_snapshot,
 )
 from rollvault.dataplane.checkpoint_format import decode_envelope, replace_user_metadata
-from rollvault.dataplane.segmented import encode_live_bitmap
+from rollvault.dataplane.segmented import encode_live_bitmap, row_bytes
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.ledger.reward_penalties import FinalizedReward
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
@@ -503,6 +503,90 @@ def test_the_unspent_budget_is_carried_only_by_a_committed_snapshot(
     assert retry.carry > 0 and fifth.info.budget == retry.info.budget + retry.carry
     assert (fifth.info.compacted_facts, fifth.info.waiting_segments) == (1, 1)
     assert "000005-facts" + FACT_SEGMENT_SUFFIX not in fifth.info.referenced
+
+
+def test_a_due_merge_waits_for_a_snapshot_whose_room_holds_it_and_the_bound_still_forces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The room (the snapshot's headroom within 1.1x its new rows) caps merges by choice: the
+    new facts take their bytes of it first; a due merge waits while the rest does not hold
+    it, and is made by the first snapshot whose room does. The hard bound forces merges
+    even without room."""
+    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 2)
+    writer = FactSegmentWriter(tmp_path)
+    _write(writer, _origins(range(8)), "000001")
+    _write(writer, _origins(range(9)), "000002")  # 2 referenced: 000002 (1 fact) due next
+
+    def write(stem: str, room: int | None) -> Any:
+        return writer.write(_origins(range(10)), {}, {}, stem=stem, room=room)
+
+    unbounded = write("000003", None)  # the budget alone merges 000002
+    assert unbounded.info.compacted_facts == 1
+    one_fact = unbounded.info.segment_bytes  # the new fact and the merged one, ~1 fact each
+    tight = write("000004", one_fact // 2)  # the new fact alone takes more than this room
+    assert (tight.info.budget, tight.info.compacted_facts, tight.info.waiting_segments) == (
+        0,
+        0,
+        1,
+    )
+    assert tight.carry == 0  # nothing saved up beyond what the room allowed
+    roomy = write("000005", 4 * one_fact)
+    assert (roomy.info.compacted_facts, roomy.info.waiting_segments) == (1, 0)
+    assert 0 < roomy.info.merged_bytes <= roomy.info.budget <= 4 * one_fact
+    writer.committed(roomy)
+    # Past the hard bound (3 here) merges happen with no room at all.
+    monkeypatch.setattr(fact_segments, "MAX_REFERENCED", 3)
+    for step in range(6, 12):
+        pending = writer.write(_origins(range(4 + step)), {}, {}, stem=f"{step:06d}", room=0)
+        writer.committed(pending)
+        assert len(pending.info.referenced) <= 3 and pending.info.merged_bytes == 0
+    data = encode_group_facts_file(pending.index)
+    assert read_group_facts(tmp_path / "i.json", data, tmp_path).origins == _origins(range(15))
+
+
+def test_a_snapshot_leaves_the_bytes_it_wrote_after_its_facts_as_the_next_one_s_estimate(
+    tmp_path: Path,
+) -> None:
+    """The room for merges by choice needs the bytes a snapshot writes after its facts are
+    chosen (the data plane's index, catalog and the row segments' own overhead, the other
+    sidecars, the fact catalog): each committed snapshot leaves exactly those, for the next
+    snapshot's estimate. A fresh writer has none (its first snapshot merges nothing by
+    choice, see ``write_budget.headroom``)."""
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = Run.fresh(config)
+        parts = run.parts
+        await _reserve(parts, sealed=SIBLINGS, gate=run.gate)
+        await _reserve(parts, sealed=2, gate=run.gate)
+        fresh = FactSegmentWriter(tmp_path / "unused")
+        assert fresh.later_bytes is None
+        snapshot = await run.snapshot()
+        writer = run.checkpointer._facts.for_segments(segments_dir_for(snapshot))
+        capture = parts.data_plane.capture()
+        new_rows = sum(
+            row_bytes(key, row)
+            for partition in capture.partitions()
+            for key, row in capture.rows(partition).items()
+        )
+        stem = snapshot.name.rsplit("_", 1)[-1]
+        own = [
+            path
+            for path in snapshot.rglob("*")
+            if path.is_file()
+            and path.name not in {"manifest.json", ROLLOUT_RECOVERY_STATE_FILENAME}
+        ]
+        later = [
+            path
+            for path in segments_dir_for(snapshot).iterdir()
+            if path.name.startswith(stem)
+            and path.name.endswith(("-rows.catalog.json", "-facts.catalog.json", ".safetensors"))
+        ]
+        assert any(path.name.endswith(".safetensors") for path in later)
+        on_disk = sum(path.stat().st_size for path in [*own, *later])
+        assert writer.later_bytes == on_disk - new_rows
+
+    asyncio.run(main())
 
 
 def test_a_seeded_writer_writes_nothing_for_the_facts_it_was_seeded_with(tmp_path: Path) -> None:

@@ -263,6 +263,21 @@ class _Location:
     ordinal: int
 
 
+@dataclass(frozen=True)
+class RowPlan:
+    """What :meth:`SegmentedWriter.write` writes for one capture (:meth:`SegmentedWriter.plan`)."""
+
+    kept: dict[str, dict[str, _Location]]
+    """Per partition, the rows the last committed checkpoint holds unchanged, where they are."""
+    fresh: dict[str, dict[str, RowView]]
+    """Per partition with any, the rows to write (new keys, or keys put again)."""
+    tokens: dict[str, Mapping[str, object]]
+    new_row_bytes: int
+    """The fresh rows' own bytes (:func:`row_bytes`)."""
+    base: object
+    """The writer's memory it was planned against (a plan is refused once that changed)."""
+
+
 @dataclass
 class PendingCheckpoint:
     """A written checkpoint the writer adopts as its base once it is committed."""
@@ -285,6 +300,31 @@ class SegmentedWriter:
     _catalogs: dict[str, WrittenCatalog] = field(default_factory=dict)
     """The catalogs the last committed checkpoint lists."""
 
+    def plan(self, capture: DataPlaneCapture) -> RowPlan:
+        """Which of ``capture``'s rows the next :meth:`write` writes, and their bytes.
+
+        Nothing is written: a snapshot plans its rows first so that it knows their
+        bytes before its other writers run (the fact segments' optional merges are
+        capped by the room those bytes leave, see
+        :func:`~rollvault.controller.snapshots.write_budget.headroom`)."""
+        kept: dict[str, dict[str, _Location]] = {}
+        fresh: dict[str, dict[str, RowView]] = {}
+        tokens: dict[str, Mapping[str, object]] = {}
+        new_row_bytes = 0
+        for partition in capture.partitions():
+            previous = self._locations.get(partition, {})
+            tokens[partition] = capture.row_tokens(partition)
+            kept[partition] = {
+                key: previous[key]
+                for key, token in tokens[partition].items()
+                if key in previous and previous[key].token is token
+            }
+            fresh_keys = [key for key in tokens[partition] if key not in kept[partition]]
+            if fresh_keys:
+                fresh[partition] = capture.select(partition, fresh_keys)
+                new_row_bytes += sum(row_bytes(k, row) for k, row in fresh[partition].items())
+        return RowPlan(kept, fresh, tokens, new_row_bytes, base=self._locations)
+
     def write(
         self,
         directory: Path,
@@ -292,13 +332,19 @@ class SegmentedWriter:
         user_metadata: dict[str, Any],
         *,
         stem: str,
+        plan: RowPlan | None = None,
     ) -> PendingCheckpoint:
         """Write new rows as segments named after ``stem``, then ``directory/metadata.json``.
 
-        ``user_metadata`` must already be checked JSON. Segments are durable
-        when this returns; ``metadata.json`` is not flushed (the snapshot's
-        commit does it). Call :meth:`committed` once the checkpoint is committed.
+        ``user_metadata`` must already be checked JSON. ``plan`` is :meth:`plan` of
+        ``capture`` made since the last :meth:`committed` (planned here without one).
+        Segments are durable when this returns; ``metadata.json`` is not flushed (the
+        snapshot's commit does it). Call :meth:`committed` once the checkpoint is committed.
         """
+        if plan is None:
+            plan = self.plan(capture)
+        elif plan.base is not self._locations:
+            raise ValueError("the row plan was made before the writer's last committed checkpoint")
         directory.mkdir(exist_ok=True)
         leftovers = sorted(entry.name for entry in directory.iterdir())
         if leftovers:
@@ -307,24 +353,17 @@ class SegmentedWriter:
             )
         locations: dict[str, dict[str, _Location]] = {}
         segments: dict[str, WrittenSegment] = {}
-        new_rows = new_row_bytes = segment_bytes = 0
+        new_rows = segment_bytes = 0
         for partition in capture.partitions():
-            previous = self._locations.get(partition, {})
-            tokens = capture.row_tokens(partition)
-            kept = {
-                key: previous[key]
-                for key, token in tokens.items()
-                if key in previous and previous[key].token is token
-            }
-            fresh = [key for key in tokens if key not in kept]
-            if fresh:
-                rows = capture.select(partition, fresh)
+            kept = dict(plan.kept[partition])
+            rows = plan.fresh.get(partition)
+            if rows:
                 file = segment_file_name(stem, partition)
                 written = write_segment(self.segments_dir, file, partition, rows)
                 segments[file] = written
                 segment_bytes += written.byte_size
                 new_rows += len(rows)
-                new_row_bytes += sum(row_bytes(key, row) for key, row in rows.items())
+                tokens = plan.tokens[partition]
                 for ordinal, key in enumerate(written.keys):
                     kept[key] = _Location(tokens[key], file, ordinal)
             locations[partition] = kept
@@ -353,7 +392,7 @@ class SegmentedWriter:
             bytes_written=len(metadata) + segment_bytes + catalog_bytes,
             segment_bytes=segment_bytes,
             new_rows=new_rows,
-            new_row_bytes=new_row_bytes,
+            new_row_bytes=plan.new_row_bytes,
             row_counts=capture.row_counts(),
             referenced=tuple(sorted(held)),
             catalog_bytes=catalog_bytes,

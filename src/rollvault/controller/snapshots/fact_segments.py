@@ -144,11 +144,12 @@ MERGE_SHARE: Final = 1.0
 (plus the carry; see :func:`merge_budget`)."""
 
 
-def merge_budget(change_bytes: int, carry: int) -> int:
+def merge_budget(change_bytes: int, carry: int, room: int | None = None) -> int:
     """Bytes of live facts a snapshot may merge by choice: :data:`MERGE_SHARE` times the bytes
     of the facts it writes anyway (``change_bytes``), plus ``carry``, what the previous
-    snapshot left unspent while a due merge waited for it."""
-    return write_budget(MERGE_SHARE, change_bytes, carry)
+    snapshot left unspent while a due merge waited for it; at most ``room``, the snapshot's
+    headroom (:func:`~.write_budget.headroom`) left after those facts, when it is known."""
+    return write_budget(MERGE_SHARE, change_bytes, carry, room)
 
 
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -450,6 +451,10 @@ class PendingFacts:
     """The merge budget this snapshot left unspent, for the next one (:func:`merge_budget`)."""
     catalogs: dict[str, FactCatalog] = field(default_factory=dict)
     """The catalogs describing the index's segments (``group_facts.json`` lists them)."""
+    later_bytes: int | None = None
+    """What its snapshot wrote after the facts were chosen (the caller sets it once the
+    snapshot is written): the next snapshot's estimate of its own (``estimated`` of
+    :func:`~.write_budget.headroom`)."""
 
 
 @dataclass(frozen=True)
@@ -501,6 +506,8 @@ class FactSegmentWriter:
     _carry: int = 0
     _catalogs: dict[str, FactCatalog] = field(default_factory=dict)
     """The catalogs the last committed snapshot lists."""
+    later_bytes: int | None = None
+    """:attr:`PendingFacts.later_bytes` of the last committed snapshot (``None``: unknown)."""
 
     def write(
         self,
@@ -510,9 +517,14 @@ class FactSegmentWriter:
         *,
         stem: str,
         replay: Sequence[ReplayEntry] = (),
+        room: int | None = None,
     ) -> PendingFacts:
         """Write the facts of ``origins`` (with ``identities``), ``finalized`` and ``replay``
         (the replay index's entries, in its order) not yet held.
+
+        ``room`` is the snapshot's headroom (:func:`~.write_budget.headroom`): the new
+        facts take their bytes of it first, and merges by choice fit in the rest (``None``:
+        no cap but the budget's).
 
         The new segment, named after ``stem``, is durable when this returns;
         the index is returned, not written. Call :meth:`committed` once the
@@ -528,7 +540,9 @@ class FactSegmentWriter:
         # The budget is the bytes of the facts written anyway (changed or new, none moved).
         changes = self._placement(wanted, set(), file)
         changes_data = encode_fact_segment(changes.facts) if changes.facts else b""
-        budget = merge_budget(len(changes_data), self._carry)
+        budget = merge_budget(
+            len(changes_data), self._carry, None if room is None else room - len(changes_data)
+        )
         chosen, spent = take_within(budget, plan.due)  # smallest first
         waiting = len(plan.due) - len(chosen)
         moving = plan.forced | set(chosen)
@@ -702,6 +716,7 @@ class FactSegmentWriter:
         self._segments = pending.segments
         self._carry = pending.carry
         self._catalogs = pending.catalogs
+        self.later_bytes = pending.later_bytes
         self.last_written = None
 
     def base_segments(self) -> set[str]:
