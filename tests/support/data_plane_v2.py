@@ -1,4 +1,4 @@
-"""Writing a data-plane index as version 2 or 3 lists it, for the tests of reading old snapshots."""
+"""Writing a data-plane index as version 2, 3 or 4 lists it, for the tests of reading old snapshots."""
 
 from __future__ import annotations
 
@@ -10,11 +10,16 @@ from rollvault.dataplane.checkpoint_format import (
     METADATA_FILENAME,
     SEGMENTED_V2_SCHEMA_VERSION,
     SEGMENTED_V3_SCHEMA_VERSION,
+    SEGMENTED_V4_SCHEMA_VERSION,
     encode_envelope,
 )
+from rollvault.dataplane.segment_catalog import catalog_name_field
 from rollvault.dataplane.segmented import (
+    CatalogRef,
+    HeldEntryV4,
     SegmentedCheckpointContent,
     SegmentedCheckpointContentV3,
+    SegmentedCheckpointContentV4,
     SegmentEntryV3,
     SegmentReference,
     encode_live,
@@ -86,4 +91,38 @@ def index_as_version_3(directory: Path, segments_dir: Path | None = None) -> Pat
     )
     path = directory / METADATA_FILENAME
     path.write_bytes(encode_envelope(msgspec.json.encode(content), SEGMENTED_V3_SCHEMA_VERSION))
+    return path
+
+
+def index_as_version_4(directory: Path, segments_dir: Path | None = None) -> Path:
+    """Rewrite the ``metadata.json`` in ``directory`` as version 4 lists the same index (each
+    held segment an entry, the all-held ones too; the same catalogs), as main's writer
+    before version 5 wrote it. Returns the file's path."""
+    path = directory / METADATA_FILENAME
+    index = read_segmented_content(directory, _segments_dir(directory, segments_dir))
+    position = {name: number for number, name in enumerate(index.partitions)}
+    content = SegmentedCheckpointContentV4(
+        partitions=index.partitions,
+        catalogs=[
+            CatalogRef(
+                name=catalog_name_field(catalog.file),
+                sha256=bytes.fromhex(catalog.sha256),
+                byte_size=catalog.byte_size,
+                entry_count=len(catalog.segments),
+            )
+            for catalog in index.catalogs
+        ],
+        segments=[
+            HeldEntryV4(
+                name=segment_name_field(held.file, held.partition),
+                partition=position[held.partition],
+                live=encode_live(
+                    held.row_count, [ordinal for ordinal, kept in enumerate(held.wanted) if kept]
+                ),
+            )
+            for held in sorted(index.segments, key=lambda held: held.file)
+        ],
+        user_metadata=index.user_metadata,
+    )
+    path.write_bytes(encode_envelope(msgspec.json.encode(content), SEGMENTED_V4_SCHEMA_VERSION))
     return path

@@ -24,7 +24,7 @@ unreferenced ones still present, for the next collection.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from pathlib import Path
 from typing import Final
 
@@ -64,6 +64,38 @@ def require_sequence_number(name: int | str, file_name: Callable[[str], str]) ->
 def file_of_sequence_name(name: int | str, file_name: Callable[[str], str]) -> str:
     """The segment file a compact index row's ``name`` stands for (see :func:`sequence_name`)."""
     return name if isinstance(name, str) else file_name(f"{name:0{SEQUENCE_DIGITS}d}")
+
+
+def number_runs(numbers: Iterable[int]) -> list[tuple[int, int]]:
+    """``numbers`` (ascending, distinct) as maximal runs ``(first, count)`` of consecutive
+    ones: how an index lists the many segments whose entries are all live (a long anchor's
+    indexes held ~10 bytes a segment for each of them, every snapshot)."""
+    runs: list[tuple[int, int]] = []
+    for number in numbers:
+        if runs and runs[-1][0] + runs[-1][1] == number:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        elif runs and number < runs[-1][0] + runs[-1][1]:
+            raise ValueError(f"{number} is not after {runs[-1][0] + runs[-1][1] - 1}")
+        else:
+            runs.append((number, 1))
+    return runs
+
+
+def expand_number_runs(runs: Sequence[tuple[int, int]]) -> list[int]:
+    """The numbers :func:`number_runs` gave ``runs`` for. Only its form is taken: a
+    ``ValueError`` names the run (``[position]``) that is empty, not after the previous one,
+    or that touches it (runs are maximal, so a set of numbers has one spelling)."""
+    numbers: list[int] = []
+    end = -2  # one past the previous run's last number; -2: no number is adjacent to it
+    for position, (first, count) in enumerate(runs):
+        if count < 1:
+            raise ValueError(f"[{position}]: an empty run ({count} numbers)")
+        if first <= end:
+            problem = "touches" if first == end else "is not after"
+            raise ValueError(f"[{position}]: the run from {first} {problem} the one before it")
+        numbers.extend(range(first, first + count))
+        end = first + count
+    return numbers
 
 
 def publish_segment(path: Path, data: bytes) -> None:
