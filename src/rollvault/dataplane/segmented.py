@@ -123,7 +123,7 @@ from rollvault.dataplane.segments import (
     segment_file_name,
     write_segment,
 )
-from rollvault.durable.segment_store import expand_number_runs, number_runs
+from rollvault.durable.segment_store import expand_number_runs, in_file_order, number_runs
 
 
 class SegmentReference(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -561,14 +561,13 @@ def _held_entries_v5(
 ) -> list[tuple[str, HeldEntryV4]]:
     """Version 5's held segments as version 4 lists them (in its order: by file name), each
     with where it is listed. Refused naming the field: a run of a partition not listed, out
-    of order, empty or touching the one before (one spelling per set of segments); a
-    numbered segment holding every row listed in ``segments`` (its place is a run), or
-    ``segments`` out of order; a segment in a run and in ``segments``."""
+    of order, empty or touching the one before (one spelling per set of segments); an
+    entry of ``segments`` that belongs in a run (numbered, every row held), is out of order
+    or is in a run too (:func:`~rollvault.durable.segment_store.in_file_order`)."""
     by_partition: dict[int, list[tuple[int, int]]] = {}
     positions: dict[int, list[int]] = {}
-    last = -1
     for position, run in enumerate(content.whole):
-        if run.partition >= len(content.partitions) or run.partition < last:
+        if run.partition >= len(content.partitions) or run.partition < max(by_partition, default=0):
             problem = (
                 "is not an index of $.content.partitions"
                 if run.partition >= len(content.partitions)
@@ -577,42 +576,37 @@ def _held_entries_v5(
             raise DataPlaneCheckpointError(
                 path, f"$.content.whole[{position}][0] (partition): {run.partition} {problem}"
             )
-        last = run.partition
         by_partition.setdefault(run.partition, []).append((run.first, run.count))
         positions.setdefault(run.partition, []).append(position)
-    listed: list[tuple[str, str, HeldEntryV4]] = []
+    whole: list[tuple[str, tuple[str, HeldEntryV4]]] = []
     for partition, runs in by_partition.items():
         try:
             numbers = expand_number_runs(runs)
         except ValueError as exc:
-            # expand_number_runs names the run's place among this partition's runs.
+            # The place expand_number_runs names is among this partition's runs.
             place = int(str(exc)[1 : str(exc).index("]")])
             raise DataPlaneCheckpointError(
                 path, f"$.content.whole[{positions[partition][place]}]: {exc}"
             ) from exc
-        name = content.partitions[partition]
+        label = f"$.content.whole[{positions[partition][0]}..]"
         for number in numbers:
-            where = f"$.content.whole[{positions[partition][0]}..] (segment {number})"
+            file = segment_file_from_name(number, content.partitions[partition])
             entry = HeldEntryV4(number, partition, [])
-            listed.append((segment_file_from_name(number, name), where, entry))
-    previous = ""
+            whole.append((file, (f"{label} (segment {number})", entry)))
+    others: list[tuple[str, bool, tuple[str, HeldEntryV4]]] = []
     for position, entry in enumerate(content.segments):
-        where = f"$.content.segments[{position}]"
-        if entry.partition >= len(content.partitions):
-            break  # named with the field by the version 4 checks
-        file = segment_file_from_name(entry.name, content.partitions[entry.partition])
-        if _is_whole(entry):
-            raise DataPlaneCheckpointError(
-                path, f"{where}: {file!r} holds every row: its place is a run of $.content.whole"
-            )
-        if file <= previous:
-            raise DataPlaneCheckpointError(
-                path, f"{where}: {file!r} is not after {previous!r} (listed by file name)"
-            )
-        previous = file
-        listed.append((file, where, entry))
-    listed.sort(key=lambda item: item[0])
-    return [(where, entry) for _file, where, entry in listed]
+        label = f"$.content.segments[{position}]"
+
+        def where(field: str, label: str = label) -> str:
+            return f"{label}[{_V4_FIELDS.index(field)}] ({field})"
+
+        name = _partition_at(content.partitions, entry.partition, where, path)
+        file = segment_file_from_name(entry.name, name)
+        others.append((file, _is_whole(entry), (label, entry)))
+    try:
+        return [listed for _place, listed in in_file_order(whole, others)]
+    except ValueError as exc:
+        raise DataPlaneCheckpointError(path, f"$.content.segments{exc}") from exc
 
 
 def encode_live(count: int, held: Sequence[int]) -> list[int] | bytes:

@@ -26,10 +26,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Sequence, Set
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from rollvault.durable.faults import fault_point
 from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
+
+T = TypeVar("T")
 
 SEQUENCE_DIGITS: Final = 6
 """Width of the zero-padded sequence number a writer names its segments after."""
@@ -96,6 +98,35 @@ def expand_number_runs(runs: Sequence[tuple[int, int]]) -> list[int]:
         numbers.extend(range(first, first + count))
         end = first + count
     return numbers
+
+
+def in_file_order(
+    whole: Iterable[tuple[str, T]], others: Sequence[tuple[str, bool, T]]
+) -> list[tuple[int, T]]:
+    """An index's entries in the order of their files' names (the order its writer lists
+    them in, which readers rely on), with where each is: ``whole`` the ``(file, entry)``
+    its runs of numbers stand for (:func:`number_runs`), ``others`` its other entries as
+    ``(file, whole, entry)``, in its order, ``whole`` telling whether that entry belongs in
+    a run (numbered, every entry live). Each result is ``(place, entry)``, ``place`` the
+    entry's position in ``others`` or -1 for a run's.
+
+    One spelling per index, so a ``ValueError`` names the place (``[position]``) in
+    ``others`` of an entry that belongs in a run, is not after the one before it, or is in
+    a run too."""
+    listed = [(file, -1, entry) for file, entry in whole]
+    in_runs = {file for file, _place, _entry in listed}
+    previous = ""
+    for position, (file, belongs_in_run, entry) in enumerate(others):
+        if belongs_in_run:
+            raise ValueError(f"[{position}]: {file!r} holds only live entries: its place is a run")
+        if file in in_runs:
+            raise ValueError(f"[{position}]: {file!r} is in a run too")
+        if file <= previous:
+            raise ValueError(f"[{position}]: {file!r} is not after {previous!r} (by file name)")
+        previous = file
+        listed.append((file, position, entry))
+    listed.sort(key=lambda item: item[0])
+    return [(place, entry) for _file, place, entry in listed]
 
 
 def publish_segment(path: Path, data: bytes) -> None:
