@@ -711,15 +711,15 @@ def test_a_plan_gives_the_new_rows_bytes_before_the_write_and_a_stale_one_is_ref
     segments = tmp_path / "segments"
 
     async def main() -> None:
-        plane = make_plane(DataPlaneMutationCut())
         writer = SegmentedWriter(segments)
-        await plane.put(STAGING_PARTITION, mixed_rows())
-        await written(writer, plane, tmp_path / "s1", "000001")
+        plane = make_plane(DataPlaneMutationCut())
         await plane.put(TRAIN_PARTITION, {"t_g0": sample_row(9)})
+        await written(writer, plane, tmp_path / "s1", "000001")
+        await plane.put(STAGING_PARTITION, {"s_g0": sample_row(3)})
         capture = plane.capture()
         plan = writer.plan(capture)
-        assert plan.new_row_bytes == row_bytes("t_g0", sample_row(9))
-        assert sorted(segment_files(segments)) == ["000001-rollout_staging.segment.safetensors"]
+        assert plan.new_row_bytes == row_bytes("s_g0", sample_row(3))
+        assert sorted(segment_files(segments)) == ["000001-train.segment.safetensors"]
         pending = writer.write(tmp_path / "s2", capture, USER, stem="000002", plan=plan)
         assert (pending.info.new_rows, pending.info.new_row_bytes) == (1, plan.new_row_bytes)
         writer.committed(pending)
