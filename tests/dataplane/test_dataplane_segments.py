@@ -14,7 +14,7 @@ from typing import Any
 import dataplane_stores
 import numpy as np
 import pytest
-from data_plane_v2 import index_as_version_2, index_as_version_3
+from data_plane_v2 import index_as_version_2, index_as_version_3, index_as_version_4
 from dataplane_helpers import Plane, PlaneFactory, assert_rows_identical, sample_row
 
 from rollvault.cut import DataPlaneMutationCut
@@ -434,7 +434,7 @@ def test_a_version_2_index_is_still_read_to_the_same_rows(
     }
 
     async def main() -> None:
-        # A writer seeded from the version 2 checkpoint writes no old row, version 4: one
+        # A writer seeded from the version 2 checkpoint writes no old row, version 5: one
         # catalog describing every held segment.
         loaded = read_any_checkpoint(snapshot, segments)
         restored = make_plane(DataPlaneMutationCut())
@@ -443,7 +443,7 @@ def test_a_version_2_index_is_still_read_to_the_same_rows(
         writer.seed(restored.capture(), loaded)
         info = await written(writer, restored, snapshot.parent / "s3", "000003")
         assert info.new_rows == 0
-        assert index_content(snapshot.parent / "s3")[0] == 4
+        assert index_content(snapshot.parent / "s3")[0] == 5
         assert info.catalogs == ("000003-rows.catalog.json",)
         index = read_segmented_content(snapshot.parent / "s3", segments)
         assert index.catalogs[0].segments == info.referenced
@@ -458,9 +458,9 @@ def test_an_unknown_index_version_is_refused_naming_the_file(
     segments, snapshot = two_snapshots
     path = snapshot / METADATA_FILENAME
     _version, content_bytes = decode_envelope(path.read_bytes(), path)
-    path.write_bytes(encode_envelope(content_bytes, 5))
-    refused(snapshot, segments, path, "unsupported schema_version 5")
-    with pytest.raises(DataPlaneCheckpointError, match="unsupported schema_version 5"):
+    path.write_bytes(encode_envelope(content_bytes, 6))
+    refused(snapshot, segments, path, "unsupported schema_version 6")
+    with pytest.raises(DataPlaneCheckpointError, match="unsupported schema_version 6"):
         checkpoint_summary(snapshot, segments)
 
 
@@ -637,6 +637,7 @@ def test_a_row_two_segments_hold_is_refused_naming_the_earlier_one(tmp_path: Pat
 
     asyncio.run(main())
     snapshot = tmp_path / "s3"
+    index_as_version_4(snapshot, segments)  # one entry per segment, the all-held ones too
     files = [entry[0] for entry in index_content(snapshot)[1]["segments"]]
     assert files == [1, 2, 3]  # the train segment, the staging one with a hole, the new row
 
@@ -699,3 +700,31 @@ def test_a_version_1_checkpoint_opens_whole(tmp_path: Path) -> None:
     assert loaded.segments == {} and loaded.locations == {}
     for key, row in mixed_rows().items():
         assert_rows_identical(dict(loaded.checkpoint.partitions[STAGING_PARTITION][key]), row)
+
+
+def test_a_plan_gives_the_new_rows_bytes_before_the_write_and_a_stale_one_is_refused(
+    tmp_path: Path, make_plane: PlaneFactory
+) -> None:
+    """The rows' bytes are known before anything is written (the snapshot caps its optional
+    rewrites by them); the write of that plan writes exactly those rows; a plan made before
+    the writer's last commit describes another base and is refused."""
+    segments = tmp_path / "segments"
+
+    async def main() -> None:
+        writer = SegmentedWriter(segments)
+        plane = make_plane(DataPlaneMutationCut())
+        await plane.put(TRAIN_PARTITION, {"t_g0": sample_row(9)})
+        await written(writer, plane, tmp_path / "s1", "000001")
+        await plane.put(STAGING_PARTITION, {"s_g0": sample_row(3)})
+        capture = plane.capture()
+        plan = writer.plan(capture)
+        assert plan.new_row_bytes == row_bytes("s_g0", sample_row(3))
+        assert sorted(segment_files(segments)) == ["000001-train.segment.safetensors"]
+        pending = writer.write(tmp_path / "s2", capture, USER, stem="000002", plan=plan)
+        assert (pending.info.new_rows, pending.info.new_row_bytes) == (1, plan.new_row_bytes)
+        writer.committed(pending)
+        with pytest.raises(ValueError, match="before the writer's last committed checkpoint"):
+            writer.write(tmp_path / "s3", capture, USER, stem="000003", plan=plan)
+        assert not (tmp_path / "s3").exists()
+
+    asyncio.run(main())

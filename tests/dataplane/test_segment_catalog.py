@@ -1,4 +1,5 @@
-"""Version 4 data-plane indexes: the row segments' fixed parts in per-anchor catalogs."""
+"""Version 4 and 5 data-plane indexes: the row segments' fixed parts in per-anchor catalogs
+(version 5: the segments whose rows are all held as runs of numbers)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from data_plane_v2 import index_as_version_4
 from dataplane_helpers import assert_rows_identical, sample_row
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -67,7 +69,7 @@ def assert_same(got: dict[str, dict[str, Any]], expected: dict[str, dict[str, Ro
 def content_of(snapshot: Path) -> Any:
     path = snapshot / METADATA_FILENAME
     version, content_bytes = decode_envelope(path.read_bytes(), path)
-    assert version == 4
+    assert version in (4, 5)
     return json.loads(content_bytes)
 
 
@@ -174,7 +176,8 @@ def test_random_histories_read_back_exactly(tmp_path_factory: Any, seed: int, li
 def test_the_index_no_longer_grows_by_a_digest_per_segment(tmp_path: Path) -> None:
     """Sixty snapshots each adding a segment that stays held: version 3 would list 60 rows
     of ~70 bytes; version 4 lists at most MAX_CATALOGS catalogs and ~11 bytes a segment,
-    and no snapshot rewrites more than its share of the catalog entries."""
+    version 5 one run for the 60, and no snapshot rewrites more than its share of the
+    catalog entries."""
     segments = tmp_path / "segments"
     plane = EmbeddedDataPlane(DataPlaneMutationCut())
     writer = SegmentedWriter(segments)
@@ -184,8 +187,12 @@ def test_the_index_no_longer_grows_by_a_digest_per_segment(tmp_path: Path) -> No
         info = write(writer, plane, tmp_path / f"s{number}", f"{number:06d}")
         catalog_bytes.append(info.catalog_bytes)
     content = content_of(tmp_path / "s60")
-    assert len(content["segments"]) == 60
+    staging = content["partitions"].index(STAGING_PARTITION)
+    assert (content["whole"], content["segments"]) == ([[staging, 1, 60]], [])
     assert len(content["catalogs"]) <= MAX_CATALOGS
+    index_as_version_4(tmp_path / "s60", segments)  # as main wrote it: an entry a segment
+    content = content_of(tmp_path / "s60")
+    assert len(content["segments"]) == 60
     for entry in content["segments"]:
         assert len(json.dumps(entry, separators=(",", ":"))) <= 12
     # A new segment's entry is ~90 bytes; a merge moves at most the average catalog's
@@ -201,7 +208,16 @@ def test_the_index_no_longer_grows_by_a_digest_per_segment(tmp_path: Path) -> No
 
 
 @pytest.fixture
-def snapshot(tmp_path: Path) -> tuple[Path, Path]:
+def snapshot(written: tuple[Path, Path]) -> tuple[Path, Path]:
+    """:func:`written`'s snapshots, the second's index rewritten as version 4 (as main wrote
+    it: an entry per held segment), which is still read; returns (segments, second)."""
+    segments, second = written
+    index_as_version_4(second, segments)
+    return segments, second
+
+
+@pytest.fixture
+def written(tmp_path: Path) -> tuple[Path, Path]:
     """Two snapshots, the second holding rows of segments 1 and 2 (two catalogs);
     returns (segments, second)."""
     segments = tmp_path / "segments"
@@ -223,8 +239,8 @@ def refused(snapshot: Path, segments: Path, culprit: Path, message: str) -> None
         checkpoint_summary(snapshot, segments)
 
 
-def test_the_written_form(snapshot: tuple[Path, Path]) -> None:
-    segments, second = snapshot
+def test_the_written_form(written: tuple[Path, Path]) -> None:
+    segments, second = written
     content = content_of(second)
     catalog = segments / "000001-rows.catalog.json"
     data = catalog.read_bytes()
@@ -235,7 +251,10 @@ def test_the_written_form(snapshot: tuple[Path, Path]) -> None:
         1,
     ]
     staging = content["partitions"].index(STAGING_PARTITION)
-    assert content["segments"][0] == [1, staging, []]
+    train = content["partitions"].index(TRAIN_PARTITION)
+    # Both segments hold every row: runs of one, nothing listed one by one.
+    assert sorted(content["whole"]) == [[staging, 1, 1], [train, 2, 1]]
+    assert content["segments"] == []
     segment = segments / "000001-rollout_staging.segment.safetensors"
     digest = hashlib.sha256(segment.read_bytes()).digest()
     assert json.loads(data) == {
@@ -438,3 +457,84 @@ def test_an_entry_is_msgspec_strict(snapshot: tuple[Path, Path]) -> None:
     catalog = forge_catalog(segments, second, content)
     refused(second, segments, catalog, "invalid catalog")
     assert msgspec.json.decode(catalog.read_bytes()) == content
+
+
+def test_a_version_4_index_as_main_wrote_it_reads_back_the_same(
+    written: tuple[Path, Path],
+) -> None:
+    """Version 4 (an entry per held segment) is still read: the same segments, rows and
+    files as the version 5 index it was converted from, and retention names the same."""
+    segments, second = written
+    rows = read_back(second, segments)
+    summary = checkpoint_summary(second, segments)
+    index = read_segmented_content(second, segments)
+    index_as_version_4(second, segments)
+    assert content_of(second)["segments"] and "whole" not in content_of(second)
+    again = read_segmented_content(second, segments)
+    assert (again.schema_version, index.schema_version) == (4, 5)
+    assert again.segments == index.segments and again.catalogs == index.catalogs
+    assert_same(read_back(second, segments), rows)
+    assert checkpoint_summary(second, segments).files == summary.files
+    assert referenced_segments([second]) == {path.name for path, _size in summary.files}
+
+
+def _partition(content: dict[str, Any], name: str) -> int:
+    return int(content["partitions"].index(name))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda c, s, t: c.update(whole=[[s, 1, 1], [s, 2, 1], [t, 2, 1]]),
+            r"whole\[1\]: \[1\]: the run from 2 touches the one before it",
+        ),
+        (
+            lambda c, s, t: c.update(whole=[[s, 1, 0], [t, 2, 1]]),
+            r"whole\[0\]: \[0\]: an empty run \(0 numbers\)",
+        ),
+        (
+            lambda c, s, t: c.update(whole=[[7, 1, 1]]),
+            r"whole\[0\]\[0\] \(partition\): 7 is not an index of \$.content.partitions",
+        ),
+        (
+            lambda c, s, t: c.update(whole=[[t, 2, 1], [s, 1, 1]]),
+            r"whole\[1\]\[0\] \(partition\): 0 comes after a later partition's runs",
+        ),
+        (
+            lambda c, s, t: c.update(whole=[[s, 1, 1]], segments=[[2, t, []]]),
+            r"segments\[0\]: '000002-train.segment.safetensors' holds only live entries: its "
+            r"place is a run",
+        ),
+        (
+            lambda c, s, t: c.update(segments=[[1, s, [1, 1]]]),
+            r"segments\[0\]: '000001-rollout_staging.segment.safetensors' is in a run too",
+        ),
+        (
+            lambda c, s, t: c.update(whole=[[s, 1, 1], [s, 5, 1], [t, 2, 1]]),
+            r"whole\[0..\] \(segment 5\)\[0\] \(name\): segment "
+            r"'000005-rollout_staging.segment.safetensors' is described by none",
+        ),
+        (
+            lambda c, s, t: c.update(whole=[], segments=[[2, t, [0, 1]], [1, s, [0, 2]]]),
+            r"segments\[1\]: '000001-rollout_staging.segment.safetensors' is not after "
+            r"'000002-train.segment.safetensors' \(by file name\)",
+        ),
+    ],
+)
+def test_a_version_5_index_out_of_its_form_is_refused_naming_the_field(
+    written: tuple[Path, Path], change: Any, message: str
+) -> None:
+    """Version 5's runs and entries have one spelling per set of held segments: runs by
+    partition, maximal, never empty; an all-held numbered segment only in a run; the other
+    entries by file name; no segment twice. Retention, which reads no catalog, refuses the
+    same index when its form is wrong (it needs the names only)."""
+    segments, second = written
+    content = content_of(second)
+    staging, train = _partition(content, STAGING_PARTITION), _partition(content, TRAIN_PARTITION)
+    path = rewrite_content(second, lambda c: change(c, staging, train))
+    refused(second, segments, path, message)
+    if "described by none" in message:
+        return  # the catalogs' checks: restore's, not retention's
+    with pytest.raises(DataPlaneCheckpointError, match=message):
+        referenced_segments([second])

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import msgspec
-from data_plane_v2 import index_as_version_2, index_as_version_3
+from data_plane_v2 import index_as_version_2, index_as_version_3, index_as_version_4
 from ledger_form2 import RecordOut, compact_sibling, encode_form_2_segment, encode_piece
 
 from rollvault.controller.snapshots.fact_forms import (
@@ -522,6 +522,13 @@ def data_plane_index_to_version_2(snapshot: Path) -> None:
     index, as the writer before version 3 wrote it; the sidecars it advertises stay as
     they are."""
     index_as_version_2(snapshot / DATA_PLANE_DIRNAME, segments_dir_for(snapshot))
+
+
+def data_plane_index_to_version_4(snapshot: Path) -> None:
+    """Rewrite the snapshot's ``data_plane/metadata.json`` as version 4 lists the same
+    index (an entry per held segment, the same catalogs), as main's writer before version 5
+    wrote it; the sidecars it advertises stay as they are."""
+    index_as_version_4(snapshot / DATA_PLANE_DIRNAME, segments_dir_for(snapshot))
 
 
 def data_plane_index_to_version_3(snapshot: Path) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ from rollvault.controller.snapshots.verification import (
     verify_snapshot,
 )
 from rollvault.dataplane.checkpoint_format import decode_envelope, replace_user_metadata
-from rollvault.dataplane.segmented import encode_live_bitmap
+from rollvault.dataplane.segmented import encode_live_bitmap, row_bytes
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.ledger.reward_penalties import FinalizedReward
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
@@ -96,9 +97,10 @@ def _index(snapshot: Path) -> dict[str, Any]:
         assert all(isinstance(row, list) and len(row) == 5 for row in index["segments"])
         decoded = fact_segments.decode_group_facts_file(path, path.read_bytes())
         index["segments"] = msgspec.to_builtins(decoded.segments)
-    elif index["schema_version"] == 4:
-        # Each segment [name, live], its row in a catalog.
+    elif index["schema_version"] in (4, 5):
+        # Each segment [name, live], its row in a catalog (5: all-live ones in runs).
         assert all(isinstance(row, list) and len(row) == 2 for row in index["segments"])
+        index.pop("whole", None)
         decoded = fact_segments.decode_group_facts_file(
             path, path.read_bytes(), segments_dir_for(snapshot)
         )
@@ -505,6 +507,90 @@ def test_the_unspent_budget_is_carried_only_by_a_committed_snapshot(
     assert "000005-facts" + FACT_SEGMENT_SUFFIX not in fifth.info.referenced
 
 
+def test_a_due_merge_waits_for_a_snapshot_whose_room_holds_it_and_the_bound_still_forces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The room (the snapshot's headroom within 1.1x its new rows) caps merges by choice: the
+    new facts take their bytes of it first; a due merge waits while the rest does not hold
+    it, and is made by the first snapshot whose room does. The hard bound forces merges
+    even without room."""
+    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 2)
+    writer = FactSegmentWriter(tmp_path)
+    _write(writer, _origins(range(8)), "000001")
+    _write(writer, _origins(range(9)), "000002")  # 2 referenced: 000002 (1 fact) due next
+
+    def write(stem: str, room: int | None) -> Any:
+        return writer.write(_origins(range(10)), {}, {}, stem=stem, room=room)
+
+    unbounded = write("000003", None)  # the budget alone merges 000002
+    assert unbounded.info.compacted_facts == 1
+    one_fact = unbounded.info.segment_bytes  # the new fact and the merged one, ~1 fact each
+    tight = write("000004", one_fact // 2)  # the new fact alone takes more than this room
+    assert (tight.info.budget, tight.info.compacted_facts, tight.info.waiting_segments) == (
+        0,
+        0,
+        1,
+    )
+    assert tight.carry == 0  # nothing saved up beyond what the room allowed
+    roomy = write("000005", 4 * one_fact)
+    assert (roomy.info.compacted_facts, roomy.info.waiting_segments) == (1, 0)
+    assert 0 < roomy.info.merged_bytes <= roomy.info.budget <= 4 * one_fact
+    writer.committed(roomy)
+    # Past the hard bound (3 here) merges happen with no room at all.
+    monkeypatch.setattr(fact_segments, "MAX_REFERENCED", 3)
+    for step in range(6, 12):
+        pending = writer.write(_origins(range(4 + step)), {}, {}, stem=f"{step:06d}", room=0)
+        writer.committed(pending)
+        assert len(pending.info.referenced) <= 3 and pending.info.merged_bytes == 0
+    data = encode_group_facts_file(pending.index)
+    assert read_group_facts(tmp_path / "i.json", data, tmp_path).origins == _origins(range(15))
+
+
+def test_a_snapshot_leaves_the_bytes_it_wrote_after_its_facts_as_the_next_one_s_estimate(
+    tmp_path: Path,
+) -> None:
+    """The room for merges by choice needs the bytes a snapshot writes after its facts are
+    chosen (the data plane's index, catalog and the row segments' own overhead, the other
+    sidecars, the fact catalog): each committed snapshot leaves exactly those, for the next
+    snapshot's estimate. A fresh writer has none (its first snapshot merges nothing by
+    choice, see ``write_budget.headroom``)."""
+    config = _config(tmp_path)
+
+    async def main() -> None:
+        run = Run.fresh(config)
+        parts = run.parts
+        await _reserve(parts, sealed=SIBLINGS, gate=run.gate)
+        await _reserve(parts, sealed=2, gate=run.gate)
+        fresh = FactSegmentWriter(tmp_path / "unused")
+        assert fresh.later_bytes is None
+        snapshot = await run.snapshot()
+        writer = run.checkpointer._facts.for_segments(segments_dir_for(snapshot))
+        capture = parts.data_plane.capture()
+        new_rows = sum(
+            row_bytes(key, row)
+            for partition in capture.partitions()
+            for key, row in capture.rows(partition).items()
+        )
+        stem = snapshot.name.rsplit("_", 1)[-1]
+        own = [
+            path
+            for path in snapshot.rglob("*")
+            if path.is_file()
+            and path.name not in {"manifest.json", ROLLOUT_RECOVERY_STATE_FILENAME}
+        ]
+        later = [
+            path
+            for path in segments_dir_for(snapshot).iterdir()
+            if path.name.startswith(stem)
+            and path.name.endswith(("-rows.catalog.json", "-facts.catalog.json", ".safetensors"))
+        ]
+        assert any(path.name.endswith(".safetensors") for path in later)
+        on_disk = sum(path.stat().st_size for path in [*own, *later])
+        assert writer.later_bytes == on_disk - new_rows
+
+    asyncio.run(main())
+
+
 def test_a_seeded_writer_writes_nothing_for_the_facts_it_was_seeded_with(tmp_path: Path) -> None:
     writer = FactSegmentWriter(tmp_path)
     origins = _origins(range(3))
@@ -548,7 +634,7 @@ def test_a_snapshot_of_form_1_fact_segments_restores_and_its_segment_stays_refer
     async def restart() -> None:
         run = await Run.restored(config, source)
         after = await run.snapshot()
-        assert _index(after)["schema_version"] == 4
+        assert _index(after)["schema_version"] == 5
         assert old_segment in _fact_files(after)
         (new,) = _fact_files(after) - {old_segment}
         assert new.endswith(".facts-segment.msgpack")
@@ -596,10 +682,11 @@ def test_an_unknown_group_facts_version_is_refused_naming_file_and_version(
     config = _config(tmp_path)
     _older, newest = _two_snapshots(config)
     index = dict(_index(newest), schema_version=2)
-    index["schema_version"] = 5
+    index["schema_version"] = 6
     problem = _rewrite_index(newest, index)
     assert (
-        problem == f"{GROUP_FACTS_FILENAME}: unsupported schema_version 5 (supported: 1, 2, 3, 4)"
+        problem
+        == f"{GROUP_FACTS_FILENAME}: unsupported schema_version 6 (supported: 1, 2, 3, 4, 5)"
     )
 
 
@@ -686,7 +773,7 @@ def test_a_version_2_group_facts_as_main_wrote_it_restores_and_the_next_snapshot
     async def restart() -> None:
         run = await Run.restored(config, source)
         after = await run.snapshot()
-        assert _index(after)["schema_version"] == 4
+        assert _index(after)["schema_version"] == 5
         assert files <= _fact_files(after)
         assert _maps(_loaded(after)) == expected
         run.parts.logs.close()
@@ -702,21 +789,37 @@ def _raw_index(snapshot: Path) -> dict[str, Any]:
     return index
 
 
-def test_version_4_lists_each_segment_by_name_and_reads_back_the_maps_version_3_gives(
+def _as_version_4(snapshot: Path) -> dict[str, Any]:
+    """The snapshot's ``group_facts.json`` (version 5) as version 4, what main wrote before
+    the runs: every segment held as ``[name, live]`` in file-name order (builtins)."""
+    index = _raw_index(snapshot)
+    assert index["schema_version"] == 5
+    numbers = [n for first, count in index["whole"] for n in range(first, first + count)]
+    held = [[n, []] for n in numbers] + index["segments"]
+    held.sort(key=lambda entry: fact_segments._file_of(entry[0]))
+    return {"schema_version": 4, "catalogs": index["catalogs"], "segments": held}
+
+
+def test_version_5_lists_the_all_live_segments_as_runs_and_reads_back_what_4_and_3_give(
     tmp_path: Path,
 ) -> None:
     config = _config(tmp_path)
     older, newest = _two_snapshots(config)
     expected = _maps(_loaded(newest))
     index = _raw_index(newest)
-    assert index["schema_version"] == 4
-    # Each segment by number and live facts only; the older one's row is in the older
+    assert index["schema_version"] == 5
+    # Both segments' facts all live: one run, no entry; the older one's row is in the older
     # snapshot's catalog, written once, the new one's in this snapshot's.
-    assert all(isinstance(name, int) for name, _live in index["segments"])
+    assert (index["whole"], index["segments"]) == ([[1, 2]], [])
     assert [catalog[0] for catalog in index["catalogs"]] == [1, 2]
-    assert len(index["segments"]) == 2
     assert _raw_index(older)["catalogs"][0] == index["catalogs"][0]
-    # Version 3 (each row in the index), what main wrote before catalogs, reads the same.
+    # Version 4 (each segment by number and live facts), what main wrote before the runs,
+    # reads the same, and so does version 3 (each row in the index, before catalogs).
+    version_4 = _as_version_4(newest)
+    assert all(isinstance(name, int) for name, _live in version_4["segments"])
+    assert len(version_4["segments"]) == 2
+    _write_index(newest, version_4)
+    assert _maps(_loaded(newest)) == expected
     _write_index(newest, _as_version_3(newest))
     assert _maps(_loaded(newest)) == expected
 
@@ -765,8 +868,9 @@ def test_a_fact_catalog_whose_content_is_wrong_is_refused_naming_it(
 def test_an_index_that_does_not_match_its_fact_catalogs_is_refused_naming_the_field(
     tmp_path: Path, change: Any, expected: str
 ) -> None:
+    """Version 4 (as main wrote it: an entry per segment)."""
     _older, newest = _two_snapshots(_config(tmp_path))
-    index = _raw_index(newest)
+    index = _as_version_4(newest)
     change(index)
     problem = _rewrite_index(newest, index)
     assert expected in problem, problem
@@ -778,3 +882,48 @@ def test_a_missing_fact_catalog_is_refused_naming_it(tmp_path: Path) -> None:
     index = _raw_index(newest)
     problem = _rewrite_index(newest, index)  # advertised anew: the catalog is what is wrong
     assert problem.startswith("000002-facts.catalog.json: missing fact catalog"), problem
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda i: i.update(whole=[[1, 1], [2, 1]]), "$.whole[1]: the run from 2 touches"),
+        (lambda i: i.update(whole=[[1, 0], [2, 1]]), "$.whole[0]: an empty run (0 numbers)"),
+        (lambda i: i.update(whole=[[1, -1]]), "Expected `int` >= 0 - at `$.whole[0][1]`"),
+        (
+            lambda i: i.update(whole=[[1, 1]], segments=[[2, []]]),
+            "$.segments[0]: '000002-facts.facts-segment.msgpack' holds only live entries: its "
+            "place is a run",
+        ),
+        (
+            lambda i: i.update(segments=[[1, [0, 1, 1]]]),
+            "$.segments[0]: '000001-facts.facts-segment.msgpack' is in a run too",
+        ),
+        (
+            lambda i: i.update(whole=[], segments=[[2, [1, 1]], [1, [1, 1]]]),
+            "$.segments[1]: '000001-facts.facts-segment.msgpack' is not after",
+        ),
+        (
+            lambda i: i.update(whole=[[1, 3]]),
+            "$.whole (segment 3)[0] (name): segment '000003-facts.facts-segment.msgpack' is in "
+            "none of its catalogs",
+        ),
+    ],
+)
+def test_a_version_5_index_out_of_its_form_is_refused_naming_the_field(
+    tmp_path: Path, change: Any, expected: str
+) -> None:
+    """One spelling per set of referenced segments: runs maximal and never empty; a
+    numbered all-live segment only in a run; the other entries by file name, none in a run
+    too; a run naming a segment no catalog describes is refused as an entry would be.
+    Retention refuses the same forms (it reads the names only)."""
+    _older, newest = _two_snapshots(_config(tmp_path))
+    index = _raw_index(newest)
+    change(index)
+    problem = _rewrite_index(newest, index)
+    assert problem.startswith(f"{GROUP_FACTS_FILENAME}: ") and expected in problem, problem
+    if "catalogs" in expected:
+        return  # the catalogs are read by restore, not by retention
+    path = newest / GROUP_FACTS_FILENAME
+    with pytest.raises(fact_segments.FactsError, match=re.escape(expected)):
+        fact_segments.referenced_fact_segments(path, path.read_bytes())

@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 from pipeline_helpers import dataset_of, small_config
-from snapshot_versions import data_plane_index_to_version_2, data_plane_index_to_version_3
+from snapshot_versions import (
+    data_plane_index_to_version_2,
+    data_plane_index_to_version_3,
+    data_plane_index_to_version_4,
+)
 from test_group_entries import _reserve
 
 from rollvault.config.schema import RunConfig
@@ -313,9 +317,14 @@ def _index_version(snapshot: Path) -> int:
 
 
 @pytest.mark.parametrize(
-    ("version", "convert"), [(2, data_plane_index_to_version_2), (3, data_plane_index_to_version_3)]
+    ("version", "convert"),
+    [
+        (2, data_plane_index_to_version_2),
+        (3, data_plane_index_to_version_3),
+        (4, data_plane_index_to_version_4),
+    ],
 )
-def test_a_snapshot_whose_row_index_is_an_older_version_restores_and_the_next_writes_version_4(
+def test_a_snapshot_whose_row_index_is_an_older_version_restores_and_the_next_writes_version_5(
     tmp_path: Path, version: int, convert: Any
 ) -> None:
     config = _config(tmp_path)
@@ -333,9 +342,9 @@ def test_a_snapshot_whose_row_index_is_an_older_version_restores_and_the_next_wr
         return newest, staged, train
 
     newest, staged, train = asyncio.run(write())
-    assert _index_version(newest) == 4
+    assert _index_version(newest) == 5
     segments = _segments_of(newest)
-    convert(newest)  # as an older writer left it (3: main's before catalogs)
+    convert(newest)  # as an older writer left it (3: before catalogs, 4: before runs)
     assert _index_version(newest) == version
     assert _segments_of(newest) == segments
     source = verified_resume(config, newest)
@@ -352,12 +361,18 @@ def test_a_snapshot_whose_row_index_is_an_older_version_restores_and_the_next_wr
         return after, new
 
     after, new = asyncio.run(restart())
-    assert _index_version(after) == 4
-    # The rows the older index held are referenced, not written again; one new catalog
-    # describes every held segment (the older index's had none).
+    assert _index_version(after) == 5
+    # The rows the older index held are referenced, not written again; before version 4
+    # one new catalog describes every held segment (the older index had none), version 4's
+    # catalogs go on describing theirs and only the new segment gets a new one.
     index = read_segmented_content(after / DATA_PLANE_DIRNAME, segments_dir_for(after))
-    (catalog,) = index.catalogs
-    assert set(catalog.segments) == set(_segments_of(after))
+    described = [file for catalog in index.catalogs for file in catalog.segments]
+    assert sorted(described) == sorted(_segments_of(after))
+    newest_catalog = index.catalogs[-1]
+    if version < 4:
+        assert index.catalogs == (newest_catalog,)
+    else:
+        assert set(newest_catalog.segments) == set(_segments_of(after)) - set(segments)
     fresh = set(_segments_of(after)) - set(segments)
     assert {key for file in fresh for key in _keys_in(after, file)} == new
     assert verify_snapshot(after, generations_per_group=SIBLINGS, level=VerificationLevel.FULL).ok

@@ -60,13 +60,19 @@ SEGMENTED_V3_SCHEMA_VERSION = 3
 """Version 3 of ``metadata.json``: version 2's index in a compact form (each
 segment an array, its name as a sequence number, its digest as raw bytes, its
 held rows as runs or omitted when all are held). Still read; no longer written."""
-DATA_PLANE_SCHEMA_VERSION = 4
+SEGMENTED_V4_SCHEMA_VERSION = 4
 """Version 4 of ``metadata.json``: version 3's index with each segment's fixed
 parts (partition, digest, sizes) in the anchor's catalog files
 (:mod:`rollvault.dataplane.segment_catalog`), listed by digest; per segment only
-its name, partition and held rows. What rollout snapshots write."""
+its name, partition and held rows. Still read; no longer written."""
+DATA_PLANE_SCHEMA_VERSION = 5
+"""Version 5 of ``metadata.json``: version 4's index with the numbered segments whose
+rows it all holds (most of a long anchor's) listed as runs of numbers per partition,
+not one entry each. What rollout snapshots write."""
+CATALOGUED_SCHEMA_VERSIONS = frozenset({SEGMENTED_V4_SCHEMA_VERSION, DATA_PLANE_SCHEMA_VERSION})
+"""The versions whose segments' fixed parts are in catalogs."""
 SEGMENTED_SCHEMA_VERSIONS = frozenset(
-    {SEGMENTED_V2_SCHEMA_VERSION, SEGMENTED_V3_SCHEMA_VERSION, DATA_PLANE_SCHEMA_VERSION}
+    {SEGMENTED_V2_SCHEMA_VERSION, SEGMENTED_V3_SCHEMA_VERSION, *CATALOGUED_SCHEMA_VERSIONS}
 )
 """The versions that list segments rather than partition files."""
 SUPPORTED_DATA_PLANE_SCHEMA_VERSIONS = frozenset(

@@ -98,6 +98,7 @@ from rollvault.controller.snapshots.fact_segments import (
     replay_in_order,
 )
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
+from rollvault.controller.snapshots.write_budget import headroom
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
@@ -434,7 +435,17 @@ def write_snapshot_payload(
     every row is written, into a fresh writer's segments. ``ledger`` does the
     same for the ledger's records (see :attr:`RolloutStateCapture.ledger_records`),
     and ``facts`` for the per-group facts (``group_facts.json`` is their index).
+
+    The rows are planned first, so their bytes are known before anything is written: the
+    fact segments merge by choice only within the room they leave (:func:`headroom`).
     """
+    writer = segments if segments is not None else SegmentedWriter(segments_dir_for(directory))
+    if writer.segments_dir != segments_dir_for(directory):
+        raise ValueError(
+            f"{directory}: its segments belong in {segments_dir_for(directory)}, "
+            f"the writer writes {writer.segments_dir}"
+        )
+    rows = writer.plan(capture.data_plane)
     sidecar, sidecar_version, group_count, ledger_bytes = _recovery_sidecar(
         capture, directory, ledger
     )
@@ -453,12 +464,14 @@ def write_snapshot_payload(
             f"{directory}: its fact segments belong in {segments_dir_for(directory)}, "
             f"the writer writes {fact_writer.segments_dir}"
         )
+    written_before = ledger_bytes + len(sidecar)
     pending_facts = fact_writer.write(
         controller.origins,
         controller.prompt_identities,
         capture.finalized,
         stem=_segment_stem(directory),
         replay=replay.replay.entries,
+        room=headroom(rows.new_row_bytes, written_before, fact_writer.later_bytes),
     )
     files = {
         ROLLOUT_RECOVERY_STATE_FILENAME: sidecar,
@@ -499,25 +512,26 @@ def write_snapshot_payload(
         digests[name] = msgspec.to_builtins(
             SidecarDigest(sha256=_sha256(data), schema_version=version, group_count=count)
         )
-    writer = segments if segments is not None else SegmentedWriter(segments_dir_for(directory))
-    if writer.segments_dir != segments_dir_for(directory):
-        raise ValueError(
-            f"{directory}: its segments belong in {segments_dir_for(directory)}, "
-            f"the writer writes {writer.segments_dir}"
-        )
     pending = writer.write(
         directory / DATA_PLANE_DIRNAME,
         capture.data_plane,
         {SIDECARS_METADATA_KEY: digests},
         stem=_segment_stem(directory),
+        plan=rows,
     )
-    return (
+    total = (
         pending.info.bytes_written
         + ledger_bytes
         + pending_facts.info.segment_bytes
         + pending_facts.info.catalog_bytes
         + sum(len(data) for data in files.values())
     )
+    # What this snapshot wrote after its facts were chosen, beside its rows: the next
+    # snapshot's estimate of its own (the indexes change little from one to the next).
+    pending_facts.later_bytes = (
+        total - rows.new_row_bytes - written_before - pending_facts.info.segment_bytes
+    )
+    return total
 
 
 def _on_disk_controller_state(state: ControllerStateFile) -> _ControllerStateFileV5:

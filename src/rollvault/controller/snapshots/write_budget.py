@@ -9,20 +9,46 @@ previous snapshot left unspent while a rewrite waited (:func:`carry_after`);
 each writer keeps its own hard bounds that force a rewrite whatever the budget.
 The carry is the writer's memory only: a snapshot that is never committed
 carries nothing forward.
+
+A rewrite by choice is also capped by the snapshot's **headroom** (:func:`headroom`):
+issue 16's goal is a snapshot of at most 1.1x the bytes of its new rows, and what a
+snapshot writes anyway beside them (the ledger's deltas, the new facts, the indexes)
+does not shrink with them, so a rewrite that fits the budget can still push a round
+with few new rows over. A due rewrite waits for a round whose rows leave it room; the
+hard bounds still force it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 T = TypeVar("T")
 
+HEADROOM_SHARE: Final = 0.1
+"""Issue 16's goal: a snapshot writes at most ``1 + HEADROOM_SHARE`` times its new rows' bytes."""
+ESTIMATE_SLACK: Final = 1024
+"""Bytes kept back for the error of the estimate of the files written after the choice (the
+previous snapshot's, see :func:`headroom`): the indexes grow by ~0.1 KB a snapshot."""
 
-def write_budget(share: float, change_bytes: int, carry: int) -> int:
+
+def headroom(new_row_bytes: int, written: int, estimated: int | None) -> int:
+    """Bytes a snapshot may still rewrite by choice and stay within ``1 + HEADROOM_SHARE`` times
+    its ``new_row_bytes``: what is left after the bytes it writes anyway, ``written`` (known
+    when the choice is made) and ``estimated`` (written after it), less
+    :data:`ESTIMATE_SLACK`. Never negative; 0 without an estimate (``None``: a writer's first
+    snapshot), so nothing is rewritten by choice before the snapshot's size is known."""
+    if estimated is None:
+        return 0
+    return max(0, int(HEADROOM_SHARE * new_row_bytes) - written - estimated - ESTIMATE_SLACK)
+
+
+def write_budget(share: float, change_bytes: int, carry: int, room: int | None = None) -> int:
     """Bytes a snapshot may rewrite by choice: ``share`` times the bytes it writes anyway
-    (``change_bytes``), plus ``carry`` (:func:`carry_after` of the previous snapshot)."""
-    return int(share * change_bytes) + carry
+    (``change_bytes``), plus ``carry`` (:func:`carry_after` of the previous snapshot), at most
+    ``room`` (:func:`headroom`, less what the writer itself writes anyway) when given."""
+    budget = int(share * change_bytes) + carry
+    return budget if room is None else min(budget, max(0, room))
 
 
 def take_within(budget: int, candidates: Iterable[tuple[int, T]]) -> tuple[list[T], int]:
