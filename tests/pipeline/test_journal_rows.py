@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -71,6 +72,33 @@ def test_arrays_that_do_not_stack_and_numpy_scalars_are_kept_row_by_row() -> Non
     assert isinstance(block.columns["input_ids"], ValueColumn)
     assert isinstance(block.columns["reward"], ValueColumn)
     assert _round_trip(rows) == [encode_row(row) for row in rows]
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        [np.zeros((2, 2), dtype=np.int64), np.zeros((1, 2), dtype=np.int64)],  # all 2-D
+        [np.arange(3, dtype=np.int64), np.zeros((1, 3), dtype=np.int64)],  # 1-D and 2-D
+        [np.array(1, dtype=np.int64), np.array(2, dtype=np.int64)],  # zero-dimensional
+    ],
+    ids=["two-dimensional", "mixed-dimensions", "zero-dimensional"],
+)
+def test_arrays_that_are_not_all_one_dimensional_are_kept_row_by_row(
+    arrays: list[np.ndarray],
+) -> None:
+    rows: list[dict[str, Any]] = [{"x": a, "n": number} for number, a in enumerate(arrays)]
+    (block,) = pack_rows(rows)
+    column = block.columns["x"]
+    assert isinstance(column, ValueColumn)
+    assert column.values == [encode_row(row)["x"] for row in rows]
+    assert block.columns["n"] == ValueColumn(values=[0, 1])
+
+
+def test_rows_that_are_mappings_but_not_dicts_pack_alike() -> None:
+    rows = [_turn_row(length) for length in (2, 4)]
+    views = [MappingProxyType(row) for row in rows]
+    assert pack_rows(views) == pack_rows(rows)
+    assert _round_trip(views) == [encode_row(row) for row in rows]  # type: ignore[arg-type]
 
 
 def test_big_endian_arrays_are_stored_little_endian() -> None:
