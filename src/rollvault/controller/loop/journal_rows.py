@@ -37,7 +37,7 @@ class SealJournalRecordError(ValueError):
     """A journal record passed its CRC but is not a record this rollvault reads."""
 
 
-class JournalArray(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+class JournalArray(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
     """A 1-D row array: its dtype and its raw little-endian bytes."""
 
     dtype: RowDtype
@@ -49,7 +49,7 @@ JournalRow = dict[str, JournalValue]
 
 
 class ArrayColumn(
-    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="arrays"
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False, tag="arrays"
 ):
     """One field of a block whose every row holds a 1-D array of one dtype."""
 
@@ -61,7 +61,7 @@ class ArrayColumn(
 
 
 class ValueColumn(
-    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="values"
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False, tag="values"
 ):
     """One field of a block as a value per row (scalars, or arrays that do not stack)."""
 
@@ -71,7 +71,7 @@ class ValueColumn(
 JournalColumn = ArrayColumn | ValueColumn
 
 
-class RowBlock(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+class RowBlock(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
     """The rows of a batch that have the same fields, in the same order, column by column."""
 
     positions: list[_NonNegativeInt]
