@@ -11,7 +11,7 @@ import asyncio
 import logging
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -271,12 +271,10 @@ def test_a_sidecar_changed_after_the_snapshot_was_chosen_is_refused_by_the_resto
         asyncio.run(restore())
 
 
-def test_the_restore_rereads_verified_bytes_on_the_loop_and_decodes_others_in_a_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    snapshot_files._LAST_DECODED.clear()  # another test may have left its last parse
-    snapshot = _fixture(5, tmp_path)
-    loaded = _read(snapshot)
+def _sidecar_reader(
+    snapshot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Callable[[], Any], list[object]]:
+    """The restore's read of ``snapshot``'s sidecar, and the functions it hands to a thread."""
     metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
     sidecar = snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
     config = _config(tmp_path)
@@ -288,9 +286,22 @@ def test_the_restore_rereads_verified_bytes_on_the_loop_and_decodes_others_in_a_
         return await real_to_thread(function, *args, **kwargs)
 
     monkeypatch.setattr(restorer.asyncio, "to_thread", to_thread)
-    again = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    return (
+        lambda: asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config)),
+        handed,
+    )
+
+
+def test_the_restore_rereads_verified_bytes_on_the_loop_and_decodes_others_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snapshot_files._LAST_DECODED.clear()  # another test may have left its last parse
+    snapshot = _fixture(5, tmp_path)
+    loaded = _read(snapshot)
+    read, handed = _sidecar_reader(snapshot, tmp_path, monkeypatch)
+    again = read()
     assert again is loaded.recovery and handed == []  # hashed again, not decoded, no thread
-    third = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    third = read()
     assert third == loaded.recovery and handed == [snapshot_files.read_recovery_sidecar_file]
 
 
@@ -304,21 +315,11 @@ def test_a_snapshot_verified_twice_is_still_not_decoded_again_by_the_restore(
     # and its parse replaces the first one for the restore.
     second = _read(snapshot)
     assert second.recovery == first.recovery and second.recovery is not first.recovery
-    metadata = checkpoint_summary(snapshot / "data_plane", segments_dir_for(snapshot)).user_metadata
-    sidecar = snapshot / ROLLOUT_RECOVERY_STATE_FILENAME
-    config = _config(tmp_path)
-    handed: list[object] = []
-    real_to_thread = asyncio.to_thread
-
-    async def to_thread(function: Any, /, *args: Any, **kwargs: Any) -> Any:
-        handed.append(function)
-        return await real_to_thread(function, *args, **kwargs)
-
-    monkeypatch.setattr(restorer.asyncio, "to_thread", to_thread)
-    again = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    read, handed = _sidecar_reader(snapshot, tmp_path, monkeypatch)
+    again = read()
     assert again is second.recovery and handed == []
     # The restore's own decode (nothing verified left) is not kept for the rest of the run.
-    third = asyncio.run(read_recovery_sidecar(sidecar, metadata, master_config=config))
+    third = read()
     assert third == second.recovery and handed == [snapshot_files.read_recovery_sidecar_file]
     assert snapshot_files._LAST_DECODED == {}
 
