@@ -123,7 +123,12 @@ from rollvault.dataplane.segments import (
     segment_file_name,
     write_segment,
 )
-from rollvault.durable.segment_store import expand_number_runs, in_file_order, number_runs
+from rollvault.durable.segment_store import (
+    RunsFormError,
+    expand_number_runs,
+    in_file_order,
+    number_runs,
+)
 
 
 class SegmentReference(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -582,11 +587,10 @@ def _held_entries_v5(
     for partition, runs in by_partition.items():
         try:
             numbers = expand_number_runs(runs)
-        except ValueError as exc:
-            # The place expand_number_runs names is among this partition's runs.
-            place = int(str(exc)[1 : str(exc).index("]")])
+        except RunsFormError as exc:
+            # The place it names is among this partition's runs.
             raise DataPlaneCheckpointError(
-                path, f"$.content.whole[{positions[partition][place]}]: {exc}"
+                path, f"$.content.whole[{positions[partition][exc.position]}]: {exc}"
             ) from exc
         label = f"$.content.whole[{positions[partition][0]}..]"
         for number in numbers:

@@ -83,18 +83,28 @@ def number_runs(numbers: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
+class RunsFormError(ValueError):
+    """Runs of numbers not in :func:`number_runs`'s one spelling; ``position`` is the run's
+    index in the runs given (the message names it as ``[position]`` too)."""
+
+    def __init__(self, position: int, problem: str) -> None:
+        super().__init__(f"[{position}]: {problem}")
+        self.position = position
+
+
 def expand_number_runs(runs: Sequence[tuple[int, int]]) -> list[int]:
     """The numbers :func:`number_runs` gave ``runs`` for. Only its form is taken: a
     ``ValueError`` names the run (``[position]``) that is empty, not after the previous one,
-    or that touches it (runs are maximal, so a set of numbers has one spelling)."""
+    or that touches it (runs are maximal, so a set of numbers has one spelling), as a
+    :class:`RunsFormError`."""
     numbers: list[int] = []
     end = -2  # one past the previous run's last number; -2: no number is adjacent to it
     for position, (first, count) in enumerate(runs):
         if count < 1:
-            raise ValueError(f"[{position}]: an empty run ({count} numbers)")
+            raise RunsFormError(position, f"an empty run ({count} numbers)")
         if first <= end:
             problem = "touches" if first == end else "is not after"
-            raise ValueError(f"[{position}]: the run from {first} {problem} the one before it")
+            raise RunsFormError(position, f"the run from {first} {problem} the one before it")
         numbers.extend(range(first, first + count))
         end = first + count
     return numbers
