@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,37 @@ def test_a_lone_record_waits_at_most_about_the_interval(tmp_path: Path) -> None:
     assert writer.wait_durable(seq, timeout=30)
     assert writer.durable_seq == seq
     writer.close()
+
+
+def test_a_record_after_a_quiet_spell_is_flushed_at_once(tmp_path: Path) -> None:
+    # No group was taken for longer than the interval (none at all here): waiting out a
+    # window would only delay the record, so it is written and flushed when it comes.
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=600.0, lazy_interval_s=600.0)
+    seq = writer.append(b"first")
+    assert writer.wait_durable(seq, timeout=30)
+    writer.close()
+    assert writer.stats().fsyncs == 1
+
+
+def test_groups_are_at_least_the_interval_apart(tmp_path: Path) -> None:
+    interval = 2.0
+    writer, _ = JournalWriter.open(tmp_path, commit_interval_s=interval, lazy_interval_s=600.0)
+    first = writer.append(payload(0))
+    assert writer.wait_durable(first, timeout=30)
+    flushed_first = time.monotonic()
+    # Records coming within the interval of the first group gather into one group,
+    # taken once the interval since the first group has passed.
+    seqs = [writer.append(payload(seq)) for seq in range(1, 10)]
+    assert not writer.wait_durable(seqs[-1], timeout=interval / 4)
+    assert writer.wait_durable(seqs[-1], timeout=30)
+    waited = time.monotonic() - flushed_first
+    stats = writer.stats()
+    writer.close()
+    assert stats.fsyncs == 2
+    # The second group was taken an interval after the first was (which is before
+    # the first was durable), then written: allow for the first flush's own time.
+    assert waited >= interval - 0.5, waited
+    assert [r.seq for r in read_journal(tmp_path).records] == list(range(10))
 
 
 def test_lazy_records_ride_on_the_next_group_in_order(tmp_path: Path) -> None:
@@ -298,12 +330,13 @@ def test_append_many_queues_a_batch_in_order_as_one_group(tmp_path: Path) -> Non
     writer, _ = JournalWriter.open(tmp_path, commit_interval_s=0.05)
     assert writer.append_many([]) == range(0, 0)
     first = writer.append(b"before")
+    assert writer.wait_durable(first, timeout=30)
     seqs = writer.append_many([b"a", b"b", b""])
     assert first == 0 and seqs == range(1, 4)
-    writer.wait_durable(seqs[-1], timeout=30)
+    assert writer.wait_durable(seqs[-1], timeout=30)
     stats = writer.stats()
     writer.close()
-    assert stats.fsyncs == 1  # all four within one commit interval
+    assert stats.fsyncs == 2  # the first record's group, then the batch's one
     assert stats.bytes_written == 4 * RECORD_HEADER_BYTES + len(b"beforeab")
     records = read_journal(tmp_path).records
     assert [(r.seq, r.payload) for r in records] == [

@@ -492,8 +492,9 @@ class SealJournalConfig(_Section, frozen=True):
     # restore replays what was sealed after the newest snapshot instead of
     # generating it again. Needs rollout_checkpointing.enabled.
     enabled: bool = True
-    # Group commit: one fsync at most this many milliseconds after the first
-    # record of a group; a seal is kept once its group is flushed.
+    # Group commit: groups are at least this many milliseconds apart, so a record
+    # waits no longer than this (none after a quiet spell); a seal is kept once its
+    # group is flushed.
     commit_interval_ms: NonNegativeFloat = 20.0
     # A group is flushed early once it holds this many records.
     max_batch_records: PositiveInt = 512

@@ -3,10 +3,14 @@
 :class:`JournalWriter` takes records from any thread without blocking (the
 caller may be inside a mutation section of the cut) and hands them to one
 writer thread. That thread writes every record queued so far in one
-``write`` and flushes them with one ``fsync``: a group commit. It waits for
-more records for at most ``commit_interval_s`` after the first one of a
-group, or until ``commit_max_records`` are queued, so a burst of seals costs
-one flush and a lone seal waits no longer than the interval. A record is
+``write`` and flushes them with one ``fsync``: a group commit. Groups are
+at least ``commit_interval_s`` apart: a group's first record is written at
+once when the previous group was taken that long ago or more, and otherwise
+waits, gathering records, until it was (or until ``commit_max_records`` are
+queued). So a stream of seals costs at most one flush per interval, a seal
+after a quiet spell (the GRPO recipe's generation batch, a call each) is
+flushed at once instead of waiting out a window no other record would join,
+and no record waits longer than the interval. A record is
 handed over as its payload's bytes (:meth:`JournalWriter.append`,
 :meth:`JournalWriter.append_many`), encoded by the caller: the writer thread
 only frames, writes and flushes, most of it in C and syscalls that release
@@ -40,6 +44,7 @@ record.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 import time
@@ -178,9 +183,11 @@ class JournalWriter:
         """(seq, payload, lazy) of each record not yet written."""
         self._first_queued_at = 0.0
         """When the oldest queued record was queued (a lazy one's wait starts there)."""
-        self._group_opened_at: float | None = None
-        """When the oldest queued non-lazy record was queued: the open group's window
-        starts there (None: only lazy records are queued, no group is open)."""
+        self._group_open = False
+        """Whether a non-lazy record is queued (else only lazy ones are, or none)."""
+        self._last_group_at = -math.inf
+        """When the writer last took a group: the next one is taken an interval later at
+        the earliest."""
         self._next_seq = first_seq
         self._durable_seq = first_seq - 1
         self._rotate_requested = False
@@ -258,8 +265,8 @@ class JournalWriter:
             now = time.monotonic()
             if not self._queue:
                 self._first_queued_at = now
-            if not lazy and self._group_opened_at is None:
-                self._group_opened_at = now
+            if not lazy and not self._group_open:
+                self._group_open = True
                 wake = True
             self._queue.extend(
                 (seq, payload, lazy) for seq, payload in enumerate(payloads, start=first)
@@ -377,8 +384,8 @@ class JournalWriter:
     def _next_batch(self) -> tuple[list[tuple[int, bytes, bool]], bool, bool]:
         with self._cond:
             self._cond.wait_for(lambda: self._queue or self._rotate_requested or self._closing)
-            # Group commit: gather records until the interval since the group's
-            # first non-lazy record ends, the oldest lazy record has waited its
+            # Group commit: gather records until the interval since the previous group
+            # ends (at once if it already has), the oldest lazy record has waited its
             # interval, or the group is full.
             while (
                 len(self._queue) < self._max_records
@@ -388,19 +395,23 @@ class JournalWriter:
                 self._cond.wait(left)
             take = min(len(self._queue), self._max_records)
             batch = [self._queue.popleft() for _ in range(take)]
-            self._group_opened_at = None
+            self._group_open = False
+            if batch:
+                self._last_group_at = time.monotonic()
             if self._queue:
                 # Only past a full group: what is left waits again from now.
-                now = self._first_queued_at = time.monotonic()
+                self._first_queued_at = self._last_group_at
                 if not all(lazy for _, _, lazy in self._queue):
-                    self._group_opened_at = now
+                    self._group_open = True
             return batch, self._rotate_requested and not self._queue, self._closing
 
     def _group_deadline(self) -> float:
         """When the queued records are written (call with the condition held)."""
         deadline = self._first_queued_at + self._lazy_interval
-        if self._group_opened_at is not None:
-            deadline = min(deadline, self._group_opened_at + self._interval)
+        if self._group_open:
+            # Never later than an interval after the group opened: the previous group
+            # was taken before that.
+            deadline = min(deadline, self._last_group_at + self._interval)
         return deadline
 
     def _write_group(self, batch: list[tuple[int, bytes, bool]]) -> None:

@@ -8,7 +8,7 @@ segments, group commit on a writer thread, :mod:`rollvault.durable`), *after*
 the change was applied and *outside* the mutation cut: the journal encodes
 each record on the event loop (:func:`encode_entry`, right after it was built)
 and queues its bytes; the writer thread frames each group of records into one
-buffer, writes it and flushes it with one ``fsync``, once per
+buffer, writes it and flushes it with one ``fsync``, at most once per
 ``rollout_checkpointing.journal.commit_interval_ms`` (or per
 ``max_batch_records``). A seal is *kept* once its record is durable.
 
