@@ -50,6 +50,10 @@ cProfile of each run's event loop thread to ``DIR/<round>_<arm>.prof`` and of it
 snapshots' two worker-thread steps to ``DIR/<round>_<arm>.snapshots.prof`` (and of
 the journal writer thread to ``DIR/<round>_<arm>.writer.prof``).
 
+The cyclic garbage collector: its passes per step and their CPU per step, by
+generation, in the same window (``gc.callbacks``; the pipeline's own collection
+before it freezes what exists at its start comes before the first step).
+
 Finally, ``--curve-steps`` more steps of one snapshots run give the reward
 and accuracy curve, summarised by windows of 25 steps.
 
@@ -62,11 +66,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -230,6 +236,29 @@ class JournalLoopCpu:
         return wrapper
 
 
+class CollectorTime:
+    """The cyclic garbage collector's passes in the timed window (from the first step's
+    mark on), per generation: how many and their thread CPU time (``gc.callbacks``). The
+    pipeline's own ``gc.collect`` before it freezes what exists at its start comes before
+    the first step and is left out."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.passes = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started: dict[int, float] = {}
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        thread = threading.get_ident()
+        if phase == "start":
+            self._started[thread] = time.thread_time()
+            return
+        started = self._started.pop(thread, None)
+        if started is not None and self.counting:
+            self.passes[info["generation"]] += 1
+            self.seconds[info["generation"]] += time.thread_time() - started
+
+
 TIMED_STEPS = ("build_snapshot", "publish_snapshot")
 """The checkpointer's two worker-thread steps of a snapshot, after the cut: build
 the sidecar from the capture, then encode, write and commit the files."""
@@ -264,6 +293,10 @@ class RunResult:
     """The seal journal's metrics at the last step (``journal/...``; empty: off)."""
     durable_latency_ms: list[float] = field(default_factory=list)
     """Per non-lazy journal record, queued to durable (:class:`DurableLatency`)."""
+    gc_passes_per_step: list[float] = field(default_factory=list)
+    """The cyclic collector's passes per step, generations 0, 1, 2 (:class:`CollectorTime`)."""
+    gc_ms_per_step: list[float] = field(default_factory=list)
+    """Their CPU time per step, generations 0, 1, 2."""
     load_average: tuple[float, float] = (0.0, 0.0)
     """The machine's 1-minute load average at the run's start and end (other processes'
     work included: the shared machine's noise, for reading the ratios)."""
@@ -379,6 +412,7 @@ def run_arm(
     def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
         tokens = setup.tokens_generated()
         marks.append((time.perf_counter(), tokens, process_cpu_s(), time.thread_time()))
+        collector.counting = True
         result.rewards.append(metrics.get("reward_mean", float("nan")))
         result.accuracies.append(metrics.get("accuracy", float("nan")))
         result.journal = {k: v for k, v in metrics.items() if k.startswith("journal/")}
@@ -403,6 +437,8 @@ def run_arm(
     journal_loop_cpu.install()
     durable_latency = DurableLatency()
     durable_latency.install()
+    collector = CollectorTime()
+    gc.callbacks.append(collector)
     profiler = cProfile.Profile() if profile is not None else None
     try:
         if profiler is not None:
@@ -417,6 +453,7 @@ def run_arm(
         JournalWriter._run = original_run  # type: ignore[method-assign]
         journal_loop_cpu.remove()
         durable_latency.remove()
+        gc.callbacks.remove(collector)
         for name, function in originals.items():
             setattr(checkpointer_module, name, function)
     if profiler is not None and profile is not None:
@@ -436,6 +473,8 @@ def run_arm(
     result.writer_cpu_ms_per_step = 1000 * writer_cpu.seconds / len(marks)
     result.journal_loop_cpu_ms_per_step = 1000 * journal_loop_cpu.seconds / len(marks)
     result.durable_latency_ms = durable_latency.latencies_ms
+    result.gc_passes_per_step = [n / (len(marks) - 1) for n in collector.passes]
+    result.gc_ms_per_step = [1000 * t / (len(marks) - 1) for t in collector.seconds]
     result.snapshots_written = summary.snapshots_written
     result.load_average = (load_start, os.getloadavg()[0])
     return result
@@ -536,6 +575,8 @@ def main() -> int:
                     f"-{result.load_average[1]:.1f}, peak RSS parent "
                     f"{result.parent_peak_mib:.0f} MiB children "
                     f"{sum(result.children_peak_mib.values()):.0f} MiB"
+                    + f", GC {sum(result.gc_ms_per_step):.2f} ms/step (oldest generation "
+                    f"{result.gc_passes_per_step[2]:.2f} passes, {result.gc_ms_per_step[2]:.2f} ms)"
                     + _journal_line(result.journal)
                     + _latency_line(result.durable_latency_ms),
                     flush=True,
