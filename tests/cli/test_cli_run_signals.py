@@ -184,6 +184,21 @@ def _first_line(child: Started) -> str:
     return text.split("\n", 1)[0]
 
 
+def _wait_for_line(child: Started, text: str) -> None:
+    """Until the child has written a whole line containing ``text`` to stderr."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not any(text in line for line in _whole_lines(child)):
+        assert child.poll() is None, f"the run ended before it wrote {text!r}: {child.stderr()}"
+        assert time.monotonic() < deadline, f"the run did not write {text!r}: {child.stderr()}"
+        time.sleep(0.02)  # a poll of the file, not a synchronization
+
+
+def _whole_lines(child: Started) -> list[str]:
+    """The child's lines on stderr so far, without one it is still writing."""
+    text = child.stderr()
+    return text[: text.rfind("\n") + 1].splitlines()
+
+
 def _expected() -> set[tuple[int, str]]:
     return {(0, str(index)) for index in range(NUM_PROMPTS)}
 
@@ -362,10 +377,8 @@ def test_sigterm_during_the_warm_up_exits_143_before_anything_is_written(tmp_pat
     child = run.start()
     announced = _first_line(child)
     assert "preparing the policy" in announced, announced
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not (tmp_path / "model" / "config.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the default model is built: the warm-up is next
-    time.sleep(1.0)
+    # Said before the first of its 100,000 steps: the signal comes during the warm-up.
+    _wait_for_line(child, "warm-up: started, 100000 supervised steps")
     child.send_signal(signal.SIGTERM)
     code, stderr = _communicate(child)
     assert code == 143, stderr
