@@ -138,7 +138,7 @@ class Run:
             if log.exists() and log.read_bytes().count(b"\n") >= count:
                 return
             assert child.poll() is None, "the run ended before it was signalled"
-            time.sleep(0.02)
+            time.sleep(0.02)  # a poll of the disk, not a synchronization
         child.kill()
         child.wait()
         pytest.fail(f"the run did not log {count} attempts within {START_TIMEOUT_S:.0f}s")
@@ -283,9 +283,12 @@ def test_past_the_grace_the_run_still_exits_143_and_says_what_a_restart_uses(
     run = Run(tmp_path, *SIMULATED, "rollout_checkpointing.shutdown_grace_s=1e-6")
     child = run.start()
     run.wait_for_attempts(child, 40)
+    # A snapshot to fall back on.
     deadline = time.monotonic() + START_TIMEOUT_S
     while not run.committed_snapshots() and time.monotonic() < deadline:
-        time.sleep(0.02)  # a snapshot to fall back on
+        assert child.poll() is None, "the run ended before it was signalled"
+        time.sleep(0.02)  # a poll of the disk, not a synchronization
+    assert run.committed_snapshots(), "no rollout snapshot committed before the signal"
     child.send_signal(signal.SIGTERM)
     code, stderr = _communicate(child)
     assert code == 143, stderr
@@ -417,7 +420,7 @@ def test_sigkill_leaves_no_trainer_process_and_the_run_resumes(tmp_path: Path) -
     child.wait()
     deadline = time.monotonic() + 30.0
     while any(_is_running(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.1)  # a poll of the processes, not a synchronization
     assert not any(_is_running(pid) for pid in children), "a child outlived the killed run"
     restart = run.finish()
     assert restart.returncode == 0, restart.stderr
