@@ -15,7 +15,13 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.config.schema import GateKind, PrefixResume, RunConfig, TrainerPlacement
+from rollvault.config.schema import (
+    GateKind,
+    PrefixResume,
+    RunConfig,
+    SamplingConfig,
+    TrainerPlacement,
+)
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
@@ -86,7 +92,7 @@ def prepare_model_run(
         )
     # The trainer recomputes logprobs under the distribution the gate samples from.
     vllm = config.gate.kind is GateKind.VLLM
-    sampling = config.gate.vllm if vllm else config.gate.local_model
+    sampling: SamplingConfig = config.gate.vllm if vllm else config.gate.local_model
     local_trainer = GrpoTrainer(
         model,
         pad_token_id=int(tokenizer.pad_token_id),
