@@ -54,7 +54,7 @@ def _wait_for(path: Path, child: subprocess.Popen[str], timeout: float = 120) ->
     while not path.exists():
         assert child.poll() is None, "the first run ended before it started"
         assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
+        time.sleep(0.05)  # a poll of the disk, not a synchronization
 
 
 @pytest.mark.slow

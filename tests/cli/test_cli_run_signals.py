@@ -138,7 +138,7 @@ class Run:
             if log.exists() and log.read_bytes().count(b"\n") >= count:
                 return
             assert child.poll() is None, "the run ended before it was signalled"
-            time.sleep(0.02)
+            time.sleep(0.02)  # a poll of the disk, not a synchronization
         child.kill()
         child.wait()
         pytest.fail(f"the run did not log {count} attempts within {START_TIMEOUT_S:.0f}s")
@@ -182,6 +182,21 @@ def _first_line(child: Started) -> str:
         assert time.monotonic() < deadline, "the run wrote no line"
         time.sleep(0.02)  # a poll of the file, not a synchronization
     return text.split("\n", 1)[0]
+
+
+def _wait_for_line(child: Started, text: str) -> None:
+    """Until the child has written a whole line containing ``text`` to stderr."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not any(text in line for line in _whole_lines(child)):
+        assert child.poll() is None, f"the run ended before it wrote {text!r}: {child.stderr()}"
+        assert time.monotonic() < deadline, f"the run did not write {text!r}: {child.stderr()}"
+        time.sleep(0.02)  # a poll of the file, not a synchronization
+
+
+def _whole_lines(child: Started) -> list[str]:
+    """The child's lines on stderr so far, without one it is still writing."""
+    text = child.stderr()
+    return text[: text.rfind("\n") + 1].splitlines()
 
 
 def _expected() -> set[tuple[int, str]]:
@@ -268,9 +283,12 @@ def test_past_the_grace_the_run_still_exits_143_and_says_what_a_restart_uses(
     run = Run(tmp_path, *SIMULATED, "rollout_checkpointing.shutdown_grace_s=1e-6")
     child = run.start()
     run.wait_for_attempts(child, 40)
+    # A snapshot to fall back on.
     deadline = time.monotonic() + START_TIMEOUT_S
     while not run.committed_snapshots() and time.monotonic() < deadline:
-        time.sleep(0.02)  # a snapshot to fall back on
+        assert child.poll() is None, "the run ended before it was signalled"
+        time.sleep(0.02)  # a poll of the disk, not a synchronization
+    assert run.committed_snapshots(), "no rollout snapshot committed before the signal"
     child.send_signal(signal.SIGTERM)
     code, stderr = _communicate(child)
     assert code == 143, stderr
@@ -362,10 +380,8 @@ def test_sigterm_during_the_warm_up_exits_143_before_anything_is_written(tmp_pat
     child = run.start()
     announced = _first_line(child)
     assert "preparing the policy" in announced, announced
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not (tmp_path / "model" / "config.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the default model is built: the warm-up is next
-    time.sleep(1.0)
+    # Said before the first of its 100,000 steps: the signal comes during the warm-up.
+    _wait_for_line(child, "warm-up: started, 100000 supervised steps")
     child.send_signal(signal.SIGTERM)
     code, stderr = _communicate(child)
     assert code == 143, stderr
@@ -404,7 +420,7 @@ def test_sigkill_leaves_no_trainer_process_and_the_run_resumes(tmp_path: Path) -
     child.wait()
     deadline = time.monotonic() + 30.0
     while any(_is_running(pid) for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.1)  # a poll of the processes, not a synchronization
     assert not any(_is_running(pid) for pid in children), "a child outlived the killed run"
     restart = run.finish()
     assert restart.returncode == 0, restart.stderr

@@ -99,7 +99,7 @@ def _kill_when(process: ForkedChild, ready: Callable[[], bool]) -> None:
         while not ready():
             assert process.poll() is None, f"the run ended (exit {process.returncode}) too early"
             assert time.monotonic() < deadline, "the run never got there"
-            time.sleep(0.1)
+            time.sleep(0.1)  # a poll of the run's files, not a synchronization
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()

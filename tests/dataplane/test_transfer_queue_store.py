@@ -72,7 +72,8 @@ def test_a_clear_waits_with_the_delete_until_captures_are_gone(
         info = await plane.save_checkpoint(tmp_path / "dp", {}, trimmed)
         assert info.row_counts == {TRAIN_PARTITION: 1}
         del trimmed
-        # The writer's worker thread drops its reference just after the write returns.
+        # The writer's worker thread drops its reference just after the write returns,
+        # which nothing signals: a poll of the count, with a deadline of 5 s.
         for _ in range(500):
             if not plane.held_row_count():
                 break

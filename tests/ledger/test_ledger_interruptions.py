@@ -248,9 +248,11 @@ def test_interruptions_recorded_at_once_are_all_or_nothing(harness: Harness) -> 
 def test_interruptions_of_a_shared_group_leave_what_was_shared_as_it_was(
     harness: Harness,
 ) -> None:
-    """A restore shares every loaded group (its ledger seed) before recording interruptions:
-    they go into the copy that unshares the group, all of them or none, and the shared
-    record, which stands for the loaded one, never changes."""
+    """``mark_attempts_interrupted`` on a group shared with a capture (``shared_groups``, as
+    a snapshot's capture shares it): a batch goes into the copy that unshares the group,
+    all of it or none, the next change into that copy, and the shared record never
+    changes. (A restore records its interruptions with ``restart_interrupted``, which
+    copies only the siblings it changes: the tests below.)"""
     group_id = harness.reserve(3)
     harness.dispatch(group_id)
     harness.seal(group_id, 1)

@@ -336,7 +336,9 @@ class RowsAtCheckpointTrainer(CrashingTrainer):
             wanted = (batch.step + 1) * len(batch.groups) * self.generations + self.generations
             async with asyncio.timeout(60):
                 while not self._holds_rows(wanted):
-                    await asyncio.sleep(0.005)  # polls the test's own condition
+                    # A poll of the data plane with the deadline above: no event marks a
+                    # count of rows.
+                    await asyncio.sleep(0.005)
         return await super().train_step(batch)
 
     def _holds_rows(self, train_rows: int) -> bool:

@@ -365,3 +365,47 @@ def test_a_receipt_s_bad_keys_are_named_alike_whatever_order_it_was_stored_in(
     assert on_state is not None and "unknown field" in on_state
     packed = [_packed(group)]
     assert _refusal(lambda: CheckedGroups(packed, path="$.ledger.groups")) == on_state
+
+
+def _sealed_group(rows: list[dict[str, Any]]) -> PromptGroupRecoveryRecord:
+    """One admitted group of one sibling, sealed with two staged rows and ``rows`` as
+    its receipt's row digests."""
+    attempt_uuid = uuid.UUID(int=7)
+    gate_id = f"g_g0_a{attempt_uuid.hex}"
+    keys = [f"{gate_id}/0", f"{gate_id}/1"]
+    sealed = RolloutAttemptRecord(
+        attempt_uuid=attempt_uuid,
+        status=_A.SEALED,
+        receipt={"gate_rollout_id": gate_id, "staging_keys": list(keys), "row_digests": rows},
+        reward=0.5,
+        mask_sample=False,
+        staging_keys=keys,
+    )
+    return msgspec.structs.replace(
+        _group_record(siblings=1),
+        siblings=[RolloutSiblingRecord(generation_index=0, attempts=[sealed])],
+        status=PromptGroupStatus.READY_TO_FINALIZE,
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "refused"),
+    [
+        ([{"length": 3, "digest": "ab"}, {"length": 4, "digest": "cd"}], None),
+        ([{"length": 3, "digest": "ab"}], "row_digests has 1 entries"),
+        ([{"length": 3, "digest": "ab"}] * 3, "row_digests has 3 entries"),
+        ([{"length": 3, "digest": "ab"}, {"length": 4, "digest": ""}], "digest"),
+    ],
+    ids=["one_per_key", "fewer_than_keys", "more_than_keys", "an_empty_digest"],
+)
+def test_the_screen_clears_a_sealed_attempt_only_with_one_non_empty_row_digest_per_key(
+    rows: list[dict[str, Any]], refused: str | None
+) -> None:
+    # Each case on its own: the random ones above reach these rules only by chance.
+    group = _sealed_group(rows)
+    on_state = _state_refusal([group])
+    assert (on_state is None) == (refused is None), on_state
+    if refused is not None:
+        assert on_state is not None and refused in on_state
+    _records, clean = screened_group_records([_packed(group)])
+    assert clean == (refused is None)

@@ -191,11 +191,19 @@ def test_groups_a_death_interrupted_run_their_next_round_alone(tmp_path: Path) -
 class HangOnceGate(SimulatedGate):
     """An attempt of one sibling of one prompt hangs: in flight when the test kills the run."""
 
-    def __init__(self, *args: object, prompt_idx: int, hung: list[str], **kwargs: object) -> None:
+    def __init__(
+        self,
+        *args: object,
+        prompt_idx: int,
+        hung: list[str],
+        hanging: asyncio.Event,
+        **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._prompt_idx = prompt_idx
         self._hung = hung
-        self.hanging = asyncio.Event()
+        self.hanging = hanging
+        """Set when the attempt starts hanging (the test made it: the gate is built in the run)."""
 
     async def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
         if request.prompt["idx"] == self._prompt_idx and request.generation_index == 3:
@@ -208,6 +216,7 @@ class HangOnceGate(SimulatedGate):
 def kill_while_hanging(config: RunConfig, prompt_idx: int, hung: list[str]) -> None:
     """One start, killed from outside while the prompt's attempt is in flight."""
     gates: list[HangOnceGate] = []
+    hanging = asyncio.Event()
 
     def gate(data_plane: DataPlane) -> SimulatedGate:
         gates.append(
@@ -218,6 +227,7 @@ def kill_while_hanging(config: RunConfig, prompt_idx: int, hung: list[str]) -> N
                 seed=config.seed,
                 prompt_idx=prompt_idx,
                 hung=hung,
+                hanging=hanging,
             )
         )
         return gates[0]
@@ -228,11 +238,12 @@ def kill_while_hanging(config: RunConfig, prompt_idx: int, hung: list[str]) -> N
                 config, gate_factory=gate, trainer=BatchKeepingTrainer(), dataset=dataset_of(config)
             )
         )
-        while not gates or not gates[0].hanging.is_set():
-            assert not task.done(), (
-                "the run ended before the prompt's attempt hung (was it dropped?)"
-            )
-            await asyncio.sleep(0.01)  # the gate is built inside the run
+        hung_now = asyncio.create_task(hanging.wait())
+        # Whichever comes first: the attempt hangs, or the run ends (it must not).
+        await asyncio.wait({task, hung_now}, timeout=60.0, return_when=asyncio.FIRST_COMPLETED)
+        hung_now.cancel()
+        assert not task.done(), "the run ended before the prompt's attempt hung (was it dropped?)"
+        assert hanging.is_set(), "the prompt's attempt did not hang within 60 s"
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -6,7 +6,6 @@ import asyncio
 import math
 import textwrap
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -135,23 +134,25 @@ def test_a_function_returning_an_awaitable_is_awaited() -> None:
 
 def test_a_slow_sync_function_runs_in_a_thread_and_never_blocks_the_loop() -> None:
     threads: list[threading.Thread] = []
+    started, release = threading.Event(), threading.Event()
 
     def slow(response_text: str, sample: Mapping[str, Any]) -> float:
         threads.append(threading.current_thread())
-        time.sleep(0.3)
-        return 1.0
+        started.set()
+        # Returns only once the loop has run on while it was scoring; on the loop's own
+        # thread it would wait out the timeout (which only bounds that failure).
+        return 1.0 if release.wait(timeout=10.0) else 0.0
 
-    async def main() -> tuple[float, int]:
-        ticks = 0
+    async def main() -> float:
         scoring = asyncio.create_task(_environment(slow).score_text(ROW_PROMPT, "x", finished=True))
-        while not scoring.done():
-            ticks += 1
-            await asyncio.sleep(0.01)
-        return (await scoring).reward, ticks
+        assert await asyncio.to_thread(started.wait, 10.0), "the function was not called"
+        assert not scoring.done()
+        release.set()  # the loop runs while the function waits
+        return (await scoring).reward
 
-    reward, ticks = asyncio.run(main())
-    assert reward == 1.0 and threads[0] is not threading.main_thread()
-    assert ticks >= 10, "the event loop was blocked while the reward ran"
+    reward = asyncio.run(main())
+    assert threads[0] is not threading.main_thread()
+    assert reward == 1.0, "the event loop was blocked while the reward ran"
 
 
 def test_a_function_that_raises_fails_the_attempt_naming_exception_and_row() -> None:

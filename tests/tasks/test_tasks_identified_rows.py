@@ -83,3 +83,50 @@ def test_a_subclass_overriding_rows_gets_their_identity() -> None:
     row, identity = identified_row_fetcher(dataset)(1)
     assert row["prompt_text"] == "changed"
     assert identity == dataset.identity(1) == prompt_identity(row)
+
+
+class CountedBuilds(SyntheticPromptDataset):
+    """Counts the rows it builds and the identities it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__(4, 8, 50, seed=3)
+        self.calls: list[str] = []
+
+    def __getitem__(self, idx: int) -> DatumSpec:
+        self.calls.append("row")
+        return super().__getitem__(idx)
+
+
+class CountedIdentity(CountedBuilds):
+    def identity(self, idx: int) -> str:
+        self.calls.append("identity")
+        return super().identity(idx)
+
+
+class IdentityMixin:
+    def identity(self, idx: int) -> str:
+        return f"mixed {idx}"
+
+
+class MixedIdentity(IdentityMixin, SyntheticPromptDataset):
+    """``identity`` from a class ahead in the order, not from a subclass of the dataset."""
+
+
+class DeeperIdentity(OwnIdentity):
+    """Overrides nothing itself: its parent's ``identity`` is still not the digest's."""
+
+
+def test_a_digest_dataset_builds_the_row_once_and_never_asks_identity() -> None:
+    dataset = CountedBuilds()
+    row, identity = identified_row_fetcher(dataset)(2)
+    assert dataset.calls == ["row"]
+    assert identity == prompt_identity(row)
+
+
+def test_an_overridden_identity_is_asked_wherever_it_is_defined() -> None:
+    counted = CountedIdentity()
+    row, identity = identified_row_fetcher(counted)(2)
+    # Its identity digests a second build of the row: the override was asked.
+    assert counted.calls == ["row", "identity", "row"] and identity == prompt_identity(row)
+    assert identified_row_fetcher(MixedIdentity(4, 8, 50, seed=3))(1)[1] == "mixed 1"
+    assert identified_row_fetcher(DeeperIdentity(4, 8, 50, seed=3))(1)[1] == "mine 1"

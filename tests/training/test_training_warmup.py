@@ -15,7 +15,7 @@ from rollvault.gates.sampling import sample_batch
 from rollvault.tasks.addition.dataset import AdditionPromptDataset
 from rollvault.tasks.warmup import warmup_examples
 from rollvault.training.tokenizer import build_char_tokenizer
-from rollvault.training.warmup import _encode, supervised_warmup
+from rollvault.training.warmup import WarmupProgress, _encode, supervised_warmup
 
 
 def _warm(directory: Path, *, seed: int, steps: int) -> tuple[PreTrainedModel, float, float]:
@@ -42,6 +42,27 @@ def test_warmup_is_deterministic_given_the_seed(tmp_path: Path) -> None:
         not torch.equal(a, b)
         for a, b in zip(first.state_dict().values(), other.state_dict().values(), strict=True)
     )
+
+
+def test_warmup_reports_its_start_and_every_step(tmp_path: Path) -> None:
+    model, tokenizer = build_model(tmp_path / "model")
+    seen: list[WarmupProgress] = []
+    report = supervised_warmup(
+        model,
+        tokenizer,
+        warmup_examples(AdditionPromptDataset(50, seed=0)),
+        steps=3,
+        batch_size=4,
+        learning_rate=1e-3,
+        seed=0,
+        on_progress=seen.append,
+    )
+    # Once before the first step (no loss yet), then after each step with its loss.
+    assert [(p.steps_done, p.steps) for p in seen] == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert seen[0].loss is None
+    assert seen[1].loss == report.first_loss and seen[-1].loss == report.final_loss
+    seconds = [p.seconds for p in seen]
+    assert seconds == sorted(seconds) and seconds[-1] <= report.seconds
 
 
 def _well_formed(model: PreTrainedModel, directory: Path) -> int:

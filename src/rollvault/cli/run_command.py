@@ -32,6 +32,7 @@ from rollvault.cli.preemption import (
 )
 from rollvault.cli.run_report import PLOT_FILENAME, plot_run, policy_line, summary_lines
 from rollvault.cli.step_monitor import StepMonitor
+from rollvault.cli.warmup_lines import WarmupLines
 from rollvault.config.errors import ConfigError
 from rollvault.config.schema import RunConfig, TrainerKind
 from rollvault.controller.loop.io_failures import RunStoppedByIOError
@@ -134,7 +135,7 @@ def _prepare(config: RunConfig, console: Console) -> PreparedRun:
             markup=False,
             highlight=False,
         )
-    prepared = prepare(config)
+    prepared = prepare(config, on_warmup=WarmupLines(lambda line: _say(console, line)))
     if prepared.policy is not None:
         line = policy_line(
             prepared.policy.start,

@@ -37,6 +37,7 @@ __all__ = [
     "RunConfig",
     "SamplerConfig",
     "SamplerKind",
+    "SamplingConfig",
     "SimulatedGateConfig",
     "TrainerConfig",
     "TrainerKind",
@@ -276,22 +277,28 @@ class SimulatedGateConfig(_Section, frozen=True):
     crash_on_prompt_idx: NonNegativeInt | None = None
 
 
-class LocalModelGateConfig(_Section, frozen=True):
-    """The local model gate: generation in a worker process, temperature/top-k/top-p sampling."""
+class SamplingConfig(_Section, frozen=True):
+    """How a model gate samples (local_model and vllm alike): its first four settings."""
 
     # Logits are divided by this before sampling; the GRPO trainer divides by it
     # too when it recomputes logprobs.
     temperature: PositiveFloat = 1.0
     # Nucleus sampling: draw from the smallest set of most likely tokens whose
     # probability reaches top_p, renormalized (after top_k); 1.0 turns it off.
-    # The logprob of a token is that of the renormalized distribution, and the
-    # trainer recomputes it with the same filter.
+    # The logprob of a token is that of the renormalized distribution (vllm: the
+    # server's processed_logprobs), and the trainer recomputes it with the same filter.
     top_p: UnitFraction = 1.0
     # Draw only from the top_k most likely tokens (ties at the k-th are kept),
     # renormalized; 0 turns it off.
     top_k: NonNegativeInt = 0
-    # A response that has not ended with eos after this many tokens is cut (overlong).
+    # A response that has not ended with eos (vllm: a stop token) after this many
+    # tokens is cut (overlong).
     max_new_tokens: PositiveInt = 8
+
+
+class LocalModelGateConfig(SamplingConfig, frozen=True):
+    """The local model gate: generation in a worker process, temperature/top-k/top-p sampling."""
+
     # At most this many waiting requests are generated together in one batch.
     max_batch_size: PositiveInt = 64
 
@@ -311,16 +318,14 @@ class RayGateConfig(_Section, frozen=True):
     actor_call_timeout_s: PositiveFloat = 120.0
 
 
-class VllmGateConfig(_Section, frozen=True):
-    """The vLLM gate: OpenAI-compatible vLLM servers, started by the run or run by someone else."""
+class VllmGateConfig(SamplingConfig, frozen=True):
+    """The vLLM gate: OpenAI-compatible vLLM servers, started by the run or run by someone else.
 
-    # Sampling, as in local_model: the server's logprobs (processed_logprobs) and the
-    # trainer's recomputation use the same temperature, top_p and top_k.
-    temperature: PositiveFloat = 1.0
-    top_p: UnitFraction = 1.0
-    top_k: NonNegativeInt = 0
-    # A response that has not ended with a stop token after this many tokens is cut.
-    max_new_tokens: PositiveInt = 8
+    Sampling as in local_model (:class:`SamplingConfig`): the server's logprobs
+    (processed_logprobs) and the trainer's recomputation use the same temperature,
+    top_p and top_k.
+    """
+
     # true: start num_servers servers as child processes (127.0.0.1 only) and restart
     # any that dies; false: use the servers of urls, run by someone else.
     launch: bool = True

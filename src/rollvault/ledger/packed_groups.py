@@ -350,103 +350,122 @@ def _sibling_records(
     the receipt. An attempt the screen cannot clear (the attempt rules of
     ``state_checks``) appends its ``"{group_id}_g{index}_a"`` to ``doubts``. One call
     per group, plain loops (a call and a comprehension per sibling cost a restore
-    ~16k of each)."""
+    ~16k of each); two calls per attempt, a screen and a build."""
     built = []
     for index, attempts in siblings:
         prefix = f"{group_id}_g{index}_a"
         records = []
         for attempt in attempts:
-            attempt_uuid = next(uuids)
-            stored = attempt.staging_keys
-            receipt = attempt.receipt
-            checks = attempt.reward_checks
-            context = attempt.reward_log_context
-            status = attempt.status
-            if stored == 0 and receipt is None and checks is None and context is None:
-                # Unsealed (``_check_unsealed``): no result, the failure fields iff failed.
-                if (
-                    status is _SEALED
-                    or attempt.reward is not None
-                    or attempt.mask_sample is not None
-                    or (
-                        (not attempt.failure_reason or attempt.failure_kind is None)
-                        if status is _FAILED
-                        else (
-                            attempt.failure_reason is not None or attempt.failure_kind is not None
-                        )
-                    )
-                ):
-                    doubts.append(prefix)
-                records.append(
-                    RolloutAttemptRecord(
-                        attempt_uuid=attempt_uuid,
-                        status=status,
-                        reward=attempt.reward,
-                        mask_sample=attempt.mask_sample,
-                        failure_reason=attempt.failure_reason,
-                        failure_kind=attempt.failure_kind,
-                        turn_keys=attempt.turn_keys[:],
-                        env_state_revision=attempt.env_state_revision,
-                    )
-                )
-                continue
-            reward = attempt.reward
-            # Sealed (``_check_sealed``): a packed receipt (its id and keys derived, so
-            # right), at least one derived key, a row digest per key and none empty, a
-            # finite reward the receipt's equals, a mask, no failure fields.
-            if not (
-                status is _SEALED
-                and type(receipt) is PackedReceipt
-                and type(stored) is int
-                and stored > 0
-                and reward is not None
-                and reward - reward == 0.0  # finite: inf - inf and nan are nan
-                and attempt.mask_sample is not None
-                and (receipt.reward is None or receipt.reward == reward)
-                and attempt.failure_reason is None
-                and attempt.failure_kind is None
-                and (
-                    receipt.row_digests is None
-                    or (
-                        len(receipt.row_digests) == stored
-                        and all(map(_SECOND, receipt.row_digests))  # no digest empty
-                    )
-                )
+            if (
+                attempt.staging_keys == 0
+                and attempt.receipt is None
+                and attempt.reward_checks is None
+                and attempt.reward_log_context is None
             ):
-                doubts.append(prefix)
-            gate_id = prefix + attempt.attempt_uuid.hex()
-            if stored == 1:  # the derived key of a one-row attempt (most), no comprehension
-                keys = [gate_id + "/0"]
-            elif isinstance(stored, int):  # the derived keys
-                keys = [f"{gate_id}/{number}" for number in range(stored)]
+                clears = _unsealed_clears(attempt)
+                record = _unsealed_record(attempt, next(uuids))
             else:
-                keys = stored[:]
-            records.append(
-                RolloutAttemptRecord(
-                    attempt_uuid=attempt_uuid,
-                    status=status,
-                    receipt=(
-                        _receipt(receipt, gate_id, keys)
-                        if isinstance(receipt, PackedReceipt)
-                        else copy_receipt(receipt)
-                    ),
-                    reward=reward,
-                    mask_sample=attempt.mask_sample,
-                    reward_checks=None if checks is None else _reward_checks(checks),
-                    reward_log_context=(
-                        None
-                        if context is None
-                        else RewardLogContext(response_length=context[0], stop_reason=context[1])
-                    ),
-                    staging_keys=keys,
-                    failure_reason=attempt.failure_reason,
-                    failure_kind=attempt.failure_kind,
-                    turn_keys=attempt.turn_keys[:],
-                    env_state_revision=attempt.env_state_revision,
-                )
-            )
+                clears = _sealed_clears(attempt)
+                record = _sealed_record(attempt, next(uuids), prefix + attempt.attempt_uuid.hex())
+            if not clears:
+                doubts.append(prefix)
+            records.append(record)
         built.append(RolloutSiblingRecord(generation_index=index, attempts=records))
     return built
+
+
+def _unsealed_clears(attempt: PackedAttempt) -> bool:
+    """The screen of an attempt without a result (``_check_unsealed``): not sealed, no
+    reward or mask, and the failure fields set exactly when it failed (a non-empty
+    reason)."""
+    status = attempt.status
+    if status is _SEALED or attempt.reward is not None or attempt.mask_sample is not None:
+        return False
+    if status is _FAILED:
+        return bool(attempt.failure_reason) and attempt.failure_kind is not None
+    return attempt.failure_reason is None and attempt.failure_kind is None
+
+
+def _sealed_clears(attempt: PackedAttempt) -> bool:
+    """The screen of an attempt with a result (``_check_sealed``): sealed, a packed
+    receipt (its id and keys derived, so right), at least one derived key, a row digest
+    per key and none empty, a finite reward the receipt's equals, a mask, no failure
+    fields."""
+    receipt = attempt.receipt
+    stored = attempt.staging_keys
+    reward = attempt.reward
+    return (
+        attempt.status is _SEALED
+        and type(receipt) is PackedReceipt
+        and type(stored) is int
+        and stored > 0
+        and reward is not None
+        and reward - reward == 0.0  # finite: inf - inf and nan are nan
+        and attempt.mask_sample is not None
+        and (receipt.reward is None or receipt.reward == reward)
+        and attempt.failure_reason is None
+        and attempt.failure_kind is None
+        and (
+            receipt.row_digests is None
+            or (
+                len(receipt.row_digests) == stored
+                and all(map(_SECOND, receipt.row_digests))  # no digest empty
+            )
+        )
+    )
+
+
+def _unsealed_record(attempt: PackedAttempt, attempt_uuid: uuid.UUID) -> RolloutAttemptRecord:
+    """The record of an attempt without a result (no receipt, keys, checks or context)."""
+    return RolloutAttemptRecord(
+        attempt_uuid=attempt_uuid,
+        status=attempt.status,
+        reward=attempt.reward,
+        mask_sample=attempt.mask_sample,
+        failure_reason=attempt.failure_reason,
+        failure_kind=attempt.failure_kind,
+        turn_keys=attempt.turn_keys[:],
+        env_state_revision=attempt.env_state_revision,
+    )
+
+
+def _sealed_record(
+    attempt: PackedAttempt, attempt_uuid: uuid.UUID, gate_id: str
+) -> RolloutAttemptRecord:
+    """The record of an attempt with a result; ``gate_id`` is its gate rollout id, from
+    which the derived staging keys and a packed receipt's two left-out fields come."""
+    stored = attempt.staging_keys
+    if stored == 1:  # the derived key of a one-row attempt (most), no comprehension
+        keys = [gate_id + "/0"]
+    elif isinstance(stored, int):  # the derived keys
+        keys = [f"{gate_id}/{number}" for number in range(stored)]
+    else:
+        keys = stored[:]
+    receipt = attempt.receipt
+    checks = attempt.reward_checks
+    context = attempt.reward_log_context
+    return RolloutAttemptRecord(
+        attempt_uuid=attempt_uuid,
+        status=attempt.status,
+        receipt=(
+            _receipt(receipt, gate_id, keys)
+            if isinstance(receipt, PackedReceipt)
+            else copy_receipt(receipt)
+        ),
+        reward=attempt.reward,
+        mask_sample=attempt.mask_sample,
+        reward_checks=None if checks is None else _reward_checks(checks),
+        reward_log_context=(
+            None
+            if context is None
+            else RewardLogContext(response_length=context[0], stop_reason=context[1])
+        ),
+        staging_keys=keys,
+        failure_reason=attempt.failure_reason,
+        failure_kind=attempt.failure_kind,
+        turn_keys=attempt.turn_keys[:],
+        env_state_revision=attempt.env_state_revision,
+    )
 
 
 def group_state(

@@ -35,6 +35,7 @@ progress and a report around them.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from rollvault.config.schema import GateKind, RunConfig
 from rollvault.controller.loop.pipeline import RunSummary, StepCallback
@@ -55,6 +56,10 @@ from rollvault.recipes.run_parts import (
 from rollvault.recipes.simulated_run import prepare_simulated_run
 from rollvault.tasks.registry import get_task
 
+if TYPE_CHECKING:
+    # Only a type: rollvault.training.warmup imports torch, which a simulated run never needs.
+    from rollvault.training.warmup import WarmupObserver
+
 __all__ = [
     "Policy",
     "PolicyStart",
@@ -71,8 +76,10 @@ __all__ = [
 ]
 
 
-def prepare(config: RunConfig) -> PreparedRun:
+def prepare(config: RunConfig, *, on_warmup: WarmupObserver | None = None) -> PreparedRun:
     """Task, dataset, model (warmed up if starting from scratch), gate and trainer for ``config``.
+
+    ``on_warmup`` is told of the warm-up's progress, if this start warms the policy up.
 
     Raises :class:`~rollvault.config.schema.ConfigError` when ``dataset.kind``
     names no task or the task does not fit the gate or the warm-up. The
@@ -87,7 +94,7 @@ def prepare(config: RunConfig) -> PreparedRun:
         # refused dataset or reward function should not wait for.
         from rollvault.recipes.model_run import prepare_model_run
 
-        return prepare_model_run(config, task, inputs)
+        return prepare_model_run(config, task, inputs, on_warmup=on_warmup)
     return prepare_simulated_run(config, task)
 
 

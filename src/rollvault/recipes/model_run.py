@@ -15,7 +15,13 @@ import torch
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from rollvault.config.schema import GateKind, PrefixResume, RunConfig, TrainerPlacement
+from rollvault.config.schema import (
+    GateKind,
+    PrefixResume,
+    RunConfig,
+    SamplingConfig,
+    TrainerPlacement,
+)
 from rollvault.dataplane.interface import DataPlane
 from rollvault.gates.local_model import LocalModelGate
 from rollvault.gates.prompt_rendering import PromptFormat, PromptRenderer
@@ -34,7 +40,7 @@ from rollvault.training.grpo_trainer import GrpoSettings, GrpoTrainer
 from rollvault.training.model_store import ensure_model_dir, load_model_dir
 from rollvault.training.policy_dirs import DamagedPolicyError, load_policy
 from rollvault.training.trainer_process import ProcessTrainer
-from rollvault.training.warmup import supervised_warmup
+from rollvault.training.warmup import WarmupObserver, supervised_warmup
 
 if TYPE_CHECKING:
     from rollvault.training.ray_trainer import RayTrainer
@@ -42,11 +48,18 @@ if TYPE_CHECKING:
 __all__ = ["prepare_model_run"]
 
 
-def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> PreparedRun:
+def prepare_model_run(
+    config: RunConfig,
+    task: Task,
+    inputs: ModelRunInputs,
+    *,
+    on_warmup: WarmupObserver | None = None,
+) -> PreparedRun:
     """A causal LM generating in a worker process, scored as text, trained by GRPO.
 
     ``inputs`` are :func:`~rollvault.recipes.run_parts.model_run_inputs`' for
-    ``config`` and ``task``, already checked.
+    ``config`` and ``task``, already checked. ``on_warmup`` is told of the
+    warm-up's progress, if this start warms the policy up.
     """
     environment, examples, dataset = inputs
     # One torch thread here and one in the generation worker keep two cores busy.
@@ -75,10 +88,11 @@ def prepare_model_run(config: RunConfig, task: Task, inputs: ModelRunInputs) -> 
             learning_rate=config.trainer.warmup.learning_rate,
             seed=config.seed,
             renderer=renderer,
+            on_progress=on_warmup,
         )
     # The trainer recomputes logprobs under the distribution the gate samples from.
     vllm = config.gate.kind is GateKind.VLLM
-    sampling = config.gate.vllm if vllm else config.gate.local_model
+    sampling: SamplingConfig = config.gate.vllm if vllm else config.gate.local_model
     local_trainer = GrpoTrainer(
         model,
         pad_token_id=int(tokenizer.pad_token_id),

@@ -86,7 +86,12 @@ class IdentifiedRows(Protocol):
     """
 
     def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
-        """``(self[idx], self.identity(idx))``, the row built once."""
+        """``(self[idx], self.identity(idx))``, the row built once.
+
+        The object's own ``identity``, whatever class defines it: a class whose
+        subclasses may override ``identity`` asks it when they do, as
+        :meth:`RowDigestIdentity.row_with_identity` does.
+        """
         ...
 
 
@@ -106,22 +111,24 @@ class RowDigestIdentity:
         return prompt_identity(self[idx])
 
     def row_with_identity(self, idx: int) -> tuple[DatumSpec, str]:
-        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both)."""
+        """The prompt at ``idx`` and its :meth:`identity`, built once (a restore needs both).
+
+        The digest of the row is the identity only while ``identity`` is this class's:
+        a subclass that overrides it (to count or change it) is asked its own.
+        """
         row = self[idx]
+        if type(self).identity is not RowDigestIdentity.identity:
+            return row, self.identity(idx)
         return row, prompt_identity(row)
 
 
 def identified_row_fetcher(dataset: PromptDataset) -> Callable[[int], tuple[DatumSpec, str]]:
     """How to fetch ``(row, identity)`` of an index of ``dataset``: once per restore.
 
-    The dataset's ``row_with_identity`` (:class:`IdentifiedRows`) only when
-    the class that defines its ``identity`` defines it too: a subclass that
-    overrides ``identity`` alone (to count or change it) must be asked its
-    own. Otherwise ``identity``, then the row, in that order as before.
+    The dataset's ``row_with_identity`` if it has one (:class:`IdentifiedRows`);
+    otherwise ``identity``, then the row, in that order as before.
     """
-    owner = next((cls for cls in type(dataset).__mro__ if "identity" in vars(cls)), None)
-    defined_with_identity = owner is not None and "row_with_identity" in vars(owner)
-    if defined_with_identity and isinstance(dataset, IdentifiedRows):
+    if isinstance(dataset, IdentifiedRows):
         return dataset.row_with_identity
 
     def fetch(idx: int) -> tuple[DatumSpec, str]:

@@ -18,7 +18,7 @@ saves the warmed-up policy as version 0 and the restart loads that.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import numpy as np
@@ -30,7 +30,7 @@ from rollvault.gates.prompt_rendering import PROMPT_TEXT_KEY, PromptRenderer, Pr
 from rollvault.gates.sampling import left_pad
 from rollvault.training.logprobs import left_pad_values, token_logprobs
 
-__all__ = ["WarmupReport", "supervised_warmup"]
+__all__ = ["WarmupObserver", "WarmupProgress", "WarmupReport", "supervised_warmup"]
 
 
 class WarmupReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,6 +40,21 @@ class WarmupReport(msgspec.Struct, frozen=True, kw_only=True):
     first_loss: float
     final_loss: float
     seconds: float
+
+
+class WarmupProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a running warm-up is: reported before its first step and after each step."""
+
+    steps_done: int
+    steps: int
+    loss: float | None
+    """The last step's loss; None before the first step."""
+    seconds: float
+    """Since the first step started."""
+
+
+WarmupObserver = Callable[[WarmupProgress], None]
+"""Told of the warm-up's progress; it runs on the warm-up's thread, between steps."""
 
 
 def supervised_warmup(
@@ -52,10 +67,13 @@ def supervised_warmup(
     learning_rate: float,
     seed: int,
     renderer: PromptRenderer | None = None,
+    on_progress: WarmupObserver | None = None,
 ) -> WarmupReport:
     """Train ``model`` in place on ``(prompt_text, answer_text)`` pairs for ``steps`` steps.
 
     ``renderer``: how the gate renders prompts (None: ``prompt_text`` as it is, then eos).
+    ``on_progress``: called once the examples are encoded, before the first step (a
+    warm-up of many steps is otherwise silent for minutes), then after every step.
     """
     if not examples:
         raise ValueError("supervised_warmup: no examples")
@@ -72,12 +90,23 @@ def supervised_warmup(
     generator = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
     losses: list[float] = []
+
+    def report() -> None:
+        if on_progress is not None:
+            loss = losses[-1] if losses else None
+            seconds = time.perf_counter() - started
+            on_progress(
+                WarmupProgress(steps_done=len(losses), steps=steps, loss=loss, seconds=seconds)
+            )
+
     model.train()
     try:
+        report()
         for _ in range(steps):
             picks = torch.randint(len(encoded), (batch_size,), generator=generator).tolist()
             losses.append(_step(model, optimizer, [encoded[i] for i in picks], pad_id))
             schedule.step()
+            report()
     finally:
         model.eval()
     return WarmupReport(

@@ -68,6 +68,8 @@ class FakeServer:
             web.json_response(_answer([5, 6, 1]))
         )
         self.delay_s = 0.0
+        """How long a completion takes: the server's latency (a timeout to reach, requests
+        in flight side by side), never a wait for something to happen."""
         self.model = ""
         """The model name /v1/models lists; the tests set the gate's."""
         self.health_ok = True
@@ -233,10 +235,12 @@ def _request(index: int, group: str) -> AttemptRequest:
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Until the gate's state satisfies ``condition`` (its health checks and refits run in
+    tasks of their own, which mark nothing a test could await), failing after ``timeout_s``."""
     for _ in range(int(timeout_s / 0.02)):
         if condition():
             return
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # a poll with a deadline, not a synchronization
     raise AssertionError("condition not reached")
 
 
