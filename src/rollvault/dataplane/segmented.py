@@ -123,11 +123,12 @@ from rollvault.dataplane.segments import (
     segment_file_name,
     write_segment,
 )
-from rollvault.durable.segment_store import (
+from rollvault.durable.index_runs import (
     RunsFormError,
     expand_number_runs,
+    in_a_run,
     in_file_order,
-    number_runs,
+    keyed_runs,
 )
 
 
@@ -422,8 +423,8 @@ class SegmentedWriter:
         content = SegmentedCheckpointContentV5(
             partitions=partition_names,
             catalogs=[_catalog_ref(catalogs[file]) for file in sorted(catalogs)],
-            whole=_whole_runs(entries, len(partition_names)),
-            segments=[entry for entry in entries if not _is_whole(entry)],
+            whole=_whole_runs(entries),
+            segments=[entry for entry in entries if not in_a_run(entry)],
             user_metadata=user_metadata,
         )
         metadata = encode_envelope(msgspec.json.encode(content), DATA_PLANE_SCHEMA_VERSION)
@@ -541,24 +542,16 @@ def _catalog_ref(catalog: WrittenCatalog) -> CatalogRef:
     )
 
 
-def _is_whole(entry: HeldEntryV4) -> bool:
-    """Whether version 5 lists ``entry`` in a whole run: numbered, every row held."""
-    return isinstance(entry.name, int) and entry.live == []
-
-
-def _whole_runs(entries: Sequence[HeldEntryV4], partitions: int) -> list[WholeRun]:
-    """Version 5's ``whole``: the numbered segments of ``entries`` holding every row, as
-    maximal runs of numbers, by partition then number."""
-    numbers: list[list[int]] = [[] for _ in range(partitions)]
-    for entry in entries:
-        if _is_whole(entry):
-            assert isinstance(entry.name, int)
-            numbers[entry.partition].append(entry.name)
-    return [
-        WholeRun(partition, first, count)
-        for partition, held in enumerate(numbers)
-        for first, count in number_runs(sorted(held))
-    ]
+def _whole_runs(entries: Sequence[HeldEntryV4]) -> list[WholeRun]:
+    """Version 5's ``whole``: the numbered segments of ``entries`` holding every row
+    (:func:`~rollvault.durable.index_runs.in_a_run`), as maximal runs of numbers, by
+    partition then number."""
+    numbered = sorted(
+        (entry.partition, entry.name)
+        for entry in entries
+        if in_a_run(entry) and isinstance(entry.name, int)
+    )
+    return [WholeRun(*run) for run in keyed_runs(numbered)]
 
 
 def _held_entries_v5(
@@ -568,7 +561,7 @@ def _held_entries_v5(
     with where it is listed. Refused naming the field: a run of a partition not listed, out
     of order, empty or touching the one before (one spelling per set of segments); an
     entry of ``segments`` that belongs in a run (numbered, every row held), is out of order
-    or is in a run too (:func:`~rollvault.durable.segment_store.in_file_order`)."""
+    or is in a run too (:func:`~rollvault.durable.index_runs.in_file_order`)."""
     by_partition: dict[int, list[tuple[int, int]]] = {}
     positions: dict[int, list[int]] = {}
     for position, run in enumerate(content.whole):
@@ -597,7 +590,7 @@ def _held_entries_v5(
             file = segment_file_from_name(number, content.partitions[partition])
             entry = HeldEntryV4(number, partition, [])
             whole.append((file, (f"{label} (segment {number})", entry)))
-    others: list[tuple[str, bool, tuple[str, HeldEntryV4]]] = []
+    others: list[tuple[str, HeldEntryV4, tuple[str, HeldEntryV4]]] = []
     for position, entry in enumerate(content.segments):
         label = f"$.content.segments[{position}]"
 
@@ -606,9 +599,9 @@ def _held_entries_v5(
 
         name = _partition_at(content.partitions, entry.partition, where, path)
         file = segment_file_from_name(entry.name, name)
-        others.append((file, _is_whole(entry), (label, entry)))
+        others.append((file, entry, (label, entry)))
     try:
-        return [listed for _place, listed in in_file_order(whole, others)]
+        return in_file_order(whole, others)
     except ValueError as exc:
         raise DataPlaneCheckpointError(path, f"$.content.segments{exc}") from exc
 

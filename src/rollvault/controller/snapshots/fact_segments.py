@@ -95,12 +95,16 @@ from rollvault.dataplane.segmented import (
     encode_live,
     encode_live_bitmap,
 )
-from rollvault.durable.segment_store import (
-    RecordedSegmentError,
+from rollvault.durable.index_runs import (
+    consecutive_runs,
     expand_number_runs,
-    file_of_sequence_name,
+    in_a_run,
     in_file_order,
     number_runs,
+)
+from rollvault.durable.segment_store import (
+    RecordedSegmentError,
+    file_of_sequence_name,
     publish_catalog,
     publish_fact_segment,
     read_recorded_segment,
@@ -318,11 +322,6 @@ class _GroupFactsFileV5(msgspec.Struct, forbid_unknown_fields=True, frozen=True,
     catalogs: list[FactCatalogRef]
     whole: list[tuple[_NonNegativeInt, _NonNegativeInt]]
     segments: list[FactHeldEntry]
-
-
-def _belongs_in_run(entry: FactHeldEntry) -> bool:
-    """Whether version 5 lists ``entry`` in a run: numbered, every fact live."""
-    return isinstance(entry.name, int) and entry.live == []
 
 
 @dataclass(frozen=True)
@@ -756,14 +755,7 @@ def replay_order_runs(held: Sequence[_Held]) -> list[tuple[int, int]]:
         (fact.file, fact.ordinal): n
         for n, fact in enumerate(sorted(held, key=lambda fact: (fact.file, fact.ordinal)))
     }
-    runs: list[tuple[int, int]] = []
-    for fact in held:
-        position = positions[(fact.file, fact.ordinal)]
-        if runs and runs[-1][0] + runs[-1][1] == position:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((position, 1))
-    return runs
+    return consecutive_runs(positions[(fact.file, fact.ordinal)] for fact in held)
 
 
 def _check_writable(group_id: str, group: FinalizedGroup) -> None:
@@ -846,13 +838,13 @@ def encode_group_facts_file(
         return _INDEX_ENCODER.encode(_GroupFactsFileV3(schema_version=3, segments=entries))
     held = [FactHeldEntry(entry.name, entry.live) for entry in entries]
     numbers = sorted(
-        entry.name for entry in held if isinstance(entry.name, int) and _belongs_in_run(entry)
+        entry.name for entry in held if in_a_run(entry) and isinstance(entry.name, int)
     )
     on_disk = _GroupFactsFileV5(
         schema_version=GROUP_FACTS_SCHEMA_VERSION,
         catalogs=[catalogs[file].ref() for file in sorted(catalogs)],
         whole=number_runs(numbers),
-        segments=[entry for entry in held if not _belongs_in_run(entry)],
+        segments=[entry for entry in held if not in_a_run(entry)],
     )
     return _INDEX_ENCODER.encode(on_disk)
 
@@ -921,14 +913,13 @@ def _held_v4(path: Path, data: bytes, version: int) -> tuple[list[FactCatalogRef
         raise ValueError(f"$.whole{exc}") from exc
     whole = [(_file_of(n), (f"$.whole (segment {n})", FactHeldEntry(n, []))) for n in numbers]
     others = [
-        (_file_of(entry.name), _belongs_in_run(entry), (f"$.segments[{position}]", entry))
+        (_file_of(entry.name), entry, (f"$.segments[{position}]", entry))
         for position, entry in enumerate(held5.segments)
     ]
     try:
-        ordered = in_file_order(whole, others)
+        return held5.catalogs, in_file_order(whole, others)
     except ValueError as exc:
         raise ValueError(f"$.segments{exc}") from exc
-    return held5.catalogs, [listed for _place, listed in ordered]
 
 
 def _index_v4(
