@@ -65,7 +65,7 @@ from rollvault.controller.snapshots.segment_retention import (
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, segments_dir_for
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane import EmbeddedDataPlane
-from rollvault.dataplane.segmented import SegmentedWriter
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.manifest_schema import read_snapshot_manifest

@@ -47,9 +47,7 @@ from rollvault.dataplane.checkpoint_format import (
     replace_user_metadata,
     sha256_hex,
 )
-from rollvault.dataplane.segmented import (
-    encode_live_bitmap,
-)
+from rollvault.dataplane.live_ordinals import encode_live_bitmap
 from rollvault.ledger.indexed_sidecar import (
     CATALOG_SIDECAR_SCHEMA_VERSION,
     COMPACT_SIDECAR_SCHEMA_VERSION,

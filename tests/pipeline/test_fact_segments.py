@@ -69,7 +69,8 @@ from rollvault.controller.snapshots.verification import (
     verify_snapshot,
 )
 from rollvault.dataplane.checkpoint_format import decode_envelope, replace_user_metadata
-from rollvault.dataplane.segmented import encode_live_bitmap, row_bytes
+from rollvault.dataplane.live_ordinals import encode_live_bitmap
+from rollvault.dataplane.segmented_writer import row_bytes
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.ledger.reward_penalties import FinalizedReward
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME

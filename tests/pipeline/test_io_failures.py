@@ -43,7 +43,7 @@ from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.snapshot_files import RolloutStateCapture
 from rollvault.controller.snapshots.snapshot_retry import BACKOFF_CAP, SnapshotRetry
 from rollvault.dataplane.interface import DataPlane
-from rollvault.dataplane.segmented import SegmentedWriter
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.trainer_checkpoints import (
     trainer_checkpoint_steps,
     verify_trainer_checkpoint,

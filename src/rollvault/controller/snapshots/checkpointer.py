@@ -69,7 +69,7 @@ from rollvault.controller.snapshots.snapshot_files import (
 from rollvault.controller.snapshots.snapshot_retry import SnapshotRetry
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
-from rollvault.dataplane.segmented import SegmentedWriter
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.bootstrap import prune_bootstrap_snapshots
 from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME, SEGMENTS_DIRNAME

@@ -20,7 +20,7 @@ the segments it references, each with its SHA-256, size and fact count, and
 which of its facts are live (version 3, written: a compact row in the data
 plane's ``metadata.json`` version 3 forms, :class:`FactSegmentEntryV3`; version
 2, read: a bitmap over the segment's ordinals,
-:func:`~rollvault.dataplane.segmented.encode_live_bitmap`, and the live count).
+:func:`~rollvault.dataplane.live_ordinals.encode_live_bitmap`, and the live count).
 The files that held the maps no longer do; :mod:`.snapshot_files` resolves
 the index and gives restore the same maps as before. Since index version 2
 the replay index's entries are facts too (a canonical group's entry is set
@@ -88,13 +88,13 @@ from rollvault.controller.snapshots.fact_forms import (
     encode_fact_segment,
 )
 from rollvault.controller.snapshots.write_budget import carry_after, take_within, write_budget
-from rollvault.dataplane.segment_catalog import catalogs_to_merge
-from rollvault.dataplane.segmented import (
+from rollvault.dataplane.live_ordinals import (
     decode_live,
     decode_live_bitmap,
     encode_live,
     encode_live_bitmap,
 )
+from rollvault.dataplane.segment_catalog import catalogs_to_merge
 from rollvault.durable.index_runs import (
     consecutive_runs,
     expand_number_runs,
@@ -243,7 +243,7 @@ class FactSegmentEntryV3(msgspec.Struct, array_like=True, forbid_unknown_fields=
     live: list[_NonNegativeInt] | bytes
     """Live ordinals: ``[]`` when all are, else run lengths (live first, then alternately
     dead and live) or the bitmap's raw bytes, whichever is shorter
-    (:func:`~rollvault.dataplane.segmented.encode_live`); the live count is derived."""
+    (:func:`~rollvault.dataplane.live_ordinals.encode_live`); the live count is derived."""
 
     def __post_init__(self) -> None:
         # Part of the schema: a writer's own segment is named by its number only.

@@ -30,7 +30,7 @@ from rollvault.controller.snapshots.fact_segments import (
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, SnapshotCorruptError
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.segment_catalog import CATALOG_FILE_SUFFIX
-from rollvault.dataplane.segmented import referenced_segments
+from rollvault.dataplane.segmented_index import referenced_segments
 from rollvault.dataplane.segments import SEGMENT_FILE_SUFFIX
 from rollvault.durable.layout import SEGMENTS_DIRNAME
 from rollvault.durable.segment_store import delete_unreferenced

@@ -44,7 +44,7 @@
                                      schema version and group count
 
 A snapshot writes only the rows new since the previous snapshot of its anchor
-(:class:`~rollvault.dataplane.segmented.SegmentedWriter`) and the records of
+(:class:`~rollvault.dataplane.segmented_writer.SegmentedWriter`) and the records of
 the groups that changed since then
 (:class:`~rollvault.controller.snapshots.ledger_segments.LedgerSegmentWriter`),
 and the per-group facts new since then
@@ -102,11 +102,8 @@ from rollvault.controller.snapshots.write_budget import headroom
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
-from rollvault.dataplane.segmented import (
-    LoadedSegmented,
-    SegmentedWriter,
-    open_any_checkpoint,
-)
+from rollvault.dataplane.segmented import LoadedSegmented, open_any_checkpoint
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest

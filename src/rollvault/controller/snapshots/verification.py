@@ -58,7 +58,7 @@ from rollvault.dataplane.interface import (
     parse_staging_key,
     train_key,
 )
-from rollvault.dataplane.segmented import checkpoint_summary
+from rollvault.dataplane.segmented_index import checkpoint_summary
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import ROLLOUT_SNAPSHOT_MANIFEST_FILENAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest
