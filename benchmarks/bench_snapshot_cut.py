@@ -78,7 +78,8 @@ from rollvault.controller.snapshots.checkpointer import (
     build_snapshot,
     take_cut_capture,
 )
-from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME, FactSegmentWriter
+from rollvault.controller.snapshots.fact_index import GROUP_FACTS_FILENAME
+from rollvault.controller.snapshots.fact_writer import FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint

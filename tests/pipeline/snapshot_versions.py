@@ -24,11 +24,8 @@ from rollvault.controller.snapshots.fact_forms import (
     OriginFact,
     encode_json_fact_segment,
 )
-from rollvault.controller.snapshots.fact_segments import (
-    GROUP_FACTS_FILENAME,
-    LoadedFacts,
-    replay_in_order,
-)
+from rollvault.controller.snapshots.fact_index import GROUP_FACTS_FILENAME
+from rollvault.controller.snapshots.fact_segments import LoadedFacts, replay_in_order
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     DATA_PLANE_DIRNAME,

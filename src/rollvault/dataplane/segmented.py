@@ -41,9 +41,7 @@ from rollvault.dataplane.checkpoint_io import (
 )
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.rows import RowView
-from rollvault.dataplane.segment_catalog import (
-    WrittenCatalog,
-)
+from rollvault.dataplane.segment_catalog import WrittenCatalog
 from rollvault.dataplane.segmented_index import (
     HeldSegment,
     SegmentedIndex,

@@ -52,7 +52,7 @@ from rollvault.controller.loop.parts import GroupEntry, GroupOrigin, RolloutPart
 from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.anchor_writer import AnchorWriter
-from rollvault.controller.snapshots.fact_segments import FactSeed, FactSegmentWriter
+from rollvault.controller.snapshots.fact_writer import FactSeed, FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSeed, LedgerSegmentWriter
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (

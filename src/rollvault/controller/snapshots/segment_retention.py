@@ -22,7 +22,7 @@ from collections.abc import Set
 from pathlib import Path
 
 from rollvault.controller.snapshots.fact_forms import FACT_SEGMENT_SUFFIXES
-from rollvault.controller.snapshots.fact_segments import (
+from rollvault.controller.snapshots.fact_index import (
     GROUP_FACTS_FILENAME,
     FactsError,
     referenced_fact_segments,

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME
+from rollvault.controller.snapshots.fact_index import GROUP_FACTS_FILENAME
 from rollvault.controller.snapshots.gc_pause import cyclic_gc_paused
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
