@@ -1,11 +1,9 @@
 """Incremental data-plane checkpoints: rows stored once in segments, snapshots index them.
 
-A segmented checkpoint directory holds only ``metadata.json``. Its content
-lists the partitions (empty ones included) and every segment
-(:mod:`rollvault.dataplane.segments`) holding a row of the checkpoint: file
-name, partition, SHA-256, byte size, row count, and which of the segment's
-rows the checkpoint holds. It never has a per-row entry, so a snapshot's own
-bytes stay small next to its new rows.
+A segmented checkpoint directory holds only ``metadata.json``, an index of the
+segments (:mod:`rollvault.dataplane.segments`) that hold its rows: which of each
+segment's rows it holds, never an entry per row, so a snapshot's own bytes stay small
+next to its new rows.
 
 The modules of a segmented checkpoint: its on-disk index forms
 (:mod:`~rollvault.dataplane.segmented_format`), reading and checking an index
