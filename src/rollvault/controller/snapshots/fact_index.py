@@ -15,7 +15,6 @@ fact segment is read here (:mod:`.fact_segments` reads them). Problems raise
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final
 
@@ -31,6 +30,7 @@ from rollvault.dataplane.live_ordinals import (
     encode_live,
     encode_live_bitmap,
 )
+from rollvault.dataplane.segment_catalog import WrittenCatalog
 from rollvault.durable.index_runs import (
     expand_number_runs,
     in_a_run,
@@ -251,23 +251,14 @@ class _GroupFactsFileV5(msgspec.Struct, forbid_unknown_fields=True, frozen=True,
     segments: list[FactHeldEntry]
 
 
-@dataclass(frozen=True)
-class FactCatalog:
-    """A durable fact catalog: its file, SHA-256, size and the segments it describes."""
-
-    file: str
-    sha256: str
-    """Hex SHA-256 of the file."""
-    byte_size: int
-    segments: tuple[str, ...]
-
-    def ref(self) -> FactCatalogRef:
-        return FactCatalogRef(
-            sequence_name(self.file, fact_catalog_file_name),
-            bytes.fromhex(self.sha256),
-            self.byte_size,
-            len(self.segments),
-        )
+def _catalog_ref(catalog: WrittenCatalog) -> FactCatalogRef:
+    """The row by which a version 4 or 5 index lists the fact catalog ``catalog``."""
+    return FactCatalogRef(
+        sequence_name(catalog.file, fact_catalog_file_name),
+        bytes.fromhex(catalog.sha256),
+        catalog.byte_size,
+        len(catalog.segments),
+    )
 
 
 def _entry_v3(ref: FactSegmentRef) -> FactSegmentEntryV3:
@@ -337,7 +328,7 @@ def fact_segment_file_name(stem: str) -> str:
 
 
 def encode_group_facts_file(
-    index: GroupFactsFile, catalogs: Mapping[str, FactCatalog] | None = None
+    index: GroupFactsFile, catalogs: Mapping[str, WrittenCatalog] | None = None
 ) -> bytes:
     """The bytes of ``group_facts.json`` for ``index``: version 5, its segments' rows in
     ``catalogs`` (durable already: :attr:`~.fact_writer.PendingFacts.catalogs`); without
@@ -352,7 +343,7 @@ def encode_group_facts_file(
     )
     on_disk = _GroupFactsFileV5(
         schema_version=GROUP_FACTS_SCHEMA_VERSION,
-        catalogs=[catalogs[file].ref() for file in sorted(catalogs)],
+        catalogs=[_catalog_ref(catalogs[file]) for file in sorted(catalogs)],
         whole=number_runs(numbers),
         segments=[entry for entry in held if not in_a_run(entry)],
     )

@@ -55,7 +55,6 @@ from rollvault.controller.snapshots.fact_forms import (
 from rollvault.controller.snapshots.fact_index import (
     FACT_CATALOG_SCHEMA_VERSION,
     GROUP_FACTS_SCHEMA_VERSION,
-    FactCatalog,
     FactCatalogEntry,
     FactCatalogFile,
     FactSegmentRef,
@@ -67,7 +66,7 @@ from rollvault.controller.snapshots.fact_index import (
 from rollvault.controller.snapshots.fact_segments import LoadedFacts
 from rollvault.controller.snapshots.write_budget import carry_after, take_within, write_budget
 from rollvault.dataplane.live_ordinals import encode_live_bitmap
-from rollvault.dataplane.segment_catalog import catalogs_to_merge
+from rollvault.dataplane.segment_catalog import WrittenCatalog, catalogs_to_merge
 from rollvault.durable.index_runs import consecutive_runs
 from rollvault.durable.segment_store import (
     publish_catalog,
@@ -165,7 +164,7 @@ class PendingFacts:
     (:func:`replay_order_runs`), for ``replay_buffer_metadata.json``."""
     carry: int = 0
     """The merge budget this snapshot left unspent, for the next one (:func:`merge_budget`)."""
-    catalogs: dict[str, FactCatalog] = field(default_factory=dict)
+    catalogs: dict[str, WrittenCatalog] = field(default_factory=dict)
     """The catalogs describing the index's segments (``group_facts.json`` lists them)."""
     later_bytes: int | None = None
     """What its snapshot wrote after the facts were chosen (the caller sets it once the
@@ -220,7 +219,7 @@ class FactSegmentWriter:
     _replay: dict[str, _Held] = field(default_factory=dict)
     _segments: dict[str, _SegmentInfo] = field(default_factory=dict)
     _carry: int = 0
-    _catalogs: dict[str, FactCatalog] = field(default_factory=dict)
+    _catalogs: dict[str, WrittenCatalog] = field(default_factory=dict)
     """The catalogs the last committed snapshot lists."""
     later_bytes: int | None = None
     """:attr:`PendingFacts.later_bytes` of the last committed snapshot (``None``: unknown)."""
@@ -300,7 +299,9 @@ class FactSegmentWriter:
         )
         return self.last_written
 
-    def _catalogs_for(self, index: GroupFactsFile, stem: str) -> tuple[dict[str, FactCatalog], int]:
+    def _catalogs_for(
+        self, index: GroupFactsFile, stem: str
+    ) -> tuple[dict[str, WrittenCatalog], int]:
         """The catalogs describing ``index``'s segments (each by exactly one), and the bytes of
         the new one: it describes the segments no kept catalog does (new, or a seeded
         writer's) and those of the catalogs merged past :data:`MAX_CATALOGS`; durable when
@@ -334,7 +335,9 @@ class FactSegmentWriter:
         )
         file = fact_catalog_file_name(stem)
         publish_catalog(self.segments_dir / file, data)
-        kept[file] = FactCatalog(file, hashlib.sha256(data).hexdigest(), len(data), tuple(moving))
+        kept[file] = WrittenCatalog(
+            file, hashlib.sha256(data).hexdigest(), len(data), tuple(moving)
+        )
         return kept, len(data)
 
     def _placement(self, wanted: _Wanted, moving: set[str], file: str) -> _Placement:
