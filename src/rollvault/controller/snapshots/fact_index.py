@@ -47,8 +47,6 @@ from rollvault.durable.segment_store import (
 
 GROUP_FACTS_FILENAME: Final = "group_facts.json"
 """The snapshot's index of its fact segments (advertised like every sidecar)."""
-
-
 GROUP_FACTS_SCHEMA_VERSION: Final = 5
 """Version 5 (written) is version 4 with the numbered segments all of whose facts are live
 (in a long anchor, nearly all: facts rarely die within one) as runs of numbers, ``whole``
@@ -63,32 +61,14 @@ and the rows' segments are. Version 3 lists each segment as a compact row
 anchor repeats every referenced segment's row). Version 2 references form 2 segments
 (``*.facts-segment.msgpack``, which hold replay entries too) besides form 1 ones; version
 1, form 1 segments only. Versions 1 to 4 are still read."""
-
-
 SUPPORTED_GROUP_FACTS_SCHEMA_VERSIONS: Final = frozenset({1, 2, 3, 4, 5})
-
-
 FACT_CATALOG_SCHEMA_VERSION: Final = 1
-
-
 SUPPORTED_FACT_CATALOG_SCHEMA_VERSIONS: Final = frozenset({FACT_CATALOG_SCHEMA_VERSION})
-
-
 FACT_CATALOG_SUFFIX: Final = "-facts.catalog.json"
-
-
 _NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
-
-
 _Sha256Hex = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
-
-
 _PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-
-
 _INDEX_ENCODER: Final = msgspec.json.Encoder(order="sorted")
-
-
 FactSegmentFileName = Annotated[
     str,
     msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,250}\.facts-segment\.(json|msgpack)$"),

@@ -76,12 +76,8 @@ from rollvault.durable.segment_store import (
 MAX_CATALOGS: Final = 16
 """Most fact catalogs one index lists (restore opens each); past it, the referenced rows of
 those with the fewest move into the snapshot's new catalog (the row catalogs' rule)."""
-
-
 COMPACT_BELOW: Final = 0.5
 """Rewrite a segment's live facts once fewer than this fraction of its facts are live."""
-
-
 DUE_REFERENCED: Final = 96
 """Past this many referenced segments (the new one included) the smallest are due to be
 merged into the new one, within the budget (:func:`merge_budget`).
@@ -92,13 +88,9 @@ row in every later snapshot. At ~60 B a row (version 3) that paid back after ~80
 snapshots; with the rows in catalogs (a few bytes a segment in the index) it never does
 in bytes, so merges are only for restore, which opens each referenced segment (a small
 file each: ~0.1 ms)."""
-
-
 MAX_REFERENCED: Final = 128
 """Most segments an index references: past it the smallest are merged whatever the budget
 (restore opens at most this many fact segments)."""
-
-
 MERGE_SHARE: Final = 1.0
 """A snapshot may merge due segments of up to this many times the bytes of its new facts
 (plus the carry; see :func:`merge_budget`)."""
