@@ -78,7 +78,8 @@ from rollvault.controller.snapshots.checkpointer import (
     build_snapshot,
     take_cut_capture,
 )
-from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME, FactSegmentWriter
+from rollvault.controller.snapshots.fact_index import GROUP_FACTS_FILENAME
+from rollvault.controller.snapshots.fact_writer import FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import prepare_checkpoint_dir, run_fingerprint
@@ -98,7 +99,9 @@ from rollvault.controller.snapshots.snapshot_files import (
 from rollvault.dataplane.checkpoint_format import METADATA_FILENAME
 from rollvault.dataplane.checkpoint_io import read_checkpoint, write_checkpoint
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
-from rollvault.dataplane.segmented import SegmentedWriter, read_segmented, referenced_segments
+from rollvault.dataplane.segmented import read_segmented
+from rollvault.dataplane.segmented_index import referenced_segments
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root

@@ -30,16 +30,13 @@ from rollvault.dataplane.checkpoint_format import (
     encode_envelope,
 )
 from rollvault.dataplane.rows import validate_row
-from rollvault.dataplane.segmented import (
-    SegmentedWriter,
+from rollvault.dataplane.segmented import open_any_checkpoint, read_any_checkpoint, read_segmented
+from rollvault.dataplane.segmented_index import (
     checkpoint_summary,
-    open_any_checkpoint,
-    read_any_checkpoint,
-    read_segmented,
     read_segmented_content,
     referenced_segments,
-    row_bytes,
 )
+from rollvault.dataplane.segmented_writer import SegmentedWriter, row_bytes
 from rollvault.dataplane.segments import (
     SegmentRows,
     WrittenSegment,

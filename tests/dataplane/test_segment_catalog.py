@@ -33,14 +33,13 @@ from rollvault.dataplane.segment_catalog import (
     MAX_CATALOGS,
     catalogs_to_merge,
 )
-from rollvault.dataplane.segmented import (
-    SegmentedWriteInfo,
-    SegmentedWriter,
+from rollvault.dataplane.segmented import read_segmented
+from rollvault.dataplane.segmented_index import (
     checkpoint_summary,
-    read_segmented,
     read_segmented_content,
     referenced_segments,
 )
+from rollvault.dataplane.segmented_writer import SegmentedWriteInfo, SegmentedWriter
 
 USER: dict[str, Any] = {"sidecars": {}}
 

@@ -22,7 +22,8 @@ from rollvault.dataplane import (
 )
 from rollvault.dataplane.rows import RowView, validate_row
 from rollvault.dataplane.segment_rows import RowColumns, SegmentRow
-from rollvault.dataplane.segmented import SegmentedWriter, read_segmented
+from rollvault.dataplane.segmented import read_segmented
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.dataplane.segments import decode_segment, encode_segment
 
 PATH = Path("segments/000001-rollout_staging.segment.safetensors")

@@ -45,19 +45,20 @@ from segment_crash_support import KEEP_LATEST_K, files_in, manifest_for
 
 from rollvault.controller.data.replay_index import ReplayEntry
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
-from rollvault.controller.snapshots import fact_segments
+from rollvault.controller.snapshots import fact_writer
 from rollvault.controller.snapshots.fact_forms import FACT_SEGMENT_SUFFIXES
-from rollvault.controller.snapshots.fact_segments import (
+from rollvault.controller.snapshots.fact_index import (
     FACT_CATALOG_SUFFIX,
     GROUP_FACTS_FILENAME,
-    FactSeed,
-    FactSegmentWriter,
     FactsError,
-    LoadedFacts,
     encode_group_facts_file,
+)
+from rollvault.controller.snapshots.fact_segments import (
+    LoadedFacts,
     read_group_facts,
     replay_in_order,
 )
+from rollvault.controller.snapshots.fact_writer import FactSeed, FactSegmentWriter
 from rollvault.controller.snapshots.segment_retention import (
     collect_segments,
     referenced_group_fact_segments,
@@ -65,7 +66,7 @@ from rollvault.controller.snapshots.segment_retention import (
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, segments_dir_for
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane import EmbeddedDataPlane
-from rollvault.dataplane.segmented import SegmentedWriter
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.manifest_schema import read_snapshot_manifest
@@ -91,9 +92,9 @@ def _merge_bounds() -> None:
     if bounds is None:
         return
     due, most = (int(part) for part in bounds.split(","))
-    fact_segments.COMPACT_BELOW = 0.0  # type: ignore[misc]
-    fact_segments.DUE_REFERENCED = due  # type: ignore[misc]
-    fact_segments.MAX_REFERENCED = most  # type: ignore[misc]
+    fact_writer.COMPACT_BELOW = 0.0  # type: ignore[misc]
+    fact_writer.DUE_REFERENCED = due  # type: ignore[misc]
+    fact_writer.MAX_REFERENCED = most  # type: ignore[misc]
 
 
 Facts = tuple[dict[str, GroupOrigin], dict[str, str], dict[str, FinalizedGroup], list[ReplayEntry]]

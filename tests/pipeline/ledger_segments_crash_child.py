@@ -46,7 +46,7 @@ from rollvault.controller.snapshots.snapshot_files import (
 )
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane import EmbeddedDataPlane
-from rollvault.dataplane.segmented import SegmentedWriter
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.publish import publish_snapshot
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root

@@ -42,12 +42,9 @@ from rollvault.dataplane import (
     segment_catalog,
 )
 from rollvault.dataplane.segment_catalog import CATALOG_FILE_SUFFIX
-from rollvault.dataplane.segmented import (
-    SegmentedWriter,
-    read_segmented,
-    read_segmented_content,
-    referenced_segments,
-)
+from rollvault.dataplane.segmented import read_segmented
+from rollvault.dataplane.segmented_index import read_segmented_content, referenced_segments
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.dataplane.segments import segment_files
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME
 from rollvault.durable.publish import publish_snapshot

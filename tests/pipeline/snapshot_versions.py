@@ -24,11 +24,8 @@ from rollvault.controller.snapshots.fact_forms import (
     OriginFact,
     encode_json_fact_segment,
 )
-from rollvault.controller.snapshots.fact_segments import (
-    GROUP_FACTS_FILENAME,
-    LoadedFacts,
-    replay_in_order,
-)
+from rollvault.controller.snapshots.fact_index import GROUP_FACTS_FILENAME
+from rollvault.controller.snapshots.fact_segments import LoadedFacts, replay_in_order
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     DATA_PLANE_DIRNAME,
@@ -47,9 +44,7 @@ from rollvault.dataplane.checkpoint_format import (
     replace_user_metadata,
     sha256_hex,
 )
-from rollvault.dataplane.segmented import (
-    encode_live_bitmap,
-)
+from rollvault.dataplane.live_ordinals import encode_live_bitmap
 from rollvault.ledger.indexed_sidecar import (
     CATALOG_SIDECAR_SCHEMA_VERSION,
     COMPACT_SIDECAR_SCHEMA_VERSION,

@@ -22,7 +22,8 @@ from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.journal_rows import encode_row
 from rollvault.controller.loop.parts import GroupOrigin
 from rollvault.controller.loop.seal_journal import SealRecord
-from rollvault.controller.snapshots.fact_segments import GroupFactsFile, LoadedFacts
+from rollvault.controller.snapshots.fact_index import GroupFactsFile
+from rollvault.controller.snapshots.fact_segments import LoadedFacts
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
     CONTROLLER_STATE_SCHEMA_VERSION,

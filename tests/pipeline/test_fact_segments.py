@@ -30,8 +30,9 @@ from rollvault.controller.loop.capacity import ReplayCapacity
 from rollvault.controller.loop.finalizer import Finalizer
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin, RolloutParts
 from rollvault.controller.loop.pipeline import build_parts
-from rollvault.controller.snapshots import fact_segments
+from rollvault.controller.snapshots import fact_index, fact_writer
 from rollvault.controller.snapshots.fact_forms import (
+    FACT_SEGMENT_SUFFIX,
     FACT_SEGMENT_SUFFIXES,
     JSON_FACT_SEGMENT_SUFFIX,
     FinalizedFact,
@@ -39,14 +40,9 @@ from rollvault.controller.snapshots.fact_forms import (
     ReplayFact,
     decode_fact_segment,
 )
-from rollvault.controller.snapshots.fact_segments import (
-    FACT_SEGMENT_SUFFIX,
-    GROUP_FACTS_FILENAME,
-    FactSeed,
-    FactSegmentWriter,
-    encode_group_facts_file,
-    read_group_facts,
-)
+from rollvault.controller.snapshots.fact_index import GROUP_FACTS_FILENAME, encode_group_facts_file
+from rollvault.controller.snapshots.fact_segments import read_group_facts
+from rollvault.controller.snapshots.fact_writer import FactSeed, FactSegmentWriter
 from rollvault.controller.snapshots.restorer import RolloutRestorer
 from rollvault.controller.snapshots.resume import (
     ResumeSource,
@@ -69,7 +65,8 @@ from rollvault.controller.snapshots.verification import (
     verify_snapshot,
 )
 from rollvault.dataplane.checkpoint_format import decode_envelope, replace_user_metadata
-from rollvault.dataplane.segmented import encode_live_bitmap, row_bytes
+from rollvault.dataplane.live_ordinals import encode_live_bitmap
+from rollvault.dataplane.segmented_writer import row_bytes
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.ledger.reward_penalties import FinalizedReward
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME
@@ -95,13 +92,13 @@ def _index(snapshot: Path) -> dict[str, Any]:
         index["segments"] = [dict(zip(_REF_FIELDS, row, strict=True)) for row in rows]
     elif index["schema_version"] == 3:
         assert all(isinstance(row, list) and len(row) == 5 for row in index["segments"])
-        decoded = fact_segments.decode_group_facts_file(path, path.read_bytes())
+        decoded = fact_index.decode_group_facts_file(path, path.read_bytes())
         index["segments"] = msgspec.to_builtins(decoded.segments)
     elif index["schema_version"] in (4, 5):
         # Each segment [name, live], its row in a catalog (5: all-live ones in runs).
         assert all(isinstance(row, list) and len(row) == 2 for row in index["segments"])
         index.pop("whole", None)
-        decoded = fact_segments.decode_group_facts_file(
+        decoded = fact_index.decode_group_facts_file(
             path, path.read_bytes(), segments_dir_for(snapshot)
         )
         index["segments"] = msgspec.to_builtins(decoded.segments)
@@ -113,7 +110,7 @@ def _as_version_3(snapshot: Path) -> dict[str, Any]:
     """The snapshot's ``group_facts.json`` (version 4) as version 3, what main wrote before
     fact catalogs: each segment's row in the index (builtins)."""
     path = snapshot / GROUP_FACTS_FILENAME
-    decoded = fact_segments.decode_group_facts_file(
+    decoded = fact_index.decode_group_facts_file(
         path, path.read_bytes(), segments_dir_for(snapshot)
     )
     index: dict[str, Any] = json.loads(encode_group_facts_file(decoded))
@@ -432,7 +429,7 @@ def test_a_sparse_fact_segment_has_its_live_facts_rewritten_and_drops_out(tmp_pa
 def test_beyond_the_bound_the_smallest_fact_segments_are_merged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fact_segments, "MAX_REFERENCED", 4)
+    monkeypatch.setattr(fact_writer, "MAX_REFERENCED", 4)
     writer = FactSegmentWriter(tmp_path)
     referenced = []
     for step in range(1, 12):  # one new group per snapshot, none ever dies
@@ -451,8 +448,8 @@ def test_past_the_due_count_merges_are_spread_by_the_budget_and_the_hard_bound_h
     smallest segments only within its budget (its new facts' bytes plus the carry), never
     all at once; the count never passes the hard bound, which forces merges once the
     budget lags; every fact stays readable through the index."""
-    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 4)
-    monkeypatch.setattr(fact_segments, "MAX_REFERENCED", 8)
+    monkeypatch.setattr(fact_writer, "DUE_REFERENCED", 4)
+    monkeypatch.setattr(fact_writer, "MAX_REFERENCED", 8)
     writer = FactSegmentWriter(tmp_path)
     infos = []
     referenced: tuple[str, ...] = ()
@@ -482,7 +479,7 @@ def test_the_unspent_budget_is_carried_only_by_a_committed_snapshot(
 ) -> None:
     """A due merge bigger than one snapshot's budget waits, the unspent budget carried to
     the next snapshot; a write never committed (its snapshot failed) carries nothing."""
-    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 2)
+    monkeypatch.setattr(fact_writer, "DUE_REFERENCED", 2)
     writer = FactSegmentWriter(tmp_path)
     _write(writer, _origins(range(8)), "000001")  # a big segment: 8 facts
     second = _write(writer, _origins(range(9)), "000002")  # 1 new fact: 2 referenced
@@ -514,7 +511,7 @@ def test_a_due_merge_waits_for_a_snapshot_whose_room_holds_it_and_the_bound_stil
     new facts take their bytes of it first; a due merge waits while the rest does not hold
     it, and is made by the first snapshot whose room does. The hard bound forces merges
     even without room."""
-    monkeypatch.setattr(fact_segments, "DUE_REFERENCED", 2)
+    monkeypatch.setattr(fact_writer, "DUE_REFERENCED", 2)
     writer = FactSegmentWriter(tmp_path)
     _write(writer, _origins(range(8)), "000001")
     _write(writer, _origins(range(9)), "000002")  # 2 referenced: 000002 (1 fact) due next
@@ -537,7 +534,7 @@ def test_a_due_merge_waits_for_a_snapshot_whose_room_holds_it_and_the_bound_stil
     assert 0 < roomy.info.merged_bytes <= roomy.info.budget <= 4 * one_fact
     writer.committed(roomy)
     # Past the hard bound (3 here) merges happen with no room at all.
-    monkeypatch.setattr(fact_segments, "MAX_REFERENCED", 3)
+    monkeypatch.setattr(fact_writer, "MAX_REFERENCED", 3)
     for step in range(6, 12):
         pending = writer.write(_origins(range(4 + step)), {}, {}, stem=f"{step:06d}", room=0)
         writer.committed(pending)
@@ -695,7 +692,7 @@ def test_version_3_rows_are_compact_and_read_back_to_the_same_references(tmp_pat
     file name; the digest is raw; all live is ``[]``, else runs or a bitmap. Each row reads
     back to the reference written, about half version 2's bytes."""
     refs = [
-        fact_segments.FactSegmentRef(
+        fact_index.FactSegmentRef(
             file=name,
             sha256=hashlib.sha256(name.encode()).hexdigest(),
             byte_size=1000 + position,
@@ -712,7 +709,7 @@ def test_version_3_rows_are_compact_and_read_back_to_the_same_references(tmp_pat
             ]
         )
     ]
-    index = fact_segments.GroupFactsFile(schema_version=3, segments=refs)
+    index = fact_index.GroupFactsFile(schema_version=3, segments=refs)
     data = encode_group_facts_file(index)
     rows = json.loads(data)["segments"]
     assert [row[0] for row in rows] == [
@@ -723,7 +720,7 @@ def test_version_3_rows_are_compact_and_read_back_to_the_same_references(tmp_pat
     ]
     assert rows[0][4] == [] and rows[1][4] == [50, 50]  # all live; runs
     assert rows[2][4] == base64.b64encode(bytes([0b01010101, 1])).decode()  # the bitmap
-    assert fact_segments.decode_group_facts_file(tmp_path / "i.json", data) == index
+    assert fact_index.decode_group_facts_file(tmp_path / "i.json", data) == index
     # The common row, an all-live segment of this writer: about half version 2's.
     row_2 = msgspec.json.encode([getattr(refs[0], field) for field in _REF_FIELDS])
     assert len(msgspec.json.encode(rows[0])) < 0.55 * len(row_2)
@@ -796,7 +793,7 @@ def _as_version_4(snapshot: Path) -> dict[str, Any]:
     assert index["schema_version"] == 5
     numbers = [n for first, count in index["whole"] for n in range(first, first + count)]
     held = [[n, []] for n in numbers] + index["segments"]
-    held.sort(key=lambda entry: fact_segments._file_of(entry[0]))
+    held.sort(key=lambda entry: fact_index.fact_segment_file_from_name(entry[0]))
     return {"schema_version": 4, "catalogs": index["catalogs"], "segments": held}
 
 
@@ -829,7 +826,7 @@ def _recatalog(snapshot: Path, change: Any) -> str:
     the index (so only the content is wrong), and return the problem verification finds."""
     index = _raw_index(snapshot)
     ref = index["catalogs"][-1]
-    path = segments_dir_for(snapshot) / f"{ref[0]:06d}{fact_segments.FACT_CATALOG_SUFFIX}"
+    path = segments_dir_for(snapshot) / f"{ref[0]:06d}{fact_index.FACT_CATALOG_SUFFIX}"
     content = json.loads(path.read_bytes())
     change(content)
     data = json.dumps(content).encode()
@@ -878,7 +875,7 @@ def test_an_index_that_does_not_match_its_fact_catalogs_is_refused_naming_the_fi
 
 def test_a_missing_fact_catalog_is_refused_naming_it(tmp_path: Path) -> None:
     _older, newest = _two_snapshots(_config(tmp_path))
-    (segments_dir_for(newest) / f"000002{fact_segments.FACT_CATALOG_SUFFIX}").unlink()
+    (segments_dir_for(newest) / f"000002{fact_index.FACT_CATALOG_SUFFIX}").unlink()
     index = _raw_index(newest)
     problem = _rewrite_index(newest, index)  # advertised anew: the catalog is what is wrong
     assert problem.startswith("000002-facts.catalog.json: missing fact catalog"), problem
@@ -925,5 +922,5 @@ def test_a_version_5_index_out_of_its_form_is_refused_naming_the_field(
     if "catalogs" in expected:
         return  # the catalogs are read by restore, not by retention
     path = newest / GROUP_FACTS_FILENAME
-    with pytest.raises(fact_segments.FactsError, match=re.escape(expected)):
-        fact_segments.referenced_fact_segments(path, path.read_bytes())
+    with pytest.raises(fact_index.FactsError, match=re.escape(expected)):
+        fact_index.referenced_fact_segments(path, path.read_bytes())

@@ -42,7 +42,7 @@ from rollvault.controller.snapshots.verification import (
 )
 from rollvault.dataplane.checkpoint_format import decode_envelope
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
-from rollvault.dataplane.segmented import read_segmented_content
+from rollvault.dataplane.segmented_index import read_segmented_content
 from rollvault.dataplane.segments import read_segment, segment_files
 from rollvault.gates.simulated import SimulatedGate
 from rollvault.ledger.sidecar import ROLLOUT_RECOVERY_STATE_FILENAME

@@ -38,12 +38,12 @@ from rollvault.controller.loop.io_failures import (
 from rollvault.controller.loop.pipeline import RunSummary, run
 from rollvault.controller.loop.run_logs import TRAIN_LOG_FILENAME
 from rollvault.controller.snapshots import checkpointer
-from rollvault.controller.snapshots.fact_segments import FactSegmentWriter
+from rollvault.controller.snapshots.fact_writer import FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.snapshot_files import RolloutStateCapture
 from rollvault.controller.snapshots.snapshot_retry import BACKOFF_CAP, SnapshotRetry
 from rollvault.dataplane.interface import DataPlane
-from rollvault.dataplane.segmented import SegmentedWriter
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.trainer_checkpoints import (
     trainer_checkpoint_steps,
     verify_trainer_checkpoint,

@@ -35,7 +35,7 @@ from rollvault.controller.snapshots.crash_evidence import crash_evidence
 from rollvault.controller.snapshots.restorer import RestoreError, read_recovery_sidecar
 from rollvault.controller.snapshots.resume import RunExistsError, prepare_checkpoint_dir
 from rollvault.controller.snapshots.snapshot_files import SnapshotCorruptError, segments_dir_for
-from rollvault.dataplane.segmented import checkpoint_summary
+from rollvault.dataplane.segmented_index import checkpoint_summary
 from rollvault.durable.errors import IncompatibleRunError
 from rollvault.durable.trainer_checkpoints import trainer_checkpoint_steps
 from rollvault.ledger.ledger import RolloutRecoveryLedger

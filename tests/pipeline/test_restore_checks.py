@@ -48,7 +48,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     segments_dir_for,
 )
 from rollvault.controller.snapshots.verification import read_snapshot
-from rollvault.dataplane.segmented import checkpoint_summary
+from rollvault.dataplane.segmented_index import checkpoint_summary
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME, ROLLOUT_SNAPSHOT_MANIFEST_FILENAME
 from rollvault.durable.manifest_schema import read_snapshot_manifest
 from rollvault.durable.snapshot_dirs import committed_snapshot_paths, snapshots_root

@@ -13,22 +13,18 @@ from rollvault.dataplane.checkpoint_format import (
     SEGMENTED_V4_SCHEMA_VERSION,
     encode_envelope,
 )
-from rollvault.dataplane.segment_catalog import catalog_name_field
-from rollvault.dataplane.segmented import (
+from rollvault.dataplane.live_ordinals import encode_live, encode_live_bitmap
+from rollvault.dataplane.segment_catalog import catalog_name_field, segment_name_field
+from rollvault.dataplane.segmented_format import (
     CatalogRef,
     HeldEntryV4,
-    HeldSegment,
     SegmentedCheckpointContent,
     SegmentedCheckpointContentV3,
     SegmentedCheckpointContentV4,
-    SegmentedIndex,
     SegmentEntryV3,
     SegmentReference,
-    encode_live,
-    encode_live_bitmap,
-    read_segmented_content,
-    segment_name_field,
 )
+from rollvault.dataplane.segmented_index import HeldSegment, SegmentedIndex, read_segmented_content
 
 
 def _segments_dir(directory: Path, segments_dir: Path | None) -> Path:

@@ -44,7 +44,7 @@ from rollvault.controller.snapshots.snapshot_files import (
 from rollvault.controller.snapshots.verification import ledger_of, problem_from_error
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.interface import STAGING_PARTITION, TRAIN_PARTITION
-from rollvault.dataplane.segmented import CheckpointSummary, checkpoint_summary
+from rollvault.dataplane.segmented_index import CheckpointSummary, checkpoint_summary
 from rollvault.durable.bootstrap import (
     BootstrapAnchorManifest,
     holds_run,

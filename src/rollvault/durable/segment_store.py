@@ -24,14 +24,12 @@ unreferenced ones still present, for the next collection.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Set
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final
 
 from rollvault.durable.faults import fault_point
 from rollvault.durable.fsync import _fsync_directory, atomic_write_bytes
-
-T = TypeVar("T")
 
 SEQUENCE_DIGITS: Final = 6
 """Width of the zero-padded sequence number a writer names its segments after."""
@@ -66,77 +64,6 @@ def require_sequence_number(name: int | str, file_name: Callable[[str], str]) ->
 def file_of_sequence_name(name: int | str, file_name: Callable[[str], str]) -> str:
     """The segment file a compact index row's ``name`` stands for (see :func:`sequence_name`)."""
     return name if isinstance(name, str) else file_name(f"{name:0{SEQUENCE_DIGITS}d}")
-
-
-def number_runs(numbers: Iterable[int]) -> list[tuple[int, int]]:
-    """``numbers`` (ascending, distinct) as maximal runs ``(first, count)`` of consecutive
-    ones: how an index lists the many segments whose entries are all live (a long anchor's
-    indexes held ~10 bytes a segment for each of them, every snapshot)."""
-    runs: list[tuple[int, int]] = []
-    for number in numbers:
-        if runs and runs[-1][0] + runs[-1][1] == number:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        elif runs and number < runs[-1][0] + runs[-1][1]:
-            raise ValueError(f"{number} is not after {runs[-1][0] + runs[-1][1] - 1}")
-        else:
-            runs.append((number, 1))
-    return runs
-
-
-class RunsFormError(ValueError):
-    """Runs of numbers not in :func:`number_runs`'s one spelling; ``position`` is the run's
-    index in the runs given (the message names it as ``[position]`` too)."""
-
-    def __init__(self, position: int, problem: str) -> None:
-        super().__init__(f"[{position}]: {problem}")
-        self.position = position
-
-
-def expand_number_runs(runs: Sequence[tuple[int, int]]) -> list[int]:
-    """The numbers :func:`number_runs` gave ``runs`` for. Only its form is taken: a
-    ``ValueError`` names the run (``[position]``) that is empty, not after the previous one,
-    or that touches it (runs are maximal, so a set of numbers has one spelling), as a
-    :class:`RunsFormError`."""
-    numbers: list[int] = []
-    end = -2  # one past the previous run's last number; -2: no number is adjacent to it
-    for position, (first, count) in enumerate(runs):
-        if count < 1:
-            raise RunsFormError(position, f"an empty run ({count} numbers)")
-        if first <= end:
-            problem = "touches" if first == end else "is not after"
-            raise RunsFormError(position, f"the run from {first} {problem} the one before it")
-        numbers.extend(range(first, first + count))
-        end = first + count
-    return numbers
-
-
-def in_file_order(
-    whole: Iterable[tuple[str, T]], others: Sequence[tuple[str, bool, T]]
-) -> list[tuple[int, T]]:
-    """An index's entries in the order of their files' names (the order its writer lists
-    them in, which readers rely on), with where each is: ``whole`` the ``(file, entry)``
-    its runs of numbers stand for (:func:`number_runs`), ``others`` its other entries as
-    ``(file, whole, entry)``, in its order, ``whole`` telling whether that entry belongs in
-    a run (numbered, every entry live). Each result is ``(place, entry)``, ``place`` the
-    entry's position in ``others`` or -1 for a run's.
-
-    One spelling per index, so a ``ValueError`` names the place (``[position]``) in
-    ``others`` of an entry that belongs in a run, is not after the one before it, or is in
-    a run too."""
-    listed = [(file, -1, entry) for file, entry in whole]
-    in_runs = {file for file, _place, _entry in listed}
-    previous = ""
-    for position, (file, belongs_in_run, entry) in enumerate(others):
-        if belongs_in_run:
-            raise ValueError(f"[{position}]: {file!r} holds only live entries: its place is a run")
-        if file in in_runs:
-            raise ValueError(f"[{position}]: {file!r} is in a run too")
-        if file <= previous:
-            raise ValueError(f"[{position}]: {file!r} is not after {previous!r} (by file name)")
-        previous = file
-        listed.append((file, position, entry))
-    listed.sort(key=lambda item: item[0])
-    return [(place, entry) for _file, place, entry in listed]
 
 
 def publish_segment(path: Path, data: bytes) -> None:

@@ -35,6 +35,7 @@ from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
+from rollvault.durable.index_runs import keyed_runs
 from rollvault.durable.segment_store import (
     file_of_sequence_name,
     require_sequence_number,
@@ -345,18 +346,7 @@ class _RunsIndexOnly(msgspec.Struct):
 def index_runs(index: LedgerIndex) -> LedgerRunsIndex:
     """``index`` with its groups as runs of consecutive ordinals in one segment."""
     segments = [LedgerSegmentRow.of(ref) for ref in index.segments]
-    return LedgerRunsIndex(segments=segments, runs=_runs(index.groups))
-
-
-def _runs(groups: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """``groups``' ``(segment, ordinal)`` pairs as ``(segment, first ordinal, count)`` runs."""
-    runs: list[tuple[int, int, int]] = []
-    for segment, ordinal in groups:
-        if runs and runs[-1][0] == segment and runs[-1][1] + runs[-1][2] == ordinal:
-            runs[-1] = (segment, runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((segment, ordinal, 1))
-    return runs
+    return LedgerRunsIndex(segments=segments, runs=keyed_runs(index.groups))
 
 
 def expand_runs(index: LedgerRunsIndex) -> LedgerIndex:
@@ -526,7 +516,7 @@ def encode_compact_sidecar(envelope: RolloutRecoveryState, index: LedgerIndex) -
     """A version 9 sidecar: ``envelope`` with ``index`` (its groups as runs, its segments as
     compact rows), its finalizer maps left out (the caller stores them elsewhere)."""
     segments = [LedgerSegmentEntryV9.of(ref) for ref in index.segments]
-    compact = LedgerCompactIndex(segments=segments, runs=_runs(index.groups))
+    compact = LedgerCompactIndex(segments=segments, runs=keyed_runs(index.groups))
     return _encode_apart(envelope, COMPACT_SIDECAR_SCHEMA_VERSION, compact)
 
 
@@ -705,7 +695,7 @@ def encode_catalog_sidecar(
             for file, sha, size, count in catalogs
         ],
         segments=[sequence_name(ref.file, ledger_segment_file_name) for ref in index.segments],
-        runs=_runs(index.groups),
+        runs=keyed_runs(index.groups),
     )
     return _encode_apart(envelope, CATALOG_SIDECAR_SCHEMA_VERSION, compact)
 

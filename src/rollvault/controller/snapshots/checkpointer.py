@@ -52,7 +52,7 @@ from rollvault.controller.loop.parts import GroupEntry, GroupOrigin, RolloutPart
 from rollvault.controller.loop.seal_journal import SealRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.anchor_writer import AnchorWriter
-from rollvault.controller.snapshots.fact_segments import FactSeed, FactSegmentWriter
+from rollvault.controller.snapshots.fact_writer import FactSeed, FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSeed, LedgerSegmentWriter
 from rollvault.controller.snapshots.segment_retention import collect_segments
 from rollvault.controller.snapshots.snapshot_files import (
@@ -69,7 +69,7 @@ from rollvault.controller.snapshots.snapshot_files import (
 from rollvault.controller.snapshots.snapshot_retry import SnapshotRetry
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
-from rollvault.dataplane.segmented import SegmentedWriter
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.bootstrap import prune_bootstrap_snapshots
 from rollvault.durable.errors import SnapshotWriteError
 from rollvault.durable.layout import BOOTSTRAP_DIRNAME, SEGMENTS_DIRNAME

@@ -41,7 +41,7 @@ from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.run_logs import AttemptLogRecord, RestoreLogRecord
 from rollvault.controller.loop.trainer import Trainer
 from rollvault.controller.snapshots.crash_evidence import CrashEvidence, crash_evidence
-from rollvault.controller.snapshots.fact_segments import FactSeed
+from rollvault.controller.snapshots.fact_writer import FactSeed
 from rollvault.controller.snapshots.gc_pause import gc_paused_async
 from rollvault.controller.snapshots.journal_replay import (
     JournalReplayCounts,

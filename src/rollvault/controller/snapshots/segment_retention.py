@@ -22,7 +22,7 @@ from collections.abc import Set
 from pathlib import Path
 
 from rollvault.controller.snapshots.fact_forms import FACT_SEGMENT_SUFFIXES
-from rollvault.controller.snapshots.fact_segments import (
+from rollvault.controller.snapshots.fact_index import (
     GROUP_FACTS_FILENAME,
     FactsError,
     referenced_fact_segments,
@@ -30,7 +30,7 @@ from rollvault.controller.snapshots.fact_segments import (
 from rollvault.controller.snapshots.snapshot_files import DATA_PLANE_DIRNAME, SnapshotCorruptError
 from rollvault.dataplane.errors import DataPlaneCheckpointError
 from rollvault.dataplane.segment_catalog import CATALOG_FILE_SUFFIX
-from rollvault.dataplane.segmented import referenced_segments
+from rollvault.dataplane.segmented_index import referenced_segments
 from rollvault.dataplane.segments import SEGMENT_FILE_SUFFIX
 from rollvault.durable.layout import SEGMENTS_DIRNAME
 from rollvault.durable.segment_store import delete_unreferenced

@@ -44,11 +44,11 @@
                                      schema version and group count
 
 A snapshot writes only the rows new since the previous snapshot of its anchor
-(:class:`~rollvault.dataplane.segmented.SegmentedWriter`) and the records of
+(:class:`~rollvault.dataplane.segmented_writer.SegmentedWriter`) and the records of
 the groups that changed since then
 (:class:`~rollvault.controller.snapshots.ledger_segments.LedgerSegmentWriter`),
 and the per-group facts new since then
-(:class:`~rollvault.controller.snapshots.fact_segments.FactSegmentWriter`).
+(:class:`~rollvault.controller.snapshots.fact_writer.FactSegmentWriter`).
 Snapshots written before segments keep their rows in ``data_plane/`` itself
 (data-plane format version 1) and still load; so do ledger sidecars of
 version 5 and before, which hold every group themselves, and the files before
@@ -87,26 +87,25 @@ from rollvault.controller.loop.dispatch_journal import LostGroupInterruption
 from rollvault.controller.loop.episodes import EpisodeState
 from rollvault.controller.loop.parts import FinalizedGroup, GroupOrigin
 from rollvault.controller.loop.seal_journal import SealRecord
-from rollvault.controller.snapshots.fact_segments import (
+from rollvault.controller.snapshots.fact_index import (
     GROUP_FACTS_FILENAME,
     GROUP_FACTS_SCHEMA_VERSION,
-    FactSegmentWriter,
     FactsError,
-    LoadedFacts,
     encode_group_facts_file,
+)
+from rollvault.controller.snapshots.fact_segments import (
+    LoadedFacts,
     read_group_facts,
     replay_in_order,
 )
+from rollvault.controller.snapshots.fact_writer import FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.write_budget import headroom
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
 from rollvault.dataplane.errors import DataPlaneCheckpointError
-from rollvault.dataplane.segmented import (
-    LoadedSegmented,
-    SegmentedWriter,
-    open_any_checkpoint,
-)
+from rollvault.dataplane.segmented import LoadedSegmented, open_any_checkpoint
+from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import ROLLOUT_SNAPSHOTS_DIRNAME, SEGMENTS_DIRNAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest
@@ -330,7 +329,7 @@ class _ReplayBufferFileV3(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     """The replay index's own ``schema_version`` (``ReplayIndexState``)."""
     order: list[tuple[Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=1)]]]
     """The entries in the index's order, as runs ``(first, count)`` of positions among the
-    live replay facts (:func:`~.fact_segments.replay_order_runs`)."""
+    live replay facts (:func:`~.fact_writer.replay_order_runs`)."""
 
 
 class _Versioned(msgspec.Struct):

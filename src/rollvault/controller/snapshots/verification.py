@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from rollvault.controller.snapshots.fact_segments import GROUP_FACTS_FILENAME
+from rollvault.controller.snapshots.fact_index import GROUP_FACTS_FILENAME
 from rollvault.controller.snapshots.gc_pause import cyclic_gc_paused
 from rollvault.controller.snapshots.snapshot_files import (
     CONTROLLER_STATE_FILENAME,
@@ -58,7 +58,7 @@ from rollvault.dataplane.interface import (
     parse_staging_key,
     train_key,
 )
-from rollvault.dataplane.segmented import checkpoint_summary
+from rollvault.dataplane.segmented_index import checkpoint_summary
 from rollvault.durable.errors import SnapshotError
 from rollvault.durable.layout import ROLLOUT_SNAPSHOT_MANIFEST_FILENAME
 from rollvault.durable.manifest_schema import RolloutSnapshotManifest, read_snapshot_manifest

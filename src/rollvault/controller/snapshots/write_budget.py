@@ -2,7 +2,7 @@
 
 Two writers rewrite records they could leave as they are: the ledger segments'
 whole rewrites (:mod:`.ledger_segments`) and the fact segments' merges
-(:mod:`.fact_segments`). Made all at once when they come due, they gave some
+(:mod:`.fact_writer`). Made all at once when they come due, they gave some
 snapshots of a long anchor 1.2-2.8x the bytes of their new rows. So a snapshot
 spends on them at most a share of the bytes it writes anyway, plus what the
 previous snapshot left unspent while a rewrite waited (:func:`carry_after`);
