@@ -121,11 +121,12 @@ def test_prompt_group_granularity_redoes_incomplete_groups_whole(
     assert "OK: every prompt trained exactly once" in out
     restores = read_run_history(tmp_path / "latest" / "logs").restores
     # Only whole groups are kept: those the seal journal (or the snapshot) holds complete.
+    # Whether any kill finds a group incomplete is timing: in 3 of 20 runs of this test
+    # alone none did (every restore redispatched 0 attempts), so this run cannot promise
+    # one. That an incomplete group is redone whole, every sibling, is pinned without
+    # timing by tests/pipeline/test_restore.py's
+    # test_sealed_siblings_are_reused_or_redone_by_granularity (a hung sibling).
     assert restores and all(r.siblings_reused % 4 == 0 for r in restores)
-    # Once seen at 0 in CI (not reproduced): say what each restore started from.
-    assert sum(r.attempts_redispatched for r in restores) > 0, [
-        (r.snapshot, r.siblings_reused, r.attempts_redispatched) for r in restores
-    ]
 
 
 @pytest.mark.slow
