@@ -262,9 +262,8 @@ class JournalWriter:
                 return range(first, first)
             self._next_seq += len(payloads)
             wake = not self._queue or len(self._queue) + len(payloads) >= self._max_records
-            now = time.monotonic()
             if not self._queue:
-                self._first_queued_at = now
+                self._first_queued_at = time.monotonic()
             if not lazy and not self._group_open:
                 self._group_open = True
                 wake = True
