@@ -72,7 +72,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -240,23 +239,21 @@ class CollectorTime:
     """The cyclic garbage collector's passes in the timed window (from the first step's
     mark on), per generation: how many and their thread CPU time (``gc.callbacks``). The
     pipeline's own ``gc.collect`` before it freezes what exists at its start comes before
-    the first step and is left out."""
+    the first step and is left out. Passes never overlap (the collector runs one at a time,
+    with the GIL held), so one start time serves."""
 
     def __init__(self) -> None:
         self.counting = False
         self.passes = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
-        self._started: dict[int, float] = {}
+        self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
-        thread = threading.get_ident()
         if phase == "start":
-            self._started[thread] = time.thread_time()
-            return
-        started = self._started.pop(thread, None)
-        if started is not None and self.counting:
+            self._started = time.thread_time()
+        elif self.counting:
             self.passes[info["generation"]] += 1
-            self.seconds[info["generation"]] += time.thread_time() - started
+            self.seconds[info["generation"]] += time.thread_time() - self._started
 
 
 TIMED_STEPS = ("build_snapshot", "publish_snapshot")
