@@ -10,7 +10,7 @@ import asyncio
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,12 @@ from aiohttp import web
 import rollvault
 from rollvault.config.loading import load_run_config
 from rollvault.config.schema import GateKind, VllmGateConfig
-from rollvault.controller.loop.gate import AttemptRequest, FailureKind, GateAttemptError
+from rollvault.controller.loop.gate import (
+    AttemptOutcome,
+    AttemptRequest,
+    FailureKind,
+    GateAttemptError,
+)
 from rollvault.cut import DataPlaneMutationCut
 from rollvault.dataplane.embedded import EmbeddedDataPlane
 from rollvault.dataplane.interface import STAGING_PARTITION
@@ -70,6 +75,9 @@ class FakeServer:
         self.delay_s = 0.0
         """How long a completion takes: the server's latency (a timeout to reach, requests
         in flight side by side), never a wait for something to happen."""
+        self.hold: asyncio.Event | None = None
+        """Set: every completion waits for it (requests in flight side by side, for as long
+        as the test needs them there)."""
         self.model = ""
         """The model name /v1/models lists; the tests set the gate's."""
         self.health_ok = True
@@ -93,6 +101,8 @@ class FakeServer:
         self.calls.append("complete")
         body = await request.json()
         await asyncio.sleep(self.delay_s)
+        if self.hold is not None:
+            await self.hold.wait()
         return self.respond(body)
 
     async def _ok(self, request: web.Request) -> web.StreamResponse:
@@ -244,6 +254,26 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     raise AssertionError("condition not reached")
 
 
+async def _all_in_flight(
+    fakes: list[FakeServer], attempts: list[Coroutine[Any, Any, AttemptOutcome]]
+) -> list[int]:
+    """Run ``attempts`` with every completion held at its server until all of them arrived;
+    then release them. The completions each server has had, after."""
+    hold = asyncio.Event()
+    for fake in fakes:
+        fake.hold = hold
+    before = sum(f.calls.count("complete") for f in fakes)
+    tasks = [asyncio.ensure_future(attempt) for attempt in attempts]
+    try:
+        await _until(lambda: sum(f.calls.count("complete") for f in fakes) == before + len(tasks))
+    finally:
+        hold.set()
+        for fake in fakes:
+            fake.hold = None
+    await asyncio.gather(*tasks)
+    return [f.calls.count("complete") for f in fakes]
+
+
 @pytest.mark.slow
 def test_the_gate_routes_sticky_least_loaded_and_sorts_failures(tmp_path: Path) -> None:
     model_dir = ensure_model_dir(tmp_path / "model", build_default=True, seed=0)
@@ -282,15 +312,17 @@ def test_the_gate_routes_sticky_least_loaded_and_sorts_failures(tmp_path: Path) 
                     np.asarray(row["input_ids"])[-3:].tolist() == [5, 6, 1]
                     and bool(row["correct"]) is False
                 )
-                # Siblings of a group stay on its server; other groups spread out.
-                fakes[0].delay_s = fakes[1].delay_s = 0.2
-                await asyncio.gather(*(gate.run_attempt(_request(i, "g")) for i in range(1, 5)))
-                sticky = [f.calls.count("complete") for f in fakes]
-                assert sorted(sticky) == [0, 5]
-                await asyncio.gather(*(gate.run_attempt(_request(0, f"h{i}")) for i in range(4)))
-                assert all(
-                    f.calls.count("complete") > s for f, s in zip(fakes, sticky, strict=True)
+                # Siblings of a group stay on its server, even while it is busy; other
+                # groups spread out. Each batch of requests is held at the servers until all
+                # of it arrived, so the gate routes every request while the others are in flight.
+                sticky = await _all_in_flight(
+                    fakes, [gate.run_attempt(_request(i, "g")) for i in range(1, 5)]
                 )
+                assert sorted(sticky) == [0, 5]
+                spread = await _all_in_flight(
+                    fakes, [gate.run_attempt(_request(0, f"h{i}")) for i in range(4)]
+                )
+                assert all(after > before for after, before in zip(spread, sticky, strict=True))
                 # A 4xx is the request's fault (data); a 5xx the server's (infra, suspect).
                 busy = 0 if sticky[0] else 1
                 fakes[busy].respond = lambda body: web.json_response({}, status=400)
