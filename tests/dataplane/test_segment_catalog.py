@@ -31,7 +31,9 @@ from rollvault.dataplane import segment_catalog as catalog_module
 from rollvault.dataplane.checkpoint_format import decode_envelope, encode_envelope
 from rollvault.dataplane.segment_catalog import (
     MAX_CATALOGS,
+    WrittenCatalog,
     catalogs_to_merge,
+    plan_catalogs,
 )
 from rollvault.dataplane.segmented import read_segmented
 from rollvault.dataplane.segmented_index import (
@@ -94,6 +96,59 @@ def test_merges_keep_at_most_the_limit_the_fewest_live_first() -> None:
     assert catalogs_to_merge(live, adding=False, limit=3) == ["c2", "c5"]
     assert catalogs_to_merge(live, adding=False, limit=1) == ["c2", "c5", "c4", "c1"]
     assert catalogs_to_merge({}, adding=True, limit=1) == []
+
+
+def _catalog(file: str, *segments: str) -> WrittenCatalog:
+    return WrittenCatalog(file=file, sha256="0" * 64, byte_size=1, segments=segments)
+
+
+def test_a_plan_keeps_the_catalogs_of_held_segments_and_describes_the_new_ones() -> None:
+    listed = {"a": _catalog("a", "s1", "s2"), "b": _catalog("b", "s3"), "c": _catalog("c", "s4")}
+    plan = plan_catalogs(listed, ["s5", "s1", "s4", "s0"], limit=4)
+    assert plan.kept == {"a": listed["a"], "c": listed["c"]}  # b: none of it held
+    assert plan.moving == ["s0", "s5"]  # sorted
+    nothing_new = plan_catalogs(listed, ["s3", "s2"], limit=4)
+    assert nothing_new.kept == {"a": listed["a"], "b": listed["b"]}
+    assert nothing_new.moving == []  # no new catalog
+
+
+def test_a_plan_at_the_limit_moves_the_fewest_live_catalogs_entries() -> None:
+    listed = {"a": _catalog("a", "s1", "s2"), "b": _catalog("b", "s3"), "c": _catalog("c", "s4")}
+    held = ["s1", "s2", "s3", "s4"]
+    plan = plan_catalogs(listed, [*held, "s5"], limit=3)
+    assert plan.kept == {"a": listed["a"], "c": listed["c"]}  # b has the fewest (tie: name)
+    assert plan.moving == ["s3", "s5"]
+    # With nothing new, a merge still writes a catalog: one more goes.
+    merged = plan_catalogs(listed, held, limit=2)
+    assert merged.kept == {"a": listed["a"]}
+    assert merged.moving == ["s3", "s4"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 4), max_size=8),
+    data=st.data(),
+    new=st.integers(0, 3),
+    limit=st.integers(1, 6),
+)
+def test_a_plan_describes_every_held_segment_once_within_the_limit(
+    sizes: list[int], data: st.DataObject, new: int, limit: int
+) -> None:
+    listed: dict[str, WrittenCatalog] = {}
+    segments: list[str] = []
+    for number, size in enumerate(sizes):
+        files = tuple(f"s{number}_{k}" for k in range(size))
+        listed[f"c{number}"] = _catalog(f"c{number}", *files)
+        segments += files
+    held = data.draw(st.lists(st.sampled_from(segments), unique=True)) if segments else []
+    held += [f"new{k}" for k in range(new)]
+    plan = plan_catalogs(listed, held, limit=limit)
+    described = [s for catalog in plan.kept.values() for s in catalog.segments if s in held]
+    assert sorted(described + plan.moving) == sorted(held)  # each held segment exactly once
+    assert plan.moving == sorted(plan.moving) and set(plan.moving) <= set(held)
+    assert all(set(c.segments) & set(held) for c in plan.kept.values())  # none kept for nothing
+    assert set(plan.kept) <= set(listed)
+    assert len(plan.kept) + (1 if plan.moving else 0) <= limit
 
 
 # -- the writer over many snapshots -----------------------------------------------------

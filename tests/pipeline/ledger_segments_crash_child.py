@@ -32,7 +32,11 @@ from typing import Any
 
 from segment_crash_support import KEEP_LATEST_K, files_in, manifest_for
 
-from rollvault.controller.snapshots.ledger_segments import LedgerSeed, LedgerSegmentWriter
+from rollvault.controller.snapshots.ledger_segments import (
+    LedgerSeed,
+    LedgerSegmentWriter,
+    catalog_listing,
+)
 from rollvault.controller.snapshots.segment_retention import (
     collect_segments,
     referenced_ledger_segments,
@@ -140,7 +144,7 @@ async def commit(checkpoint_dir: Path) -> None:
             tmp / DATA_PLANE_DIRNAME, rows, {}, stem=tmp.name[13:]
         )
         pending = writer.write(records, stem=tmp.name[13:])
-        catalogs = [pending.catalogs[file].listed() for file in sorted(pending.catalogs)]
+        catalogs = [catalog_listing(pending.catalogs[file]) for file in sorted(pending.catalogs)]
         data = encode_catalog_sidecar(envelope, pending.index, catalogs)
         (tmp / ROLLOUT_RECOVERY_STATE_FILENAME).write_bytes(data)
 

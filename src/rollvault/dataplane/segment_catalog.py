@@ -36,10 +36,11 @@ from, or the file name as text), ``sha256`` the raw digest (base64 in JSON).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, Final, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -261,3 +262,44 @@ def catalogs_to_merge(
     if not adding:
         excess += 1
     return [file for _count, file in kept[: min(excess, len(kept))]]
+
+
+class ListedCatalog(Protocol):
+    """A catalog an index lists, as planning sees it: the segment files it describes."""
+
+    @property
+    def segments(self) -> tuple[str, ...]: ...
+
+
+_Catalog = TypeVar("_Catalog", bound=ListedCatalog)
+
+
+@dataclass(frozen=True)
+class CatalogPlan(Generic[_Catalog]):
+    """Which catalogs a snapshot lists, and which of its segments its new catalog describes."""
+
+    kept: dict[str, _Catalog]
+    """The listed catalogs that stay listed: each describes a held segment, none is merged."""
+    moving: list[str]
+    """The held segments the new catalog describes, sorted (none: no new catalog): those no
+    listed catalog describes (new, or a seeded writer's) and those of the merged catalogs."""
+
+
+def plan_catalogs(
+    listed: Mapping[str, _Catalog], held: Iterable[str], *, limit: int | None = None
+) -> CatalogPlan[_Catalog]:
+    """The catalogs of a snapshot that holds the segment files ``held``, given those the
+    previous one ``listed`` (by file): every held segment described by exactly one, at most
+    ``limit`` listed (:func:`catalogs_to_merge`), a catalog none of whose segments is held
+    no longer listed. The three segment writers (data plane, ledger, facts) share it."""
+    catalog_of = {segment: file for file, catalog in listed.items() for segment in catalog.segments}
+    held = list(held)
+    live = Counter(catalog_of[file] for file in held if file in catalog_of)
+    adding = any(file not in catalog_of for file in held)
+    merging = set(catalogs_to_merge(live, adding=adding, limit=limit))
+    return CatalogPlan(
+        kept={file: listed[file] for file in live if file not in merging},
+        moving=sorted(
+            file for file in held if file not in catalog_of or catalog_of[file] in merging
+        ),
+    )

@@ -45,7 +45,7 @@ from rollvault.dataplane.segment_catalog import (
     WrittenCatalog,
     catalog_file_name,
     catalog_name_field,
-    catalogs_to_merge,
+    plan_catalogs,
     segment_name_field,
     write_catalog,
 )
@@ -247,29 +247,12 @@ class SegmentedWriter:
         :data:`~rollvault.dataplane.segment_catalog.MAX_CATALOGS` listed. A catalog
         none of whose segments is held is no longer listed.
         """
-        catalog_of = {
-            segment: catalog.file
-            for catalog in self._catalogs.values()
-            for segment in catalog.segments
-        }
-        live: dict[str, int] = dict.fromkeys(self._catalogs, 0)
-        fresh = []
-        for file in held:
-            if file in catalog_of:
-                live[catalog_of[file]] += 1
-            else:
-                fresh.append(file)
-        merged = set(catalogs_to_merge(live, adding=bool(fresh)))
-        fresh += [file for file in held if catalog_of.get(file) in merged]
-        catalogs = {
-            file: self._catalogs[file]
-            for file, count in live.items()
-            if count and file not in merged
-        }
-        if not fresh:
+        plan = plan_catalogs(self._catalogs, held)
+        catalogs = plan.kept
+        if not plan.moving:
             return catalogs, 0
         written = write_catalog(
-            self.segments_dir, catalog_file_name(stem), [known[file] for file in sorted(fresh)]
+            self.segments_dir, catalog_file_name(stem), [known[file] for file in plan.moving]
         )
         catalogs[written.file] = written
         return catalogs, written.byte_size

@@ -66,7 +66,7 @@ from rollvault.controller.snapshots.fact_index import (
 from rollvault.controller.snapshots.fact_segments import LoadedFacts
 from rollvault.controller.snapshots.write_budget import carry_after, take_within, write_budget
 from rollvault.dataplane.live_ordinals import encode_live_bitmap
-from rollvault.dataplane.segment_catalog import WrittenCatalog, catalogs_to_merge
+from rollvault.dataplane.segment_catalog import WrittenCatalog, plan_catalogs
 from rollvault.durable.index_runs import consecutive_runs
 from rollvault.durable.segment_store import (
     publish_catalog,
@@ -298,20 +298,10 @@ class FactSegmentWriter:
         the new one: it describes the segments no kept catalog does (new, or a seeded
         writer's) and those of the catalogs merged past :data:`MAX_CATALOGS`; durable when
         this returns."""
-        catalog_of = {
-            segment: catalog.file
-            for catalog in self._catalogs.values()
-            for segment in catalog.segments
-        }
         referenced = {ref.file: ref for ref in index.segments}
-        live = Counter(catalog_of[file] for file in referenced if file in catalog_of)
-        uncatalogued = [file for file in referenced if file not in catalog_of]
-        merging = set(catalogs_to_merge(live, adding=bool(uncatalogued), limit=MAX_CATALOGS))
-        kept = {file: self._catalogs[file] for file in live if file not in merging}
-        moving = sorted(
-            file for file in referenced if file not in catalog_of or catalog_of[file] in merging
-        )
-        if not moving:
+        plan = plan_catalogs(self._catalogs, referenced, limit=MAX_CATALOGS)
+        kept = plan.kept
+        if not plan.moving:
             return kept, 0
         entries = [
             FactCatalogEntry(
@@ -320,7 +310,7 @@ class FactSegmentWriter:
                 referenced[file].byte_size,
                 referenced[file].fact_count,
             )
-            for file in moving
+            for file in plan.moving
         ]
         data = msgspec.json.encode(
             FactCatalogFile(schema_version=FACT_CATALOG_SCHEMA_VERSION, entries=entries)
@@ -328,7 +318,7 @@ class FactSegmentWriter:
         file = fact_catalog_file_name(stem)
         publish_catalog(self.segments_dir / file, data)
         kept[file] = WrittenCatalog(
-            file, hashlib.sha256(data).hexdigest(), len(data), tuple(moving)
+            file, hashlib.sha256(data).hexdigest(), len(data), tuple(plan.moving)
         )
         return kept, len(data)
 

@@ -103,7 +103,7 @@ from typing import Final
 import msgspec
 
 from rollvault.controller.snapshots.write_budget import carry_after, take_within, write_budget
-from rollvault.dataplane.segment_catalog import catalogs_to_merge
+from rollvault.dataplane.segment_catalog import WrittenCatalog, plan_catalogs
 from rollvault.durable.segment_store import publish_catalog, publish_ledger_segment
 from rollvault.ledger.indexed_sidecar import (
     LedgerIndex,
@@ -405,20 +405,10 @@ class LedgerWriteInfo:
     """Bytes of the ledger catalog this snapshot wrote (0: none)."""
 
 
-@dataclass(frozen=True)
-class LedgerCatalog:
-    """A durable ledger catalog: its file, SHA-256, size and the segments it describes."""
-
-    file: str
-    sha256: str
-    """Hex SHA-256 of the file."""
-    byte_size: int
-    segments: tuple[str, ...]
-    """The segment files of its entries, in entry order."""
-
-    def listed(self) -> tuple[str, str, int, int]:
-        """How a sidecar lists it (see :func:`~rollvault.ledger.indexed_sidecar.encode_catalog_sidecar`)."""
-        return (self.file, self.sha256, self.byte_size, len(self.segments))
+def catalog_listing(catalog: WrittenCatalog) -> tuple[str, str, int, int]:
+    """How the sidecar lists a ledger catalog (see
+    :func:`~rollvault.ledger.indexed_sidecar.encode_catalog_sidecar`)."""
+    return (catalog.file, catalog.sha256, catalog.byte_size, len(catalog.segments))
 
 
 @dataclass
@@ -431,7 +421,7 @@ class PendingLedger:
     info: LedgerWriteInfo
     carry: int = 0
     """The budget this snapshot left unspent, for the next one (see :func:`rewrite_budget`)."""
-    catalogs: dict[str, LedgerCatalog] = field(default_factory=dict)
+    catalogs: dict[str, WrittenCatalog] = field(default_factory=dict)
     """The catalogs the index's segments are described by (the sidecar lists them)."""
 
 
@@ -534,7 +524,7 @@ class LedgerSegmentWriter:
     _placed: dict[str, _Placed] = field(default_factory=dict)
     _segments: dict[str, LedgerSegmentRef] = field(default_factory=dict)
     _carry: int = 0
-    _catalogs: dict[str, LedgerCatalog] = field(default_factory=dict)
+    _catalogs: dict[str, WrittenCatalog] = field(default_factory=dict)
     """The catalogs the last committed snapshot lists."""
 
     def write(self, records: Sequence[PromptGroupRecoveryRecord], *, stem: str) -> PendingLedger:
@@ -682,28 +672,20 @@ class LedgerSegmentWriter:
 
     def _catalogs_for(
         self, segments: dict[str, LedgerSegmentRef], stem: str
-    ) -> tuple[dict[str, LedgerCatalog], int]:
+    ) -> tuple[dict[str, WrittenCatalog], int]:
         """The catalogs describing ``segments`` (each by exactly one), and the bytes of the new
         one: it describes the segments no kept catalog does (new, or a seeded writer's) and
         those of the catalogs merged past :data:`MAX_CATALOGS`; durable when this returns."""
-        catalog_of = {
-            segment: catalog.file
-            for catalog in self._catalogs.values()
-            for segment in catalog.segments
-        }
-        live = Counter(catalog_of[file] for file in segments if file in catalog_of)
-        uncatalogued = [file for file in segments if file not in catalog_of]
-        merging = set(catalogs_to_merge(live, adding=bool(uncatalogued), limit=MAX_CATALOGS))
-        kept = {file: self._catalogs[file] for file in live if file not in merging}
-        moving = sorted(
-            file for file in segments if file not in catalog_of or catalog_of[file] in merging
-        )
-        if not moving:
+        plan = plan_catalogs(self._catalogs, segments, limit=MAX_CATALOGS)
+        kept = plan.kept
+        if not plan.moving:
             return kept, 0
-        data = encode_ledger_catalog([segments[file] for file in moving])
+        data = encode_ledger_catalog([segments[file] for file in plan.moving])
         file = ledger_catalog_file_name(stem)
         publish_catalog(self.segments_dir / file, data)
-        kept[file] = LedgerCatalog(file, hashlib.sha256(data).hexdigest(), len(data), tuple(moving))
+        kept[file] = WrittenCatalog(
+            file, hashlib.sha256(data).hexdigest(), len(data), tuple(plan.moving)
+        )
         return kept, len(data)
 
     def _compaction(

@@ -99,7 +99,7 @@ from rollvault.controller.snapshots.fact_segments import (
     replay_in_order,
 )
 from rollvault.controller.snapshots.fact_writer import FactSegmentWriter
-from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
+from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter, catalog_listing
 from rollvault.controller.snapshots.write_budget import headroom
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.checkpoint_io import LoadedCheckpoint
@@ -565,7 +565,7 @@ def _recovery_sidecar(
     pending = writer.write(records, stem=_segment_stem(directory))
     # The finalizer maps are in the group facts, written once per canonical group, the
     # index's groups are runs (version 8) and its segments' rows in catalogs (version 10).
-    catalogs = [pending.catalogs[file].listed() for file in sorted(pending.catalogs)]
+    catalogs = [catalog_listing(pending.catalogs[file]) for file in sorted(pending.catalogs)]
     data = encode_catalog_sidecar(capture.recovery_state, pending.index, catalogs)
     written = pending.info.segment_bytes + pending.info.catalog_bytes
     return data, CATALOG_SIDECAR_SCHEMA_VERSION, len(records), written
