@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Final, Generic, Protocol, TypeVar
+from typing import Annotated, Final
 
 import msgspec
 
@@ -264,21 +264,11 @@ def catalogs_to_merge(
     return [file for _count, file in kept[: min(excess, len(kept))]]
 
 
-class ListedCatalog(Protocol):
-    """A catalog an index lists, as planning sees it: the segment files it describes."""
-
-    @property
-    def segments(self) -> tuple[str, ...]: ...
-
-
-_Catalog = TypeVar("_Catalog", bound=ListedCatalog)
-
-
 @dataclass(frozen=True)
-class CatalogPlan(Generic[_Catalog]):
+class CatalogPlan:
     """Which catalogs a snapshot lists, and which of its segments its new catalog describes."""
 
-    kept: dict[str, _Catalog]
+    kept: dict[str, WrittenCatalog]
     """The listed catalogs that stay listed: each describes a held segment, none is merged."""
     moving: list[str]
     """The held segments the new catalog describes, sorted (none: no new catalog): those no
@@ -286,8 +276,8 @@ class CatalogPlan(Generic[_Catalog]):
 
 
 def plan_catalogs(
-    listed: Mapping[str, _Catalog], held: Iterable[str], *, limit: int | None = None
-) -> CatalogPlan[_Catalog]:
+    listed: Mapping[str, WrittenCatalog], held: Iterable[str], *, limit: int | None = None
+) -> CatalogPlan:
     """The catalogs of a snapshot that holds the segment files ``held``, given those the
     previous one ``listed`` (by file): every held segment described by exactly one, at most
     ``limit`` listed (:func:`catalogs_to_merge`), a catalog none of whose segments is held
