@@ -52,8 +52,11 @@ def test_chat_template_on_a_model_without_one_is_refused_at_start(tmp_path: Path
     assert "no chat template" in str(info.value)
 
 
-def test_the_default_model_is_built_with_the_configured_alphabet(tmp_path: Path) -> None:
+def test_the_default_model_is_built_with_the_configured_alphabet(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     prepared = prepare(_config(tmp_path, 'model.default_alphabet="0123456789+= ab"'))
+    request.addfinalizer(prepared.close)
     assert prepared.policy is not None
     tokenizer = prepared.policy.tokenizer
     assert tokenizer.decode(tokenizer("1 + 2 = ab").input_ids) == "1 + 2 = ab"
@@ -62,7 +65,9 @@ def test_the_default_model_is_built_with_the_configured_alphabet(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_a_bfloat16_run_has_bfloat16_trainer_and_worker_models(tmp_path: Path) -> None:
+def test_a_bfloat16_run_has_bfloat16_trainer_and_worker_models(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     config = _config(
         tmp_path,
         "model.dtype=bfloat16",
@@ -71,6 +76,7 @@ def test_a_bfloat16_run_has_bfloat16_trainer_and_worker_models(tmp_path: Path) -
         "trainer.micro_batch_size=2",
     )
     prepared = prepare(config)
+    request.addfinalizer(prepared.close)
     trainer = prepared.trainer
     assert isinstance(trainer, GrpoTrainer) and trainer.model.dtype == torch.bfloat16
     assert prepared.policy is not None
