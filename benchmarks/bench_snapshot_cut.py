@@ -539,20 +539,20 @@ def compare_formats(parts: RolloutParts, newest: Path, scratch: Path) -> dict[st
     """The newest snapshot's rows read from its segments vs the same rows rewritten whole
     in the version 1 format (every row in the snapshot's own files), alternately, 3 times."""
     write_checkpoint(scratch, parts.data_plane.capture(), {})
-    v1_bytes = sum(path.stat().st_size for path in scratch.iterdir())
-    times: dict[str, list[float]] = {"v1": [], "v2": []}
+    whole_bytes = sum(path.stat().st_size for path in scratch.iterdir())
+    times: dict[str, list[float]] = {"whole": [], "segments": []}
     for _ in range(3):
         started = time.perf_counter()
         read_checkpoint(scratch)
-        times["v1"].append(time.perf_counter() - started)
+        times["whole"].append(time.perf_counter() - started)
         started = time.perf_counter()
         read_segmented(newest / DATA_PLANE_DIRNAME, segments_dir_for(newest))
-        times["v2"].append(time.perf_counter() - started)
+        times["segments"].append(time.perf_counter() - started)
     shutil.rmtree(scratch)
     return {
-        "v1_bytes": v1_bytes,
-        "v1_read_ms": 1e3 * statistics.median(times["v1"]),
-        "v2_read_ms": 1e3 * statistics.median(times["v2"]),
+        "whole_bytes": whole_bytes,
+        "whole_read_ms": 1e3 * statistics.median(times["whole"]),
+        "segments_read_ms": 1e3 * statistics.median(times["segments"]),
     }
 
 
@@ -809,9 +809,9 @@ def incremental_report(result: dict[str, Any]) -> list[str]:
         f"  restore of the last one: read + verify {restore['read_verify']:.1f} ms "
         f"({restore['read_verify_cpu']:.1f} ms CPU), RolloutRestorer.restore "
         f"{restore['restore']:.1f} ms ({restore['restore_cpu']:.1f} ms CPU)",
-        f"  its rows read from segments {formats['v2_read_ms']:.0f} ms vs the same rows "
-        f"in the version 1 format ({formats['v1_bytes'] / 1e6:.2f} MB) "
-        f"{formats['v1_read_ms']:.0f} ms (median of 3, alternated)",
+        f"  its rows read from segments {formats['segments_read_ms']:.0f} ms vs the same rows "
+        f"in the version 1 format ({formats['whole_bytes'] / 1e6:.2f} MB) "
+        f"{formats['whole_read_ms']:.0f} ms (median of 3, alternated)",
     ]
     return lines
 
