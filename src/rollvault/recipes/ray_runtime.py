@@ -160,6 +160,9 @@ def _start(config: RunConfig) -> RaySession:
     # removed again once Ray has started), so a later start can find them.
     previous = os.environ.get(MARKER_ENV)
     os.environ[MARKER_ENV] = str(temp_dir)
+    # The driver's children so far are not Ray's: multiprocessing's resource tracker,
+    # a process the caller started. Recorded as Ray's, the stop would kill them.
+    others = set(descendants(os.getpid()))
     try:
         ray.init(
             address=LOCAL_ADDRESS,
@@ -170,8 +173,8 @@ def _start(config: RunConfig) -> RaySession:
         )
     finally:
         _restore_env(previous)
-    # Nothing else descends from the driver yet: these are Ray's processes.
-    _write_owner(temp_dir, descendants(os.getpid()))
+    # What descends from the driver now and did not before ray.init is Ray's.
+    _write_owner(temp_dir, [p for p in descendants(os.getpid()) if p not in others])
     return RaySession(address=LOCAL_ADDRESS, temp_dir=temp_dir, reaped=reaped)
 
 
