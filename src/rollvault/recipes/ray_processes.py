@@ -9,8 +9,9 @@ be found by name (another run's Ray looks the same) nor by command line
 environment block). So two records name them:
 
 - the driver records every process that descends from it right after
-  ``ray.init`` (pid and start time, so a reused pid is never mistaken for
-  one of them), in the Ray temp dir;
+  ``ray.init`` and did not before (pid and start time, so a reused pid is
+  never mistaken for one of them), in the Ray temp dir: its other children
+  (multiprocessing's resource tracker, a process of the caller's) are not Ray's;
 - the driver puts a marker variable, :data:`MARKER_ENV`, set to the run's
   Ray temp dir, in the environment Ray's processes inherit, which finds
   the ones started later (workers) as long as they have not renamed
