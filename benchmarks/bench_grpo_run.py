@@ -62,7 +62,7 @@ Finally, ``--curve-steps`` more steps of one snapshots run give the reward
 and accuracy curve, summarised by windows of 25 steps.
 
 Usage: python benchmarks/bench_grpo_run.py [--steps N] [--rounds N] [--curve-steps N]
-       [--set DOTPATH=VALUE ...] [--journal on|off] [--profile DIR] [--json]
+       [--set DOTPATH=VALUE ...] [--journal on|off] [--probes on|off] [--profile DIR] [--json]
 """
 
 from __future__ import annotations
@@ -398,8 +398,12 @@ def run_arm(
     overrides: Sequence[str] = (),
     *,
     journal: bool = True,
+    probes: bool = True,
     profile: Path | None = None,
 ) -> RunResult:
+    """One timed run of ``arm``. ``probes``: wrap the journal's methods to measure its CPU and
+    its queued-to-durable latency (False: the journal's code runs unwrapped, so the run's
+    steps/s carry no probe cost; those columns then read 0)."""
     journaled = arm == "snapshots" and journal
     config = recipe_config(
         run_dir,
@@ -439,11 +443,12 @@ def run_arm(
         )
     writer_cpu = WriterCpu(cProfile.Profile() if profile is not None else None)
     original_run = JournalWriter._run
-    JournalWriter._run = writer_cpu.wrap(original_run)  # type: ignore[method-assign,assignment]
     journal_loop_cpu = JournalLoopCpu()
-    journal_loop_cpu.install()
     durable_latency = DurableLatency()
-    durable_latency.install()
+    if probes:
+        JournalWriter._run = writer_cpu.wrap(original_run)  # type: ignore[method-assign,assignment]
+        journal_loop_cpu.install()
+        durable_latency.install()
     collector = CollectorTime()
     gc.callbacks.append(collector)
     profiler = cProfile.Profile() if profile is not None else None
@@ -457,9 +462,10 @@ def run_arm(
         # The trainer process ends with its run: left running, each run's stayed alive
         # until the script ended and was summed in every later run's children peak.
         setup.close()
-        JournalWriter._run = original_run  # type: ignore[method-assign]
-        journal_loop_cpu.remove()
-        durable_latency.remove()
+        if probes:
+            JournalWriter._run = original_run  # type: ignore[method-assign]
+            journal_loop_cpu.remove()
+            durable_latency.remove()
         gc.callbacks.remove(collector)
         for name, function in originals.items():
             setattr(checkpointer_module, name, function)
@@ -555,6 +561,13 @@ def main() -> int:
         metavar="DIR",
         help="write a cProfile of each run's event loop thread to DIR/<round>_<arm>.prof",
     )
+    parser.add_argument(
+        "--probes",
+        choices=("on", "off"),
+        default="on",
+        help="the journal's CPU and latency probes (off: the journal's methods run unwrapped, "
+        "so the ratio carries no probe cost; the journal's CPU columns then read 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as name:
@@ -575,6 +588,7 @@ def main() -> int:
                     args.steps,
                     args.set,
                     journal=args.journal == "on",
+                    probes=args.probes == "on",
                     profile=_profile_path(args.profile, f"{round_index}_{arm}"),
                 )
                 results.append(result)
