@@ -24,9 +24,10 @@ all: a 100-step run takes ~4 s, so until stop 36 the default runs measured
 the seal journal alone. Each run now reports the snapshots published inside
 its timed window, and the summary says when the arms differ by none there.
 Since stop 37 a periodic snapshot falls due ``interval_s`` after the newest
-committed state, a trainer checkpoint's included: with the recipe's trainer
-checkpoints ~2 s apart here (50 steps), none falls due in either arm, and the
-arms differ by the seal journal alone, as they do in a real run of the recipe.
+committed state, a trainer checkpoint's included: where the recipe's 50 steps
+between trainer checkpoints take less than ``interval_s`` (~2 s at stop 36's
+~25 steps/s), none falls due in either arm, and the arms differ by the seal
+journal alone, as they do in a real run of the recipe on such a machine.
 Every run starts from the
 same warmed-up model: the recipe's supervised warm-up runs once, first, and
 is timed on its own. Per run it measures, between its first and its last
