@@ -23,6 +23,11 @@ A run must outlast ``interval_s`` for the periodic snapshots to happen at
 all: a 100-step run takes ~4 s, so until stop 36 the default runs measured
 the seal journal alone. Each run now reports the snapshots published inside
 its timed window, and the summary says when the arms differ by none there.
+Since stop 37 a periodic snapshot falls due ``interval_s`` after the newest
+committed state, a trainer checkpoint's included: where the recipe's 50 steps
+between trainer checkpoints take less than ``interval_s`` (~2 s at stop 36's
+~25 steps/s), none falls due in either arm, and the arms differ by the seal
+journal alone, as they do in a real run of the recipe on such a machine.
 Every run starts from the
 same warmed-up model: the recipe's supervised warm-up runs once, first, and
 is timed on its own. Per run it measures, between its first and its last
@@ -713,7 +718,9 @@ def _summarise(results: list[RunResult], rounds: int) -> dict[str, list]:
     if timed_snapshots["snapshots"] <= timed_snapshots["none"]:
         lines.append(
             "  (no periodic snapshot fell in the timed window: the ratio measures the seal "
-            "journal alone; raise --steps for the run to outlast rollout_checkpointing.interval_s)"
+            "journal alone; a periodic snapshot falls due rollout_checkpointing.interval_s after "
+            "the newest committed state, a trainer checkpoint's included, and the run must "
+            "outlast it)"
         )
     loads = [load for r in results for load in r.load_average]
     lines.append(f"load average (1 min) over the runs: {min(loads):.1f}-{max(loads):.1f}")

@@ -41,7 +41,7 @@ from rollvault.controller.snapshots import checkpointer
 from rollvault.controller.snapshots.fact_writer import FactSegmentWriter
 from rollvault.controller.snapshots.ledger_segments import LedgerSegmentWriter
 from rollvault.controller.snapshots.snapshot_files import RolloutStateCapture
-from rollvault.controller.snapshots.snapshot_retry import BACKOFF_CAP, SnapshotRetry
+from rollvault.controller.snapshots.snapshot_schedule import BACKOFF_CAP, SnapshotSchedule
 from rollvault.dataplane.interface import DataPlane
 from rollvault.dataplane.segmented_writer import SegmentedWriter
 from rollvault.durable.trainer_checkpoints import (
@@ -112,7 +112,7 @@ class PeriodicWrites:
 
 
 def test_the_wait_doubles_per_failure_up_to_the_cap_and_a_success_resets_it() -> None:
-    retry = SnapshotRetry(interval_s=0.5, max_consecutive_failures=6)
+    retry = SnapshotSchedule(interval_s=0.5, max_consecutive_failures=6)
     waits = [retry.next_wait_s()]
     stops = []
     for _ in range(5):

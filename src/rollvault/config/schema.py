@@ -514,7 +514,8 @@ class RolloutCheckpointingConfig(_Section, frozen=True):
 
     # Write periodic rollout snapshots at all.
     enabled: bool = True
-    # Seconds between snapshots (skipped when nothing changed).
+    # Seconds between snapshots (skipped when nothing changed), counted from the newest
+    # committed state: a trainer checkpoint's rollout state defers the next one too.
     interval_s: PositiveFloat = 5.0
     # Committed snapshots kept per anchor; older ones are pruned.
     keep_latest_k: PositiveInt = 2

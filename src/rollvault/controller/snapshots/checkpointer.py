@@ -18,7 +18,7 @@ same steps.
 A write that fails (disk full, I/O error) leaves what was committed before
 it intact. A failed periodic snapshot is a warning on stderr (logger
 ``rollvault.checkpointer``) and is retried with a doubling wait
-(:mod:`.snapshot_retry`); ``max_consecutive_failures`` in a row raise
+(:mod:`.snapshot_schedule`); ``max_consecutive_failures`` in a row raise
 :class:`SnapshotsFailingError`. A failed trainer checkpoint raises
 :class:`TrainerCheckpointWriteError` at once: the step it would have made
 durable is not, and training on would only widen the gap. Either message
@@ -66,7 +66,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     SegmentSeed,
     write_snapshot_payload,
 )
-from rollvault.controller.snapshots.snapshot_retry import SnapshotRetry
+from rollvault.controller.snapshots.snapshot_schedule import SnapshotSchedule
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
 from rollvault.dataplane.segmented_writer import SegmentedWriter
@@ -287,7 +287,7 @@ class Checkpointer:
         self._rows = AnchorWriter(SegmentedWriter)
         self._ledger = AnchorWriter(LedgerSegmentWriter)
         self._facts = AnchorWriter(FactSegmentWriter)
-        self._retry = SnapshotRetry(
+        self._schedule = SnapshotSchedule(
             interval_s=self._settings.interval_s,
             max_consecutive_failures=self._settings.max_consecutive_failures,
         )
@@ -319,15 +319,23 @@ class Checkpointer:
     async def run_periodic(self) -> None:
         """Snapshot every ``interval_s`` seconds while anything changed, until :meth:`stop`.
 
-        Stopping waits for a snapshot being written to finish: cancelling
-        would leave its worker thread writing while the next snapshot starts.
-        After failures the wait doubles (:class:`SnapshotRetry`).
+        The interval counts from the newest committed state, a trainer
+        checkpoint's included (:class:`SnapshotSchedule`): a snapshot right after
+        one would write the same state again. Stopping waits for a snapshot
+        being written to finish: cancelling would leave its worker thread
+        writing while the next snapshot starts. After failures the wait doubles.
         """
+        self._schedule.start()
         while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self._retry.next_wait_s())
-            if not self._stopping.is_set() and await self.snapshot_if_changed() is not None:
+            wait_s = self._schedule.due_in_s()
+            if wait_s > 0:
+                # Woken at the old due time after a trainer checkpoint moved it: wait again.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), wait_s)
+                continue
+            if await self.snapshot_if_changed() is not None:
                 self._prune_journal()
+            self._schedule.tried()
 
     def stop(self) -> None:
         """Make :meth:`run_periodic` return after its current snapshot, if any."""
@@ -372,7 +380,7 @@ class Checkpointer:
             if facts.last_written is not None:
                 facts.committed(facts.last_written)
             await asyncio.to_thread(self._collect_segments, path.parent, segments, ledger, facts)
-            self._retry.succeeded()
+            self._schedule.succeeded()
             self.stats.write_seconds.append(time.perf_counter() - started)
             self.stats.snapshots += 1
             self._committed_journal_seq = capture.controller.dispatch_journal_seq
@@ -381,9 +389,9 @@ class Checkpointer:
 
     def _snapshot_failed(self, error: SnapshotWriteError) -> None:
         self.stats.failures += 1
-        limit = self._retry.max_consecutive_failures
+        limit = self._schedule.max_consecutive_failures
         newest = self.newest_good_state()
-        if self._retry.failed():
+        if self._schedule.failed():
             raise SnapshotsFailingError(
                 f"{limit} rollout snapshot(s) in a row failed "
                 f"(rollout_checkpointing.max_consecutive_failures={limit}); the last: {error}. "
@@ -393,11 +401,11 @@ class Checkpointer:
         _LOG.warning(
             "rollout snapshot failed (%d in a row; the run stops at %d): %s; the newest good "
             "snapshot is %s; trying again in %.3g s",
-            self._retry.consecutive,
+            self._schedule.consecutive,
             limit,
             error,
             newest,
-            self._retry.next_wait_s(),
+            self._schedule.next_wait_s(),
         )
 
     def newest_good_state(self) -> str:
@@ -459,6 +467,7 @@ class Checkpointer:
             self._committed_journal_seq = capture.controller.dispatch_journal_seq
             self._prune_journal()
             await self._rotate_seal_journal(capture.controller.seal_journal_seq)
+            self._schedule.committed_elsewhere()
             self.stats.trainer_checkpoints += 1
             return path
 
