@@ -34,6 +34,9 @@ from rollvault.controller.loop.dispatch_journal import DISPATCH_JOURNAL_DIRNAME
 
 NUM_PROMPTS = 256
 EPOCHS = 3
+DISK_BYTES = 3 << 20
+"""Full at about two thirds of the run's 96 steps. At 4 MB the third failure in a row came
+at step 86-95, and a run fast enough to finish first exited 0 (CI, stop 37)."""
 
 
 # Commands fork from one process that has imported the command line once.
@@ -78,7 +81,7 @@ def _restart_on_a_bigger_disk(tmp_path: Path, small: Path) -> Path:
 def test_a_full_checkpoint_disk_stops_the_run_cleanly_and_a_bigger_one_finishes_it(
     tmp_path: Path, small_filesystem: Callable[[int], Path]
 ) -> None:
-    small = small_filesystem(4 << 20) / "ckpt"
+    small = small_filesystem(DISK_BYTES) / "ckpt"
     # Only the snapshots fill the small disk: the dispatch journal's lines go to a roomy
     # one. Else, when a failed snapshot leaves fewer bytes than the lines appended before
     # its retry, the journal's own disk-full stop comes first (the second test below
@@ -119,7 +122,7 @@ def test_a_full_checkpoint_disk_stops_the_run_cleanly_and_a_bigger_one_finishes_
 def test_a_full_disk_with_the_seal_journal_stops_cleanly_and_a_restart_trains_once(
     tmp_path: Path, small_filesystem: Callable[[int], Path]
 ) -> None:
-    small = small_filesystem(4 << 20) / "ckpt"
+    small = small_filesystem(DISK_BYTES) / "ckpt"
     stopped = _run(tmp_path, small)
     assert stopped.returncode == IO_STOP_EXIT_STATUS, stopped.stderr
     assert "Traceback" not in stopped.stderr
