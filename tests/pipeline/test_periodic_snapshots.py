@@ -119,19 +119,35 @@ def _journal_config(tmp_path: Path) -> RunConfig:
 
 
 class Tries:
-    """Records each periodic try: the journal's bytes then, and whether it committed."""
+    """A fresh run's periodic snapshots going, each try recorded: the journal's bytes
+    then, and whether it committed."""
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self.made: list[tuple[int, bool]] = []
-        self.changed = asyncio.Event()
-        self._inner = run.checkpointer.snapshot_if_changed
-        run.checkpointer.snapshot_if_changed = self  # type: ignore[method-assign]
-
-    async def __call__(self) -> Path | None:
+    def __init__(self, config: RunConfig) -> None:
+        self.run = Run.fresh(config)
         journal = self.run.parts.seal_journal
         assert journal is not None
-        appended = journal.bytes_appended
+        self.journal = journal
+        self.made: list[tuple[int, bool]] = []
+        self.changed = asyncio.Event()
+        self._inner = self.run.checkpointer.snapshot_if_changed
+        self.run.checkpointer.snapshot_if_changed = self  # type: ignore[method-assign]
+        self._periodic: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Something to snapshot, then the periodic snapshots."""
+        await _reserve(self.run.parts, sealed=1, gate=self.run.gate)
+        self._periodic = asyncio.create_task(self.run.checkpointer.run_periodic())
+        await asyncio.sleep(0)  # it waits now
+
+    async def stop(self) -> None:
+        assert self._periodic is not None
+        self.run.checkpointer.stop()
+        await self._periodic
+        self.run.parts.logs.close()
+        self.journal.close()
+
+    async def __call__(self) -> Path | None:
+        appended = self.journal.bytes_appended
         path = await self._inner()
         self.made.append((appended, path is not None))
         self.changed.set()
@@ -158,12 +174,9 @@ def test_the_journal_growing_by_snapshot_after_mib_makes_a_periodic_snapshot_due
     (skipped: nothing changed) waits for another limit's worth, not a hot loop."""
 
     async def main() -> tuple[list[tuple[int, bool]], int]:
-        run = Run.fresh(_journal_config(tmp_path))
-        journal = run.parts.seal_journal
-        assert journal is not None
-        tries = Tries(run)
-        await _reserve(run.parts, sealed=1, gate=run.gate)
-        periodic = asyncio.create_task(run.checkpointer.run_periodic())
+        tries = Tries(_journal_config(tmp_path))
+        journal = tries.journal
+        await tries.start()
         _grow(journal, LIMIT_BYTES // 2)
         await asyncio.sleep(0.2)  # what is tested is that nothing happens
         assert tries.made == []
@@ -175,13 +188,10 @@ def test_the_journal_growing_by_snapshot_after_mib_makes_a_periodic_snapshot_due
         _grow(journal, second[0] + LIMIT_BYTES // 2)
         await asyncio.sleep(0.2)
         assert len(tries.made) == 2  # the skipped try did not make the next one due at once
-        await _reserve(run.parts, sealed=1, gate=run.gate)
+        await _reserve(tries.run.parts, sealed=1, gate=tries.run.gate)
         _grow(journal, second[0] + LIMIT_BYTES)
         await tries.next()
-        run.checkpointer.stop()
-        await periodic
-        run.parts.logs.close()
-        journal.close()
+        await tries.stop()
         assert first[1] and covered >= LIMIT_BYTES
         return tries.made, covered
 
@@ -196,23 +206,15 @@ def test_a_journal_that_stops_makes_one_snapshot_due_at_once(tmp_path: Path) -> 
     so far; then the interval alone (here 600 s) makes the next due."""
 
     async def main() -> list[tuple[int, bool]]:
-        run = Run.fresh(_journal_config(tmp_path))
-        journal = run.parts.seal_journal
-        assert journal is not None
-        tries = Tries(run)
-        await _reserve(run.parts, sealed=1, gate=run.gate)
-        periodic = asyncio.create_task(run.checkpointer.run_periodic())
-        await asyncio.sleep(0)
+        tries = Tries(_journal_config(tmp_path))
+        await tries.start()
         unencodable = msgspec.structs.replace(_seal(), receipt={"reward": 1j})
-        assert journal.seal(unencodable) is None and journal.failure is not None
+        assert tries.journal.seal(unencodable) is None and tries.journal.failure is not None
         await tries.next()
-        await _reserve(run.parts, sealed=1, gate=run.gate)
+        await _reserve(tries.run.parts, sealed=1, gate=tries.run.gate)
         await asyncio.sleep(0.2)
         assert len(tries.made) == 1
-        run.checkpointer.stop()
-        await periodic
-        run.parts.logs.close()
-        journal.close()
+        await tries.stop()
         return tries.made
 
     assert [committed for _, committed in asyncio.run(main())] == [True]
@@ -233,21 +235,14 @@ def test_a_default_interval_shortens_when_the_journal_stops(tmp_path: Path) -> N
     assert Run.fresh(without).checkpointer.interval_s == UNJOURNALED_INTERVAL_S
 
     async def main() -> tuple[float, float, list[tuple[int, bool]]]:
-        run = Run.fresh(config)
-        journal = run.parts.seal_journal
-        assert journal is not None
-        before = run.checkpointer.interval_s
-        tries = Tries(run)
-        await _reserve(run.parts, sealed=1, gate=run.gate)
-        periodic = asyncio.create_task(run.checkpointer.run_periodic())
-        await asyncio.sleep(0)
-        assert journal.seal(msgspec.structs.replace(_seal(), receipt={"reward": 1j})) is None
+        tries = Tries(config)
+        before = tries.run.checkpointer.interval_s
+        await tries.start()
+        unencodable = msgspec.structs.replace(_seal(), receipt={"reward": 1j})
+        assert tries.journal.seal(unencodable) is None
         await tries.next()
-        after = run.checkpointer.interval_s
-        run.checkpointer.stop()
-        await periodic
-        run.parts.logs.close()
-        journal.close()
+        after = tries.run.checkpointer.interval_s
+        await tries.stop()
         return before, after, tries.made
 
     before, after, made = asyncio.run(main())
