@@ -270,8 +270,8 @@ class SnapshotStats:
 
 
 class Checkpointer:
-    """Writes rollout snapshots every interval (:func:`interval_for`) and trainer checkpoints every
-    ``save_period`` steps, one at a time, under ``checkpoint_dir``."""
+    """Writes rollout snapshots every interval (:func:`interval_for`) and trainer
+    checkpoints every ``save_period`` steps, one at a time, under ``checkpoint_dir``."""
 
     def __init__(self, parts: RolloutParts, trainer: Trainer, *, fingerprint: str | None) -> None:
         self._parts = parts
