@@ -1,5 +1,6 @@
 """When periodic snapshots fall due: one interval after the newest committed state, a
-trainer checkpoint's included, with a doubling wait after failures."""
+trainer checkpoint's included, with a doubling wait after failures; with the seal
+journal on, also once it grew by ``journal.snapshot_after_mib``, or stopped."""
 
 from __future__ import annotations
 
@@ -7,11 +8,21 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 from pipeline_helpers import small_config
 from test_group_entries import _reserve
 from test_incremental_snapshots import Run
+from test_seal_journal import _seal
 
-from rollvault.controller.snapshots.snapshot_schedule import BACKOFF_CAP, SnapshotSchedule
+from rollvault.config.schema import RunConfig
+from rollvault.controller.loop.seal_journal import SealJournal
+from rollvault.controller.snapshots.snapshot_schedule import (
+    BACKOFF_CAP,
+    JOURNALED_INTERVAL_S,
+    UNJOURNALED_INTERVAL_S,
+    SnapshotSchedule,
+    interval_for,
+)
 
 
 class FakeClock:
@@ -93,3 +104,147 @@ def test_a_trainer_checkpoint_defers_the_next_periodic_snapshot(tmp_path: Path) 
     checkpointed, written = asyncio.run(main())
     assert checkpointed < INTERVAL_S  # else the test proves nothing: the old due time passed
     assert written[0] >= checkpointed + INTERVAL_S
+
+
+LIMIT_MIB = 0.01
+LIMIT_BYTES = int(LIMIT_MIB * 2**20)
+
+
+def _journal_config(tmp_path: Path) -> RunConfig:
+    return small_config(
+        tmp_path,
+        "rollout_checkpointing.interval_s=600",  # never due by time in these tests
+        f"rollout_checkpointing.journal.snapshot_after_mib={LIMIT_MIB}",
+    )
+
+
+class Tries:
+    """A fresh run's periodic snapshots going, each try recorded: the journal's bytes
+    then, and whether it committed."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.run = Run.fresh(config)
+        journal = self.run.parts.seal_journal
+        assert journal is not None
+        self.journal = journal
+        self.made: list[tuple[int, bool]] = []
+        self.changed = asyncio.Event()
+        self._inner = self.run.checkpointer.snapshot_if_changed
+        self.run.checkpointer.snapshot_if_changed = self  # type: ignore[method-assign]
+        self._periodic: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Something to snapshot, then the periodic snapshots."""
+        await _reserve(self.run.parts, sealed=1, gate=self.run.gate)
+        self._periodic = asyncio.create_task(self.run.checkpointer.run_periodic())
+        await asyncio.sleep(0)  # it waits now
+
+    async def stop(self) -> None:
+        assert self._periodic is not None
+        self.run.checkpointer.stop()
+        await self._periodic
+        self.run.parts.logs.close()
+        self.journal.close()
+
+    async def __call__(self) -> Path | None:
+        appended = self.journal.bytes_appended
+        path = await self._inner()
+        self.made.append((appended, path is not None))
+        self.changed.set()
+        return path
+
+    async def next(self) -> tuple[int, bool]:
+        count = len(self.made)
+        while len(self.made) == count:
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), timeout=10)
+        return self.made[-1]
+
+
+def _grow(journal: SealJournal, until: int) -> None:
+    while journal.bytes_appended < until:
+        journal.step(1, ["g" * 200])  # changes no state: a snapshot of it alone is skipped
+
+
+def test_the_journal_growing_by_snapshot_after_mib_makes_a_periodic_snapshot_due(
+    tmp_path: Path,
+) -> None:
+    """With the seal journal on, a snapshot falls due once the journal grew by the limit
+    since the newest committed state, long before ``interval_s``; a try that wrote nothing
+    (skipped: nothing changed) waits for another limit's worth, not a hot loop."""
+
+    async def main() -> tuple[list[tuple[int, bool]], int]:
+        tries = Tries(_journal_config(tmp_path))
+        journal = tries.journal
+        await tries.start()
+        _grow(journal, LIMIT_BYTES // 2)
+        await asyncio.sleep(0.2)  # what is tested is that nothing happens
+        assert tries.made == []
+        _grow(journal, LIMIT_BYTES)
+        first = await tries.next()
+        covered = journal.covered_bytes
+        _grow(journal, covered + LIMIT_BYTES)  # steps only: this try has nothing to write
+        second = await tries.next()
+        _grow(journal, second[0] + LIMIT_BYTES // 2)
+        await asyncio.sleep(0.2)
+        assert len(tries.made) == 2  # the skipped try did not make the next one due at once
+        await _reserve(tries.run.parts, sealed=1, gate=tries.run.gate)
+        _grow(journal, second[0] + LIMIT_BYTES)
+        await tries.next()
+        await tries.stop()
+        assert first[1] and covered >= LIMIT_BYTES
+        return tries.made, covered
+
+    made, covered = asyncio.run(main())
+    assert [committed for _, committed in made] == [True, False, True]
+    assert covered <= made[0][0] + LIMIT_BYTES  # counted from that snapshot's capture
+    assert made[1][0] >= covered + LIMIT_BYTES and made[2][0] >= made[1][0] + LIMIT_BYTES
+
+
+def test_a_journal_that_stops_makes_one_snapshot_due_at_once(tmp_path: Path) -> None:
+    """Its seals are kept by the snapshots alone from then on: one now keeps those sealed
+    so far; then the interval alone (here 600 s) makes the next due."""
+
+    async def main() -> list[tuple[int, bool]]:
+        tries = Tries(_journal_config(tmp_path))
+        await tries.start()
+        unencodable = msgspec.structs.replace(_seal(), receipt={"reward": 1j})
+        assert tries.journal.seal(unencodable) is None and tries.journal.failure is not None
+        await tries.next()
+        await _reserve(tries.run.parts, sealed=1, gate=tries.run.gate)
+        await asyncio.sleep(0.2)
+        assert len(tries.made) == 1
+        await tries.stop()
+        return tries.made
+
+    assert [committed for _, committed in asyncio.run(main())] == [True]
+
+
+def test_the_default_interval_is_a_minute_with_the_journal_and_seconds_without() -> None:
+    assert interval_for(None, journal_keeps_seals=True) == JOURNALED_INTERVAL_S == 60.0
+    assert interval_for(None, journal_keeps_seals=False) == UNJOURNALED_INTERVAL_S == 5.0
+    assert interval_for(2.5, journal_keeps_seals=True) == 2.5  # a set interval is kept
+
+
+def test_a_default_interval_shortens_when_the_journal_stops(tmp_path: Path) -> None:
+    """Without the journal a kill loses what was sealed since the newest snapshot: from
+    the journal's failure on, the default interval is the one for a run without it."""
+    config = small_config(tmp_path, f"rollout_checkpointing.journal.snapshot_after_mib={LIMIT_MIB}")
+    assert config.rollout_checkpointing.interval_s is None
+    without = small_config(tmp_path / "off", "rollout_checkpointing.journal.enabled=false")
+    assert Run.fresh(without).checkpointer.interval_s == UNJOURNALED_INTERVAL_S
+
+    async def main() -> tuple[float, float, list[tuple[int, bool]]]:
+        tries = Tries(config)
+        before = tries.run.checkpointer.interval_s
+        await tries.start()
+        unencodable = msgspec.structs.replace(_seal(), receipt={"reward": 1j})
+        assert tries.journal.seal(unencodable) is None
+        await tries.next()
+        after = tries.run.checkpointer.interval_s
+        await tries.stop()
+        return before, after, tries.made
+
+    before, after, made = asyncio.run(main())
+    assert (before, after) == (JOURNALED_INTERVAL_S, UNJOURNALED_INTERVAL_S)
+    assert [committed for _, committed in made] == [True]

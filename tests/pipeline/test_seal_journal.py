@@ -556,3 +556,54 @@ def test_a_snapshot_s_seq_is_taken_after_the_finalizations_it_reflects(tmp_path:
         journal.close()
     records = decode_replay(read_journal(tmp_path / SEAL_JOURNAL_DIRNAME))
     assert [(r.seq, r.entry) for r in records] == [(0, _finalize(0)), (0, _finalize(1))]
+
+
+def test_bytes_appended_counts_every_payload_and_covering_moves_the_base(tmp_path: Path) -> None:
+    # What the periodic snapshots' journal trigger reads: the payload bytes a replay from
+    # the newest committed snapshot would read, held finalizations included.
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        journal.seal(_seal())
+        _finalize_all(journal, [_finalize(0)])
+        captured_at = journal.snapshot_seq()  # appends the held finalization first
+        at_capture = journal.bytes_appended
+        journal.step(1, ["g1"])
+        assert journal.covered_bytes == 0
+        journal.covering(captured_at)
+        assert journal.covered_bytes == at_capture
+        journal.covering(captured_at + 5)  # a seq no capture took leaves the base as it was
+        assert journal.covered_bytes == at_capture
+    finally:
+        journal.close()
+    payloads = [
+        record.payload
+        for segment in read_journal(tmp_path / SEAL_JOURNAL_DIRNAME).segments
+        for record in segment.records
+    ]
+    assert len(payloads) == 3
+    assert at_capture == len(payloads[0]) + len(payloads[1])
+    assert journal.bytes_appended == sum(map(len, payloads))
+
+
+def test_the_growth_alarm_rings_from_its_threshold_on_and_when_the_journal_stops(
+    tmp_path: Path,
+) -> None:
+    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    rings: list[int] = []
+    try:
+        journal.step(1, ["g1"])
+        threshold = 2 * journal.bytes_appended + 1
+        journal.set_growth_alarm(threshold, lambda: rings.append(journal.bytes_appended))
+        journal.step(2, ["g1"])
+        assert rings == [] and journal.bytes_appended < threshold
+        journal.step(3, ["g1"])
+        journal.step(4, ["g1"])
+        assert len(rings) == 2 and rings[0] >= threshold
+        journal.clear_growth_alarm()
+        journal.step(5, ["g1"])
+        assert len(rings) == 2
+        journal.set_growth_alarm(10 * threshold, lambda: rings.append(-1))
+        assert journal.seal(msgspec.structs.replace(_seal(), receipt={"x": 1j})) is None
+        assert rings[-1] == -1  # stopped: seals are kept by snapshots alone from now on
+    finally:
+        journal.close()

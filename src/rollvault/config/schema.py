@@ -507,6 +507,11 @@ class SealJournalConfig(_Section, frozen=True):
     # seal's, or are flushed alone once the oldest has waited this long. Restore only
     # counts them, so this trades their fsyncs against how long they stay undurable.
     lazy_interval_ms: NonNegativeFloat = 1000.0
+    # While the journal takes records it keeps every seal, so what a periodic snapshot
+    # bounds is no longer what a kill loses but what a restore replays (and the
+    # journal's disk): one falls due as soon as this many MiB were journaled since the
+    # newest committed state, before interval_s if need be.
+    snapshot_after_mib: PositiveFloat = 64.0
 
 
 class RolloutCheckpointingConfig(_Section, frozen=True):
@@ -516,12 +521,15 @@ class RolloutCheckpointingConfig(_Section, frozen=True):
     enabled: bool = True
     # Seconds between snapshots (skipped when nothing changed), counted from the newest
     # committed state: a trainer checkpoint's rollout state defers the next one too.
-    interval_s: PositiveFloat = 5.0
+    # null: 60 s while the seal journal keeps every seal (a snapshot then only bounds
+    # what a restore replays), 5 s without it (everything sealed since the newest
+    # snapshot is generated again after a kill). See snapshot_schedule.interval_for.
+    interval_s: PositiveFloat | None = None
     # Committed snapshots kept per anchor; older ones are pruned.
     keep_latest_k: PositiveInt = 2
     # Failed snapshots in a row (disk full, I/O error) after which the run stops.
     # Each failure keeps the previous snapshot and is retried after a wait that
-    # doubles from interval_s (up to 8x); a success resets the count.
+    # doubles from the interval (up to 8x); a success resets the count.
     max_consecutive_failures: PositiveInt = 5
     # latest: newest compatible snapshot; trainer_checkpoint: regenerate everything
     # after the last trainer checkpoint (the baseline); none: start fresh.

@@ -1,6 +1,6 @@
 """The dispatch journal: which attempts went to the gate, and which came back.
 
-Snapshots are taken every ``interval_s``. An attempt that kills the
+Snapshots are taken seconds or a minute apart. An attempt that kills the
 controller process can be dispatched, and kill it, between two snapshots, so
 the ledger a restore loads may not show it dispatched, or may not even hold
 its group; and the restarted run would dispatch it again, first. The journal

@@ -231,9 +231,10 @@ async def run_pipeline(
     """Restore (when resuming), then run both pumps until the train pump is done or
     ``shutdown`` is requested.
 
-    With rollout checkpointing enabled, snapshots are written every
-    ``interval_s`` meanwhile and once more at the end, and trainer
-    checkpoints every ``save_period`` steps.
+    With rollout checkpointing enabled, snapshots are written every interval
+    (``interval_s``; by default 60 s with the seal journal, 5 s without)
+    meanwhile and once more at the end, and trainer checkpoints every
+    ``save_period`` steps.
     """
     config = parts.config
     shutdown = shutdown if shutdown is not None else Shutdown()

@@ -65,7 +65,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -432,6 +432,14 @@ class SealJournal:
         :class:`FinalizeBatchRecord`)."""
         self.failure: JournalWriteError | None = None
         """Why the journal stopped taking records (None: it takes them)."""
+        self.bytes_appended = 0
+        """Payload bytes queued since this start (what a replay reads, headers aside)."""
+        self.covered_bytes = 0
+        """``bytes_appended`` when the newest committed snapshot (or trainer checkpoint) was
+        captured: what a restore from it would replay is about the difference."""
+        self._capture_bytes: dict[int, int] = {}
+        """``bytes_appended`` at each seq a snapshot capture took (:meth:`snapshot_seq`)."""
+        self._growth_alarm: tuple[int, Callable[[], None]] | None = None
 
     @classmethod
     def open(cls, checkpoint_dir: Path, settings: SealJournalConfig) -> SealJournal:
@@ -458,7 +466,27 @@ class SealJournal:
         below it. The held finalizations are appended first, since the snapshot
         reflects them too (a restore from it then does not count them as after it)."""
         self._append_all([], lazy=True)
-        return self.next_seq
+        seq = self.next_seq
+        self._capture_bytes[seq] = self.bytes_appended
+        return seq
+
+    def set_growth_alarm(self, at_bytes: int, alarm: Callable[[], None]) -> None:
+        """Call ``alarm`` after each append that leaves :attr:`bytes_appended` at or over
+        ``at_bytes``, and when the journal stops taking records (its seals are then kept
+        only by snapshots again). On the event loop, where records are appended; the
+        checkpointer owns it, sets it again as it goes and clears it when it stops."""
+        self._growth_alarm = (at_bytes, alarm)
+
+    def clear_growth_alarm(self) -> None:
+        self._growth_alarm = None
+
+    def covering(self, snapshot_seq: int) -> None:
+        """A snapshot captured at ``snapshot_seq`` committed: :attr:`covered_bytes` is what
+        was journaled by its capture (on the event loop, before :meth:`covered` rotates
+        in a worker thread)."""
+        self.covered_bytes = self._capture_bytes.get(snapshot_seq, self.covered_bytes)
+        for seq in [seq for seq in self._capture_bytes if seq <= snapshot_seq]:
+            del self._capture_bytes[seq]
 
     def seal(self, entry: SealRecord | StagedSeal) -> int | None:
         """Journal one applied seal (the caller built it from what it handed the ledger).
@@ -579,6 +607,10 @@ class SealJournal:
         except JournalWriteError as error:
             self._stopped(error)
             return None
+        self.bytes_appended += sum(map(len, held)) + sum(map(len, payloads))
+        alarm = self._growth_alarm
+        if alarm is not None and self.bytes_appended >= alarm[0]:
+            alarm[1]()
         return range(seqs.start + len(held), seqs.stop)
 
     def _held_payloads(self) -> list[bytes] | None:
@@ -605,6 +637,8 @@ class SealJournal:
         _LOG.warning(
             "seal journal stopped: %s; seals are kept only up to the newest snapshot now", error
         )
+        if self._growth_alarm is not None:
+            self._growth_alarm[1]()
 
     def covered(self, snapshot_seq: int) -> None:
         """A committed snapshot reflects every record below ``snapshot_seq``: rotate, drop.

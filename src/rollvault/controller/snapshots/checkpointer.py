@@ -66,7 +66,7 @@ from rollvault.controller.snapshots.snapshot_files import (
     SegmentSeed,
     write_snapshot_payload,
 )
-from rollvault.controller.snapshots.snapshot_schedule import SnapshotSchedule
+from rollvault.controller.snapshots.snapshot_schedule import SnapshotSchedule, interval_for
 from rollvault.dataplane.capture import DataPlaneCapture
 from rollvault.dataplane.interface import TRAIN_PARTITION, train_key
 from rollvault.dataplane.segmented_writer import SegmentedWriter
@@ -270,8 +270,8 @@ class SnapshotStats:
 
 
 class Checkpointer:
-    """Writes rollout snapshots every ``interval_s`` and trainer checkpoints every
-    ``save_period`` steps, one at a time, under ``checkpoint_dir``."""
+    """Writes rollout snapshots every interval (:func:`interval_for`) and trainer
+    checkpoints every ``save_period`` steps, one at a time, under ``checkpoint_dir``."""
 
     def __init__(self, parts: RolloutParts, trainer: Trainer, *, fingerprint: str | None) -> None:
         self._parts = parts
@@ -281,6 +281,12 @@ class Checkpointer:
         self._settings = parts.config.rollout_checkpointing
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        """Set by :meth:`stop` and by the seal journal's growth alarm: :meth:`run_periodic`
+        looks again at what is due."""
+        self._journal_failure_seen = False
+        self._journal_tried_at = 0
+        """The seal journal's ``bytes_appended`` at the last periodic try."""
         self._last_version: int | None = None
         self._identities = PromptIdentities()
         self._committed_journal_seq = 0
@@ -288,7 +294,7 @@ class Checkpointer:
         self._ledger = AnchorWriter(LedgerSegmentWriter)
         self._facts = AnchorWriter(FactSegmentWriter)
         self._schedule = SnapshotSchedule(
-            interval_s=self._settings.interval_s,
+            interval_s=self._interval_s(),
             max_consecutive_failures=self._settings.max_consecutive_failures,
         )
         self.stats = SnapshotStats()
@@ -321,25 +327,69 @@ class Checkpointer:
 
         The interval counts from the newest committed state, a trainer
         checkpoint's included (:class:`SnapshotSchedule`): a snapshot right after
-        one would write the same state again. Stopping waits for a snapshot
-        being written to finish: cancelling would leave its worker thread
-        writing while the next snapshot starts. After failures the wait doubles.
+        one would write the same state again. With the seal journal on, one is
+        also due as soon as the journal grew ``journal.snapshot_after_mib`` since
+        that state (it bounds a restore's replay), and once when the journal
+        stops taking records (a snapshot then keeps what it held). Stopping waits
+        for a snapshot being written to finish: cancelling would leave its worker
+        thread writing while the next snapshot starts. After failures the wait doubles.
         """
-        self._schedule.start()
-        while not self._stopping.is_set():
-            wait_s = self._schedule.due_in_s()
-            if wait_s > 0:
-                # Woken at the old due time after a trainer checkpoint moved it: wait again.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), wait_s)
-                continue
-            if await self.snapshot_if_changed() is not None:
-                self._prune_journal()
-            self._schedule.tried()
+        journal = self._parts.seal_journal
+        try:
+            self._schedule.start()
+            while not self._stopping.is_set():
+                self._wake.clear()
+                wait_s = self._schedule.due_in_s()
+                if wait_s > 0 and not self._journal_due():
+                    # Woken at the old due time after a trainer checkpoint moved it: wait again.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), wait_s)
+                    continue
+                if journal is not None:
+                    self._journal_tried_at = journal.bytes_appended
+                if await self.snapshot_if_changed() is not None:
+                    self._prune_journal()
+                self._schedule.tried()
+        finally:
+            if journal is not None:
+                journal.clear_growth_alarm()
+
+    def _journal_due(self) -> bool:
+        """Whether the seal journal makes a periodic snapshot due now, and else sets its
+        alarm for when it will: ``snapshot_after_mib`` journaled since the newest committed
+        state and since the last try (a skipped or failed one must not make the next due
+        at once), or the journal just stopped taking records."""
+        journal = self._parts.seal_journal
+        if journal is None:
+            return False
+        if journal.failure is not None:
+            first = not self._journal_failure_seen
+            self._journal_failure_seen = True
+            self._schedule.interval_s = self._interval_s()
+            return first
+        limit = int(self._settings.journal.snapshot_after_mib * 2**20)
+        due_at = max(journal.covered_bytes, self._journal_tried_at) + limit
+        if journal.bytes_appended >= due_at:
+            return True
+        journal.set_growth_alarm(due_at, self._wake.set)
+        return False
+
+    @property
+    def interval_s(self) -> float:
+        """The periodic snapshots' interval now (:func:`interval_for`)."""
+        return self._schedule.interval_s
+
+    def _interval_s(self) -> float:
+        journal = self._parts.seal_journal
+        return interval_for(
+            self._settings.interval_s,
+            journal_keeps_seals=journal is not None and journal.failure is None,
+        )
 
     def stop(self) -> None:
         """Make :meth:`run_periodic` return after its current snapshot, if any."""
         self._stopping.set()
+        self._wake.set()
 
     async def snapshot_if_changed(self) -> Path | None:
         """Write one rollout snapshot unless nothing mutated since the last one.
@@ -550,6 +600,7 @@ class Checkpointer:
         journal = self._parts.seal_journal
         if journal is None:
             return
+        journal.covering(covered_seq)
         # Partials are not in the snapshot: those of live attempts go past the rotation.
         journal.carry_partials(carry_live_partials(self._parts.partials, self._parts.ledger))
         try:

@@ -1,5 +1,14 @@
 """When the next periodic snapshot is due: the interval, counted from the newest committed state.
 
+The interval is ``rollout_checkpointing.interval_s``, or when that is null
+(the default) it depends on what else keeps the sealed work
+(:func:`interval_for`): while the seal journal takes records, every seal is
+durable within a commit interval whatever the snapshots do, and a snapshot
+only bounds how much journal a restore replays (the checkpointer also makes
+one due once the journal grew by ``journal.snapshot_after_mib``), so they can
+be a minute apart; without the journal, a kill loses everything sealed since
+the newest snapshot, so they are seconds apart.
+
 The interval counts from the newest state committed by either path: a
 periodic snapshot, or a trainer checkpoint (whose rollout state is what a
 restart would resume from until the next snapshot). A periodic snapshot
@@ -24,6 +33,18 @@ from typing import Final
 
 BACKOFF_CAP: Final = 8
 """The longest wait between tries, in intervals."""
+JOURNALED_INTERVAL_S: Final = 60.0
+"""The default interval while the seal journal keeps every seal."""
+UNJOURNALED_INTERVAL_S: Final = 5.0
+"""The default interval without it (off, or stopped by a failed write)."""
+
+
+def interval_for(configured_s: float | None, *, journal_keeps_seals: bool) -> float:
+    """The periodic snapshots' interval: ``configured_s``, or by default (None) one that
+    fits what keeps the sealed work between snapshots."""
+    if configured_s is not None:
+        return configured_s
+    return JOURNALED_INTERVAL_S if journal_keeps_seals else UNJOURNALED_INTERVAL_S
 
 
 class SnapshotSchedule:
