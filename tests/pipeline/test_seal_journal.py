@@ -583,6 +583,13 @@ def test_bytes_appended_counts_every_payload_and_covering_moves_the_base(tmp_pat
     assert len(payloads) == 3
     assert at_capture == len(payloads[0]) + len(payloads[1])
     assert journal.bytes_appended == sum(map(len, payloads))
+    # A restart counts what its journal holds: no snapshot of the new start covers it yet.
+    reopened = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    try:
+        assert reopened.bytes_appended == sum(map(len, payloads))
+        assert reopened.covered_bytes == 0
+    finally:
+        reopened.close()
 
 
 def test_the_growth_alarm_rings_from_its_threshold_on_and_when_the_journal_stops(

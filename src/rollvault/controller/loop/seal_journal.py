@@ -432,8 +432,13 @@ class SealJournal:
         :class:`FinalizeBatchRecord`)."""
         self.failure: JournalWriteError | None = None
         """Why the journal stopped taking records (None: it takes them)."""
-        self.bytes_appended = 0
-        """Payload bytes queued since this start (what a replay reads, headers aside)."""
+        self.bytes_appended = sum(
+            len(record.payload) for scan in repair.replay.segments for record in scan.records
+        )
+        """Payload bytes in the journal: those it held when it opened (a restart's journal
+        is not covered by a snapshot of this start yet; counting it keeps runs killed
+        more often than the snapshot interval from growing it without end) and those
+        queued since (what a replay reads, headers aside)."""
         self.covered_bytes = 0
         """``bytes_appended`` when the newest committed snapshot (or trainer checkpoint) was
         captured: what a restore from it would replay is about the difference."""
