@@ -280,7 +280,7 @@ class Checkpointer:
         self._checkpoint_dir = Path(parts.config.checkpointing.checkpoint_dir)
         self._settings = parts.config.rollout_checkpointing
         self._lock = asyncio.Lock()
-        self._stopping = asyncio.Event()
+        self._stopping = False
         self._wake = asyncio.Event()
         """Set by :meth:`stop` and by the seal journal's growth alarm: :meth:`run_periodic`
         looks again at what is due."""
@@ -337,7 +337,7 @@ class Checkpointer:
         journal = self._parts.seal_journal
         try:
             self._schedule.start()
-            while not self._stopping.is_set():
+            while not self._stopping:
                 self._wake.clear()
                 wait_s = self._schedule.due_in_s()
                 if wait_s > 0 and not self._journal_due():
@@ -388,7 +388,7 @@ class Checkpointer:
 
     def stop(self) -> None:
         """Make :meth:`run_periodic` return after its current snapshot, if any."""
-        self._stopping.set()
+        self._stopping = True
         self._wake.set()
 
     async def snapshot_if_changed(self) -> Path | None:
