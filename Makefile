@@ -39,12 +39,14 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/rollvault run --config src/rollvault/configs/grpo_addition.yaml
 
+# -X faulthandler: pytest turns its own fault handler off when it ends; this one stays
+# on through interpreter shutdown, so a crash there names its threads.
 test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	$(PY) -X faulthandler -m pytest
 
 # The addition recipe generating on a vLLM server that the run starts and supervises.
 run-vllm: $(STAMP) $(VLLM_STAMP)

@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 import msgspec
-from pipeline_helpers import small_config
+from pipeline_helpers import dataset_of, small_config
 from test_group_entries import _reserve
 from test_incremental_snapshots import Run
 from test_seal_journal import _seal
 
 from rollvault.config.schema import RunConfig
 from rollvault.controller.loop.seal_journal import SealJournal
+from rollvault.controller.snapshots.resume import prepare_checkpoint_dir
 from rollvault.controller.snapshots.snapshot_schedule import (
     BACKOFF_CAP,
     JOURNALED_INTERVAL_S,
@@ -119,11 +120,11 @@ def _journal_config(tmp_path: Path) -> RunConfig:
 
 
 class Tries:
-    """A fresh run's periodic snapshots going, each try recorded: the journal's bytes
+    """A run's periodic snapshots going, each try recorded: the journal's bytes
     then, and whether it committed."""
 
-    def __init__(self, config: RunConfig) -> None:
-        self.run = Run.fresh(config)
+    def __init__(self, run: Run) -> None:
+        self.run = run
         journal = self.run.parts.seal_journal
         assert journal is not None
         self.journal = journal
@@ -133,9 +134,11 @@ class Tries:
         self.run.checkpointer.snapshot_if_changed = self  # type: ignore[method-assign]
         self._periodic: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Something to snapshot, then the periodic snapshots."""
-        await _reserve(self.run.parts, sealed=1, gate=self.run.gate)
+    async def start(self, *, reserve: bool = True) -> None:
+        """Something to snapshot (a new group, unless ``reserve`` is false), then the
+        periodic snapshots."""
+        if reserve:
+            await _reserve(self.run.parts, sealed=1, gate=self.run.gate)
         self._periodic = asyncio.create_task(self.run.checkpointer.run_periodic())
         await asyncio.sleep(0)  # it waits now
 
@@ -174,7 +177,7 @@ def test_the_journal_growing_by_snapshot_after_mib_makes_a_periodic_snapshot_due
     (skipped: nothing changed) waits for another limit's worth, not a hot loop."""
 
     async def main() -> tuple[list[tuple[int, bool]], int]:
-        tries = Tries(_journal_config(tmp_path))
+        tries = Tries(Run.fresh(_journal_config(tmp_path)))
         journal = tries.journal
         await tries.start()
         _grow(journal, LIMIT_BYTES // 2)
@@ -206,7 +209,7 @@ def test_a_journal_that_stops_makes_one_snapshot_due_at_once(tmp_path: Path) -> 
     so far; then the interval alone (here 600 s) makes the next due."""
 
     async def main() -> list[tuple[int, bool]]:
-        tries = Tries(_journal_config(tmp_path))
+        tries = Tries(Run.fresh(_journal_config(tmp_path)))
         await tries.start()
         unencodable = msgspec.structs.replace(_seal(), receipt={"reward": 1j})
         assert tries.journal.seal(unencodable) is None and tries.journal.failure is not None
@@ -235,7 +238,7 @@ def test_a_default_interval_shortens_when_the_journal_stops(tmp_path: Path) -> N
     assert Run.fresh(without).checkpointer.interval_s == UNJOURNALED_INTERVAL_S
 
     async def main() -> tuple[float, float, list[tuple[int, bool]]]:
-        tries = Tries(config)
+        tries = Tries(Run.fresh(config))
         before = tries.run.checkpointer.interval_s
         await tries.start()
         unencodable = msgspec.structs.replace(_seal(), receipt={"reward": 1j})
@@ -248,3 +251,37 @@ def test_a_default_interval_shortens_when_the_journal_stops(tmp_path: Path) -> N
     before, after, made = asyncio.run(main())
     assert (before, after) == (JOURNALED_INTERVAL_S, UNJOURNALED_INTERVAL_S)
     assert [committed for _, committed in made] == [True]
+
+
+def test_a_restart_whose_journal_holds_the_limit_snapshots_at_once(tmp_path: Path) -> None:
+    """A run killed more often than its journal grows by the limit (and than the interval)
+    must still make its journal, hence a restore's replay, end: the restart counts the
+    journal it opened with, so its first periodic snapshot is due at once."""
+    config = _journal_config(tmp_path)
+
+    async def first_start() -> int:
+        run = Run.fresh(config)
+        await _reserve(run.parts, sealed=1, gate=run.gate)
+        await run.snapshot()
+        journal = run.parts.seal_journal
+        assert journal is not None
+        _grow(journal, 2 * LIMIT_BYTES)
+        run.parts.logs.close()
+        journal.close()  # the kill: no snapshot covers what was journaled since
+        return journal.bytes_appended
+
+    journaled = asyncio.run(first_start())
+    source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
+    assert source is not None and source.snapshot is not None
+
+    async def restart() -> tuple[int, list[tuple[int, bool]]]:
+        tries = Tries(await Run.restored(config, source))
+        opened_with = tries.journal.bytes_appended
+        await tries.start(reserve=False)
+        made = await tries.next()  # within next()'s 10 s: the interval is 600 s
+        await tries.stop()
+        return opened_with, [made]
+
+    opened_with, made = asyncio.run(restart())
+    assert opened_with >= LIMIT_BYTES and journaled >= 2 * LIMIT_BYTES
+    assert made == [(opened_with, True)]  # the restored state, written before any new seal
