@@ -1,8 +1,9 @@
 """SIGKILLs landing mid-episode: the multi-turn run on the simulated gate, through the harness.
 
-The guessing game (``dataset.kind=guess``) on the simulated gate, seal journal
-off (restores continue episodes from the snapshot's committed turns): episodes
-of up to four turns, each turn slow enough that kills land between turns. On top
+The guessing game (``dataset.kind=guess``) on the simulated gate: episodes of
+up to four turns, each turn slow enough that kills land between turns; once
+with the seal journal off (restores continue episodes from the snapshot's
+committed turns), once with it on (seals after the snapshot replayed). On top
 of the harness's invariants (every prompt trained once, sealed siblings
 reused, a clean final state) it checks the turn-level ones: every trained
 episode is exactly its committed turns, none generated twice, restored
@@ -38,29 +39,36 @@ MULTITURN = (
     "gate.simulated.max_response_tokens=16",
     "gate.simulated.latency_per_token_s=0.02",
     "reward.max_response_tokens=64",
+)
+JOURNAL_OFF = (
     # The snapshot path of a turn-level restore. With the seal journal, an attempt sealed
     # after the snapshot is replayed whole; a kill right after a train step (when the
     # attempts still generating were mostly just dispatched) then left no episode to
-    # continue from committed turns in about 1 run in 5. The journal's turn records are
-    # replayed in tests/pipeline/test_seal_journal_replay.py.
+    # continue from committed turns in about 1 run in 5: the journal's run below checks
+    # the invariants only. Its turn records are replayed without timing in
+    # tests/pipeline/test_seal_journal_replay.py.
     "rollout_checkpointing.journal.enabled=false",
 )
 
 
-@pytest.fixture(scope="module")
-def multiturn_run(tmp_path_factory: pytest.TempPathFactory) -> ChaosReport:
-    plan = ChaosPlan(
-        run_dir=tmp_path_factory.mktemp("chaos") / "multiturn",
+def _plan(run_dir: Path, overrides: tuple[str, ...]) -> ChaosPlan:
+    return ChaosPlan(
+        run_dir=run_dir,
         kills=KILLS,
         seed=5,
-        overrides=MULTITURN,
+        overrides=overrides,
         # Right after train steps, on a fast machine or a loaded one: kills then land
         # again and again before a snapshot, the case that lost committed prefixes when
         # a second restart restored the same snapshot.
         kill_window_s=None,
         kill_after_steps=(1, 2),
     )
-    return run_chaos(plan)
+
+
+@pytest.fixture(scope="module")
+def multiturn_run(tmp_path_factory: pytest.TempPathFactory) -> ChaosReport:
+    run_dir = tmp_path_factory.mktemp("chaos") / "multiturn"
+    return run_chaos(_plan(run_dir, (*MULTITURN, *JOURNAL_OFF)))
 
 
 @pytest.mark.slow
@@ -75,6 +83,20 @@ def test_kills_mid_episode_keep_committed_turns_and_train_every_episode_once(
     # Kills landed mid-episode: restores continued episodes from committed turns.
     assert sum(r.turns_resumed for r in history.restores) > 0
     assert any(r.episodes_resumed for r in history.restores)
+    assert all(r.episodes_restarted == [] for r in history.restores)
+    assert max(t.turn_index for t in history.turns) > 0
+
+
+@pytest.mark.slow
+def test_kills_mid_episode_with_the_seal_journal_train_every_episode_once(
+    tmp_path: Path,
+) -> None:
+    report = run_chaos(_plan(tmp_path / "multiturn", MULTITURN))
+    assert report.problems == []  # the harness's and the turn-level checks (module docstring)
+    assert report.kills_delivered == KILLS
+    assert [s.outcome for s in report.starts][-1] is StartOutcome.FINISHED
+    assert report.check is not None
+    history = report.check.history
     assert all(r.episodes_restarted == [] for r in history.restores)
     assert max(t.turn_index for t in history.turns) > 0
 
