@@ -82,6 +82,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -318,6 +319,9 @@ class RunResult:
     load_average: tuple[float, float] = (0.0, 0.0)
     """The machine's 1-minute load average at the run's start and end (other processes'
     work included: the shared machine's noise, for reading the ratios)."""
+    step_seconds: list[float] = field(default_factory=list)
+    """Wall time from each step mark to the next (``--json`` only): where in a run the arms
+    differ, e.g. at the trainer checkpoints' steps or evenly over all."""
 
 
 def vm_hwm_mib(pid: int) -> float:
@@ -505,6 +509,7 @@ def run_arm(
     started = result.snapshot_times["publish_snapshot"].started_at
     result.snapshots_timed = sum(t0 <= start <= t1 for start in started)
     result.load_average = (load_start, os.getloadavg()[0])
+    result.step_seconds = [b[0] - a[0] for a, b in itertools.pairwise(marks)]
     return result
 
 
