@@ -274,14 +274,14 @@ def test_a_restart_whose_journal_holds_the_limit_snapshots_at_once(tmp_path: Pat
     source = prepare_checkpoint_dir(config, dataset=dataset_of(config))
     assert source is not None and source.snapshot is not None
 
-    async def restart() -> tuple[int, list[tuple[int, bool]]]:
+    async def restart() -> tuple[int, tuple[int, bool]]:
         tries = Tries(await Run.restored(config, source))
         opened_with = tries.journal.bytes_appended
         await tries.start(reserve=False)
         made = await tries.next()  # within next()'s 10 s: the interval is 600 s
         await tries.stop()
-        return opened_with, [made]
+        return opened_with, made
 
     opened_with, made = asyncio.run(restart())
     assert opened_with >= LIMIT_BYTES and journaled >= 2 * LIMIT_BYTES
-    assert made == [(opened_with, True)]  # the restored state, written before any new seal
+    assert made == (opened_with, True)  # the restored state, written before any new seal
