@@ -322,6 +322,15 @@ class RunResult:
     step_seconds: list[float] = field(default_factory=list)
     """Wall time from each step mark to the next (``--json`` only): where in a run the arms
     differ, e.g. at the trainer checkpoints' steps or evenly over all."""
+    children_cpu_ms_per_step: float = 0.0
+    """CPU time per step of the processes below this one (the trainer process, the
+    generation worker), alive at the first step mark."""
+    machine_busy_ms_per_step: float = 0.0
+    """CPU time per step of the whole machine, every core, kernel included (``/proc/stat``):
+    what the run and anything else running took."""
+    machine_idle_share: float = 0.0
+    """The share of the machine's core time that was idle (or waiting on I/O) in the timed
+    window: above zero, the run did not keep every core busy."""
 
 
 def vm_hwm_mib(pid: int) -> float:
@@ -339,6 +348,28 @@ def process_cpu_s() -> float:
     """User + system CPU seconds of this process, all threads."""
     times = os.times()
     return times.user + times.system
+
+
+def machine_cpu_ticks() -> tuple[int, int]:
+    """Busy and idle (idle + iowait) clock ticks of every core since boot (``/proc/stat``)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields[:8]) - idle, idle
+
+
+def processes_cpu_ticks(pids: Sequence[int]) -> int:
+    """User + system clock ticks of ``pids`` (a process that is gone counts 0)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        ticks += sum(int(v) for v in stat.rsplit(")", 1)[1].split()[11:13])
+    return ticks
+
+
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def descendants(pid: int) -> list[int]:
@@ -434,12 +465,18 @@ def run_arm(
     )
     setup = prepare(config)
     marks: list[tuple[float, int, float, float]] = []
+    ticks: list[tuple[int, int, int]] = []
+    """(machine busy, machine idle, children) clock ticks at each step mark."""
+    children: list[int] = []
     result = RunResult(arm, 0, 0.0, 0.0, 0.0, 0, 0.0)
     load_start = os.getloadavg()[0]
 
     def on_step(parts: RolloutParts, metrics: dict[str, float]) -> None:
+        if not children:
+            children.extend(descendants(os.getpid()))
         tokens = setup.tokens_generated()
         marks.append((time.perf_counter(), tokens, process_cpu_s(), time.thread_time()))
+        ticks.append((*machine_cpu_ticks(), processes_cpu_ticks(children)))
         collector.counting = True
         result.rewards.append(metrics.get("reward_mean", float("nan")))
         result.accuracies.append(metrics.get("accuracy", float("nan")))
@@ -510,6 +547,10 @@ def run_arm(
     result.snapshots_timed = sum(t0 <= start <= t1 for start in started)
     result.load_average = (load_start, os.getloadavg()[0])
     result.step_seconds = [b[0] - a[0] for a, b in itertools.pairwise(marks)]
+    (busy0, idle0, kids0), (busy1, idle1, kids1) = ticks[0], ticks[-1]
+    result.children_cpu_ms_per_step = 1000 * TICK_S * (kids1 - kids0) / (len(marks) - 1)
+    result.machine_busy_ms_per_step = 1000 * TICK_S * (busy1 - busy0) / (len(marks) - 1)
+    result.machine_idle_share = (idle1 - idle0) / max(1, busy1 - busy0 + idle1 - idle0)
     return result
 
 
@@ -617,7 +658,9 @@ def main() -> int:
                     f"{result.loop_cpu_ms_per_step:5.1f}, journal writer "
                     f"{result.writer_cpu_ms_per_step:4.1f}, journal on the loop "
                     f"{result.journal_loop_cpu_ms_per_step:4.2f}) over "
-                    f"{result.seconds:5.1f}s, "
+                    f"{result.seconds:5.1f}s, children {result.children_cpu_ms_per_step:5.1f} "
+                    f"ms CPU/step, machine busy {result.machine_busy_ms_per_step:5.1f} ms/step "
+                    f"(idle {100 * result.machine_idle_share:4.1f}%), "
                     f"{result.snapshots_written} snapshots ({result.snapshots_timed} timed), load {result.load_average[0]:.1f}"
                     f"-{result.load_average[1]:.1f}, peak RSS parent "
                     f"{result.parent_peak_mib:.0f} MiB children "
