@@ -31,6 +31,7 @@ import os
 import runpy
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rollvault.controller.loop.seal_journal import (
@@ -39,25 +40,14 @@ from rollvault.controller.loop.seal_journal import (
     _seal_payloads,
     seal_batch_record,
 )
-from rollvault.durable.fsync import _fsync_directory, _write_all
-from rollvault.durable.journal_format import segment_header, segment_name
+from rollvault.durable.fsync import _write_all
 from rollvault.durable.journal_writer import JournalWriter, _write_buffer
 
-MODES = (
-    "normal",
-    "no_write",
-    "no_writer_work",
-    "no_hand_over",
-    "pack_only",
-    "encode_only",
-    "no_fsync",
-    "sleep",
-    "prealloc",
-)
 BENCH = Path(__file__).resolve().parent / "bench_grpo_run.py"
 BLOCKS = Path(__file__).resolve().parent / "bench_journal_blocks.py"
 FSYNC_LIKE_S = 0.0007
 PREALLOC_BYTES = 8 << 20
+_NEW_SEGMENT = JournalWriter._new_segment
 
 
 def _mark_durable(writer: JournalWriter, batch: list[tuple[int, bytes, bool]]) -> None:
@@ -101,18 +91,15 @@ def _write_sleep(writer: JournalWriter, batch: list[tuple[int, bytes, bool]]) ->
 
 
 def _prealloc_segment(writer: JournalWriter, first_seq: int) -> int:
-    path = writer.directory / segment_name(first_seq)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    header = segment_header(first_seq)
-    _write_all(fd, header)
+    # The writer's own segment start (header, flushes, the segment listed), then zeros
+    # after the header, through a descriptor without O_APPEND: groups go at their offsets.
+    os.close(_NEW_SEGMENT(writer, first_seq))
+    fd = os.open(writer._segments[-1][1], os.O_WRONLY)
+    os.lseek(fd, 0, os.SEEK_END)
     zeros = bytes(1 << 20)
     for _ in range(PREALLOC_BYTES >> 20):
         _write_all(fd, zeros)
-    writer._segment_size = len(header)
     os.fsync(fd)
-    _fsync_directory(writer.directory)
-    with writer._cond:
-        writer._segments.append((first_seq, path))
     return fd
 
 
@@ -129,24 +116,27 @@ def _pwrite_fdatasync(writer: JournalWriter, batch: list[tuple[int, bytes, bool]
     _mark_durable(writer, batch)
 
 
+PATCHES: dict[str, list[tuple[type, str, Callable[..., object]]]] = {
+    "normal": [],
+    "no_write": [(JournalWriter, "_write_group", _encode_only)],
+    "no_writer_work": [(JournalWriter, "_write_group", _mark_durable)],
+    "no_hand_over": [(SealJournal, "seal_many", _hand_over_nothing)],
+    "pack_only": [(SealJournal, "seal_many", _pack_only)],
+    "encode_only": [(SealJournal, "seal_many", _pack_and_encode_only)],
+    "no_fsync": [(JournalWriter, "_write_group", _write_no_fsync)],
+    "sleep": [(JournalWriter, "_write_group", _write_sleep)],
+    "prealloc": [
+        (JournalWriter, "_new_segment", _prealloc_segment),
+        (JournalWriter, "_write_group", _pwrite_fdatasync),
+    ],
+}
+"""Per MODE, the methods it replaces: (class, method name, replacement)."""
+MODES = tuple(PATCHES)
+
+
 def _switch_off(mode: str) -> None:
-    if mode == "no_write":
-        JournalWriter._write_group = _encode_only  # type: ignore[method-assign,assignment]
-    elif mode == "no_writer_work":
-        JournalWriter._write_group = _mark_durable  # type: ignore[method-assign,assignment]
-    elif mode == "no_hand_over":
-        SealJournal.seal_many = _hand_over_nothing  # type: ignore[method-assign,assignment]
-    elif mode == "pack_only":
-        SealJournal.seal_many = _pack_only  # type: ignore[method-assign,assignment]
-    elif mode == "encode_only":
-        SealJournal.seal_many = _pack_and_encode_only  # type: ignore[method-assign,assignment]
-    elif mode == "no_fsync":
-        JournalWriter._write_group = _write_no_fsync  # type: ignore[method-assign,assignment]
-    elif mode == "sleep":
-        JournalWriter._write_group = _write_sleep  # type: ignore[method-assign,assignment]
-    elif mode == "prealloc":
-        JournalWriter._new_segment = _prealloc_segment  # type: ignore[method-assign,assignment]
-        JournalWriter._write_group = _pwrite_fdatasync  # type: ignore[method-assign,assignment]
+    for owner, name, replacement in PATCHES[mode]:
+        setattr(owner, name, replacement)
 
 
 def main() -> None:
