@@ -111,6 +111,8 @@ class _FaultPlan:
         self.trace_path = trace_path
         self._trace_fd: int | None = None
         self._hits: Counter[str] = Counter()
+        self.part_of: int | None = None
+        """The process this one is a part of (see :func:`kill_with`)."""
 
     def hit(self, name: str) -> None:
         if name not in FAULT_POINTS:
@@ -123,6 +125,8 @@ class _FaultPlan:
                 )
             os.write(self._trace_fd, f"{name}\n".encode())
         if self.kill_at == (name, self._hits[name]):
+            if self.part_of is not None:
+                os.kill(self.part_of, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -148,6 +152,18 @@ def plan_from_environment(environ: Mapping[str, str]) -> _FaultPlan | None:
 
 
 _PLAN: _FaultPlan | None = plan_from_environment(os.environ)
+
+
+def kill_with(pid: int) -> None:
+    """Make a kill at this process's fault points kill process ``pid`` first.
+
+    For a helper process that is part of another (the seal journal's writer
+    process is part of the run that started it): a crash test that kills at
+    one of its fault points means the run dies there, not the helper alone.
+    Does nothing when no fault plan is active.
+    """
+    if _PLAN is not None:
+        _PLAN.part_of = pid
 
 
 def fault_point(name: str) -> None:

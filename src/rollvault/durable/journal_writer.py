@@ -49,7 +49,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -129,6 +129,25 @@ def repair_journal(directory: Path) -> JournalRepair:
     return JournalRepair(replay, damage, quarantined)
 
 
+def check_payloads(directory: Path, payloads: Sequence[bytes]) -> None:
+    """Refuse, before anything is queued, a batch with a record a journal cannot hold.
+
+    The caller decides what a record that cannot be journaled means (the seal
+    journal stops).
+    """
+    for number, payload in enumerate(payloads):
+        if type(payload) is not bytes:
+            raise TypeError(
+                f"journal {directory}: record {number} of {len(payloads)} is a "
+                f"{type(payload).__name__}, not bytes"
+            )
+        if len(payload) > MAX_RECORD_BYTES:
+            raise ValueError(
+                f"journal {directory}: record {number} of {len(payloads)} is "
+                f"{len(payload)} bytes, more than a record may hold ({MAX_RECORD_BYTES})"
+            )
+
+
 def _without_empty_tail(
     directory: Path, segments: list[tuple[int, Path]], first_seq: int
 ) -> list[tuple[int, Path]]:
@@ -167,6 +186,7 @@ class JournalWriter:
         commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
         commit_max_records: int = DEFAULT_COMMIT_MAX_RECORDS,
         lazy_interval_s: float = DEFAULT_LAZY_INTERVAL_S,
+        on_commit: Callable[[JournalStats, JournalWriteError | None], None] | None = None,
     ) -> None:
         if commit_interval_s < 0 or commit_max_records < 1 or lazy_interval_s < 0:
             raise ValueError(
@@ -196,6 +216,9 @@ class JournalWriter:
         self._async_waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._fsyncs = 0
         self._bytes = 0
+        self._on_commit = on_commit
+        """Told, on the writer thread, of every group made durable and of the failure
+        (a writer in another process publishes them to its parent this way)."""
         self._segments = _without_empty_tail(directory, list_segments(directory), first_seq)
         self._segment_size = 0
         """Bytes of the open segment: its header and every group written to it."""
@@ -242,19 +265,7 @@ class JournalWriter:
         return self._enqueue(payloads, lazy)
 
     def _enqueue(self, payloads: Sequence[bytes], lazy: bool) -> range:
-        for number, payload in enumerate(payloads):
-            if type(payload) is not bytes:
-                raise TypeError(
-                    f"journal {self.directory}: record {number} of {len(payloads)} is a "
-                    f"{type(payload).__name__}, not bytes"
-                )
-            if len(payload) > MAX_RECORD_BYTES:
-                # Refused before anything is queued: the caller decides what a record
-                # that cannot be journaled means (the seal journal stops).
-                raise ValueError(
-                    f"journal {self.directory}: record {number} of {len(payloads)} is "
-                    f"{len(payload)} bytes, more than a record may hold ({MAX_RECORD_BYTES})"
-                )
+        check_payloads(self.directory, payloads)
         with self._cond:
             self._raise_if_stopped()
             first = self._next_seq
@@ -283,9 +294,18 @@ class JournalWriter:
         with self._cond:
             return self._durable_seq
 
+    @property
+    def failure(self) -> JournalWriteError | None:
+        """Why the writer stopped (None: it has not failed)."""
+        with self._cond:
+            return self._failure
+
     def stats(self) -> JournalStats:
         with self._cond:
-            return JournalStats(self._next_seq - 1, self._durable_seq, self._fsyncs, self._bytes)
+            return self._stats()
+
+    def _stats(self) -> JournalStats:
+        return JournalStats(self._next_seq - 1, self._durable_seq, self._fsyncs, self._bytes)
 
     def wait_durable(self, seq: int, timeout: float | None = None) -> bool:
         """Block until record ``seq`` is durable (False on timeout); raises if the writer failed."""
@@ -433,6 +453,9 @@ class JournalWriter:
             self._bytes += len(data)
             self._durable_seq = batch[-1][0]
             self._wake_async_waiters()
+            stats = self._stats()
+        if self._on_commit is not None:
+            self._on_commit(stats, None)
 
     def _frame_group(self, batch: list[tuple[int, bytes, bool]]) -> bytearray:
         """The group's records, framed, in one buffer."""
@@ -487,6 +510,9 @@ class JournalWriter:
             self._failure.__cause__ = exc
             self._cond.notify_all()
             self._wake_async_waiters()
+            stats, failure = self._stats(), self._failure
+        if self._on_commit is not None:
+            self._on_commit(stats, failure)
 
     def _wake_async_waiters(self) -> None:
         """Resolve the event-loop waiters the last commit (or failure) settles."""
