@@ -105,6 +105,31 @@ def test_ten_kills_train_every_prompt_once_and_reuse_sealed_siblings(
     )
 
 
+WRITER_PROCESS_KILLS = 4
+
+
+@pytest.mark.slow
+def test_kills_with_the_journal_writer_in_a_process_train_every_prompt_once(
+    tmp_path: Path,
+) -> None:
+    # The writer process dies with each killed start (EOF on its pipe); the next start
+    # replays what it made durable and starts a writer process of its own.
+    plan = ChaosPlan(
+        run_dir=tmp_path / "latest",
+        kills=WRITER_PROCESS_KILLS,
+        seed=2,
+        kill_window_s=None,
+        kill_after_steps=KILL_AFTER_STEPS,
+        overrides=("rollout_checkpointing.journal.writer=process",),
+    )
+    report = run_chaos(plan)
+    assert report.problems == []
+    assert [s.outcome for s in report.starts][-1] is StartOutcome.FINISHED
+    assert report.check is not None
+    restores = report.check.history.restores
+    assert sum(r.journal_seals_replayed for r in restores) > 0
+
+
 @pytest.mark.slow
 def test_prompt_group_granularity_redoes_incomplete_groups_whole(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from rollvault.config.schema import SealJournalConfig
+from rollvault.config.schema import JournalWriterPlacement, SealJournalConfig
 from rollvault.controller.loop.journal_rows import (
     JournalArray,
     SealJournalRecordError,
@@ -43,6 +44,9 @@ from rollvault.dataplane.rows import RowDtype, row_difference, validate_row
 from rollvault.durable.journal_format import read_journal
 from rollvault.durable.journal_writer import JournalWriteError, JournalWriter
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
+
+_PLACEMENTS = pytest.mark.parametrize("placement", list(JournalWriterPlacement))
+"""The seal journal's contract holds whether its writer is a thread or a process."""
 
 
 def _seal(rows: dict[str, dict[str, object]] | None = None) -> SealRecord:
@@ -147,8 +151,11 @@ def test_decode_replay_names_where_each_record_is(tmp_path: Path) -> None:
     assert isinstance(records[1].entry, SealRecord)
 
 
-def test_a_torn_tail_is_cut_off_when_the_journal_opens(tmp_path: Path) -> None:
-    settings = SealJournalConfig(commit_interval_ms=0.0)
+@_PLACEMENTS
+def test_a_torn_tail_is_cut_off_when_the_journal_opens(
+    tmp_path: Path, placement: JournalWriterPlacement
+) -> None:
+    settings = SealJournalConfig(writer=placement, commit_interval_ms=0.0)
     journal = SealJournal.open(tmp_path, settings)
     for version in range(3):
         journal.step(version, ["g"])
@@ -171,10 +178,17 @@ _EAGER = SealJournalConfig(commit_interval_ms=0.0, lazy_interval_ms=0.0)
 """Step records flushed at once: tests of what a flush does need not wait the lazy second."""
 
 
+def _eager(placement: JournalWriterPlacement) -> SealJournalConfig:
+    return msgspec.structs.replace(_EAGER, writer=placement)
+
+
 def test_a_lazy_record_is_flushed_alone_after_the_configured_interval(tmp_path: Path) -> None:
-    settings = SealJournalConfig(commit_interval_ms=0.0, lazy_interval_ms=50.0)
+    settings = SealJournalConfig(
+        commit_interval_ms=0.0, lazy_interval_ms=50.0, writer=JournalWriterPlacement.THREAD
+    )
     journal = SealJournal.open(tmp_path, settings)
     try:
+        assert isinstance(journal._writer, JournalWriter)
         assert journal._writer._lazy_interval == 0.05
         seq = journal.step(1, [])
         assert seq is not None and journal._writer.wait_durable(seq, timeout=30)
@@ -183,8 +197,11 @@ def test_a_lazy_record_is_flushed_alone_after_the_configured_interval(tmp_path: 
         journal.close()
 
 
-def test_metrics_count_seals_kept_once_durable(tmp_path: Path) -> None:
-    journal = SealJournal.open(tmp_path, _EAGER)
+@_PLACEMENTS
+def test_metrics_count_seals_kept_once_durable(
+    tmp_path: Path, placement: JournalWriterPlacement
+) -> None:
+    journal = SealJournal.open(tmp_path, _eager(placement))
     try:
         seq = journal.step(1, [])
         assert seq is not None
@@ -198,8 +215,13 @@ def test_metrics_count_seals_kept_once_durable(tmp_path: Path) -> None:
         journal.close()
 
 
-def test_finalize_and_step_records_ride_on_the_next_seal_s_group(tmp_path: Path) -> None:
-    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+@_PLACEMENTS
+def test_finalize_and_step_records_ride_on_the_next_seal_s_group(
+    tmp_path: Path, placement: JournalWriterPlacement
+) -> None:
+    journal = SealJournal.open(
+        tmp_path, SealJournalConfig(writer=placement, commit_interval_ms=0.0)
+    )
     writer = journal._writer
     try:
         journal.finalized("g0", target_step=3, gate_rollout_ids=["a"])
@@ -219,8 +241,13 @@ def test_finalize_and_step_records_ride_on_the_next_seal_s_group(tmp_path: Path)
     assert kinds == [FinalizeRecord, StepRecord, SealRecord]
 
 
-def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(tmp_path: Path) -> None:
-    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+@_PLACEMENTS
+def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(
+    tmp_path: Path, placement: JournalWriterPlacement
+) -> None:
+    journal = SealJournal.open(
+        tmp_path, SealJournalConfig(writer=placement, commit_interval_ms=0.0)
+    )
     try:
         for version in range(3):
             journal.step(version, [])
@@ -237,8 +264,9 @@ def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(tmp_path: P
 
 
 def test_a_journal_that_cannot_write_stops_without_stopping_the_run(tmp_path: Path) -> None:
-    journal = SealJournal.open(tmp_path, _EAGER)
+    journal = SealJournal.open(tmp_path, _eager(JournalWriterPlacement.THREAD))
     writer = journal._writer
+    assert isinstance(writer, JournalWriter)  # its descriptor is closed under it
     seq = journal.step(1, [])
     assert seq is not None and writer.wait_durable(seq, timeout=30)
     assert writer._fd is not None
@@ -258,8 +286,9 @@ def test_a_journal_that_cannot_write_stops_without_stopping_the_run(tmp_path: Pa
 def test_a_failure_no_append_saw_is_recorded_by_the_close_not_raised(tmp_path: Path) -> None:
     # A full disk ends the run through the snapshots; the journal's close must not
     # replace that stop with its own error (it did: exit 1 and a traceback).
-    journal = SealJournal.open(tmp_path, _EAGER)
+    journal = SealJournal.open(tmp_path, _eager(JournalWriterPlacement.THREAD))
     writer = journal._writer
+    assert isinstance(writer, JournalWriter)  # its descriptor is closed under it
     assert writer._fd is not None
     os.close(writer._fd)
     lost = journal.step(1, [])
@@ -271,6 +300,27 @@ def test_a_failure_no_append_saw_is_recorded_by_the_close_not_raised(tmp_path: P
     journal.close()
     assert isinstance(journal.failure, JournalWriteError)
     assert journal.metrics()["journal/failed"] == 1.0
+
+
+@_PLACEMENTS
+def test_a_full_disk_stops_the_journal_and_keeps_every_durable_record(
+    small_filesystem: Callable[[int], Path], placement: JournalWriterPlacement
+) -> None:
+    directory = small_filesystem(128 * 1024)
+    journal = SealJournal.open(directory, _eager(placement))
+    kept = journal.step(1, ["g"])
+    assert kept is not None
+    asyncio.run(journal.until_durable(kept))
+    lost = journal.step(2, [f"group-{n:06d}" for n in range(20_000)])  # more than fits
+    assert lost is not None
+    with pytest.raises(JournalWriteError, match="No space left on device"):
+        asyncio.run(journal.until_durable(lost))
+    assert journal.step(3, []) is None  # refused from now on, without raising
+    assert journal.failure is not None
+    assert journal.metrics()["journal/failed"] == 1.0
+    journal.close()  # logged once already: the close does not raise it again
+    replay = read_journal(directory / SEAL_JOURNAL_DIRNAME)
+    assert [r.seq for r in decode_replay(replay)] == [kept]
 
 
 def test_the_writer_thread_encodes_each_entry_as_encode_entry_does(tmp_path: Path) -> None:
@@ -374,9 +424,14 @@ def test_a_batch_s_records_do_not_count_towards_the_young_collection() -> None:
     assert after - before < 20
 
 
-def test_a_batch_of_staged_seals_is_one_record_that_replays_as_its_seals(tmp_path: Path) -> None:
+@_PLACEMENTS
+def test_a_batch_of_staged_seals_is_one_record_that_replays_as_its_seals(
+    tmp_path: Path, placement: JournalWriterPlacement
+) -> None:
     staged = [_staged(index, length) for index, length in enumerate((3, 5, 0))]
-    journal = SealJournal.open(tmp_path, SealJournalConfig(commit_interval_ms=0.0))
+    journal = SealJournal.open(
+        tmp_path, SealJournalConfig(writer=placement, commit_interval_ms=0.0)
+    )
     try:
         assert journal.step(1, []) == 0
         seqs = journal.seal_many(list(staged))

@@ -135,6 +135,15 @@ class PrefixResume(enum.StrEnum):
     the row as context with loss mask 0."""
 
 
+class JournalWriterPlacement(enum.StrEnum):
+    """Where the seal journal's writer frames, writes and flushes its records."""
+
+    THREAD = "thread"
+    """A thread of the controller's process, under the event loop's GIL."""
+    PROCESS = "process"
+    """A child process of the controller's, fed the records' bytes over a pipe."""
+
+
 class RestoreMode(enum.StrEnum):
     """What a start does with an existing checkpoint directory."""
 
@@ -512,6 +521,10 @@ class SealJournalConfig(_Section, frozen=True):
     # journal's disk): one falls due as soon as this many MiB were journaled since the
     # newest committed state, before interval_s if need be.
     snapshot_after_mib: PositiveFloat = 64.0
+    # Where the records are framed, written and flushed: a thread of the controller,
+    # or a child process of its own (the event loop's interpreter then only hands
+    # each batch's bytes to a pipe). The same records, the same durability.
+    writer: JournalWriterPlacement = JournalWriterPlacement.PROCESS
 
 
 class RolloutCheckpointingConfig(_Section, frozen=True):

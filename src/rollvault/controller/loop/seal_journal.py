@@ -72,7 +72,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from rollvault.config.schema import SealJournalConfig
+from rollvault.config.schema import JournalWriterPlacement, SealJournalConfig
 from rollvault.controller.loop.journal_rows import (
     JournalRow,
     RowBlock,
@@ -87,6 +87,7 @@ from rollvault.durable.journal_format import (
     SEGMENT_HEADER_BYTES,
     JournalReplay,
 )
+from rollvault.durable.journal_process import JournalProcessWriter
 from rollvault.durable.journal_writer import JournalRepair, JournalWriteError, JournalWriter
 from rollvault.ledger.reward_penalties import RewardChecks, RewardLogContext
 
@@ -419,7 +420,7 @@ class SealJournalCounters:
 class SealJournal:
     """The run's seal journal: encodes records and hands their bytes to the writer thread."""
 
-    def __init__(self, writer: JournalWriter, repair: JournalRepair) -> None:
+    def __init__(self, writer: JournalWriter | JournalProcessWriter, repair: JournalRepair) -> None:
         self._writer = writer
         self.repair = repair
         """What opening found and cut off (a torn tail, quarantined segments): restore reports it."""
@@ -449,7 +450,12 @@ class SealJournal:
     @classmethod
     def open(cls, checkpoint_dir: Path, settings: SealJournalConfig) -> SealJournal:
         """Repair ``<checkpoint_dir>/journal`` and start writing after its last good record."""
-        writer, repair = JournalWriter.open(
+        opener = (
+            JournalProcessWriter.open
+            if settings.writer is JournalWriterPlacement.PROCESS
+            else JournalWriter.open
+        )
+        writer, repair = opener(
             checkpoint_dir / SEAL_JOURNAL_DIRNAME,
             commit_interval_s=settings.commit_interval_ms / 1000.0,
             commit_max_records=settings.max_batch_records,
