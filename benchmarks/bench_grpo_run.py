@@ -10,9 +10,10 @@ in-process, several times, alternating two arms in the same run:
   seal journal.
 
 Since issue 16 the **snapshots** arm also writes the seal journal (every
-seal with its rows, every finalization and step, group-committed on a
-writer thread), as the recipe does by default; ``--journal off`` measures
-snapshots alone.
+seal with its rows, every finalization and step, group-committed by its
+writer: since stop 43 a child process of the controller's, see
+``rollout_checkpointing.journal.writer``), as the recipe does by default;
+``--journal off`` measures snapshots alone.
 
 Both arms keep the recipe's trainer checkpoints (every ``save_period`` = 50
 steps, each with its full rollout snapshot), so the arms differ only by the
@@ -58,9 +59,12 @@ not only as a throughput difference within the machine's noise.
 
 Where the CPU goes: each run also reports the event loop's own CPU per step
 (``thread_time`` of the thread running ``asyncio.run``: dispatch, seals, the
-seal batch, finalization, the logs) and the seal journal's writer thread's
-CPU per step (it holds the GIL while it frames and writes records, so it
-competes with the event loop in this process). ``--profile DIR`` writes a
+seal batch, finalization, the logs) and the seal journal's writer's CPU per
+step: a writer thread's (``--set rollout_checkpointing.journal.writer=thread``;
+it holds the GIL while it frames and writes records, so it competes with the
+event loop in this process), or the writer process's (read from ``/proc`` as
+it closes; its CPU is also in the children's). The queued-to-durable latency
+probe times the thread writer only. ``--profile DIR`` writes a
 cProfile of each run's event loop thread to ``DIR/<round>_<arm>.prof`` and of its
 snapshots' two worker-thread steps to ``DIR/<round>_<arm>.snapshots.prof`` (and of
 the journal writer thread to ``DIR/<round>_<arm>.writer.prof``).
@@ -103,6 +107,7 @@ from rollvault.controller.loop.parts import RolloutParts
 from rollvault.controller.loop.rollout_pump import RolloutPump
 from rollvault.controller.loop.seal_journal import SealJournal
 from rollvault.controller.snapshots import checkpointer as checkpointer_module
+from rollvault.durable.journal_process import JournalProcessWriter
 from rollvault.durable.journal_writer import JournalWriter
 from rollvault.recipes.async_grpo import prepare
 from rollvault.tasks.registry import build_dataset
@@ -145,8 +150,9 @@ def timed(
 
 
 class WriterCpu:
-    """Thread CPU seconds of every journal writer thread that ended, recorded as it ends
-    (and a cProfile of those threads, if ``profiler`` is given)."""
+    """CPU seconds of every journal writer that ended, recorded as it ends: a writer
+    thread's (and a cProfile of those threads, if ``profiler`` is given), or a writer
+    process's."""
 
     def __init__(self, profiler: cProfile.Profile | None = None) -> None:
         self.seconds = 0.0
@@ -162,6 +168,16 @@ class WriterCpu:
                 if self.profiler is not None:
                     self.profiler.disable()
                 self.seconds += time.thread_time()
+
+        return wrapper
+
+    def wrap_close(
+        self, close: Callable[[JournalProcessWriter], None]
+    ) -> Callable[[JournalProcessWriter], None]:
+        def wrapper(writer: JournalProcessWriter) -> None:
+            if writer._process.poll() is None:
+                self.seconds += TICK_S * processes_cpu_ticks([writer.pid])
+            close(writer)
 
         return wrapper
 
@@ -497,10 +513,12 @@ def run_arm(
         )
     writer_cpu = WriterCpu(cProfile.Profile() if profile is not None else None)
     original_run = JournalWriter._run
+    original_close = JournalProcessWriter.close
     journal_loop_cpu = JournalLoopCpu()
     durable_latency = DurableLatency()
     if probes:
         JournalWriter._run = writer_cpu.wrap(original_run)  # type: ignore[method-assign,assignment]
+        JournalProcessWriter.close = writer_cpu.wrap_close(original_close)  # type: ignore[method-assign,assignment]
         journal_loop_cpu.install()
         durable_latency.install()
     collector = CollectorTime()
@@ -518,6 +536,7 @@ def run_arm(
         setup.close()
         if probes:
             JournalWriter._run = original_run  # type: ignore[method-assign]
+            JournalProcessWriter.close = original_close  # type: ignore[method-assign]
             journal_loop_cpu.remove()
             durable_latency.remove()
         gc.callbacks.remove(collector)

@@ -22,7 +22,9 @@ MODE (what the journal arm still does; the none arm is bench_grpo_run's own):
   size change to commit per group (the on-disk form this gives is not one a reader takes).
 
 A measurement aid only: it replaces methods of this process's classes before the benchmark
-runs, so the run's durability is not what the recipe's is.
+runs, so the run's durability is not what the recipe's is. Every mode, ``normal`` too, runs
+the journal's writer as a thread of this process (``journal.writer=thread``): the modes
+replace the thread writer's methods, which a writer process would never run.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ BENCH = Path(__file__).resolve().parent / "bench_grpo_run.py"
 BLOCKS = Path(__file__).resolve().parent / "bench_journal_blocks.py"
 FSYNC_LIKE_S = 0.0007
 PREALLOC_BYTES = 8 << 20
+THREAD_WRITER = "rollout_checkpointing.journal.writer=thread"
 _NEW_SEGMENT = JournalWriter._new_segment
 
 
@@ -143,6 +146,7 @@ def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in MODES:
         sys.exit(f"usage: {sys.argv[0]} {{{','.join(MODES)}}} [--blocks] [benchmark arguments]")
     _switch_off(sys.argv.pop(1))
+    sys.argv += ["--set", THREAD_WRITER]
     script = BENCH
     if "--blocks" in sys.argv:
         sys.argv.remove("--blocks")

@@ -17,8 +17,10 @@ The figure: per pair of neighbouring blocks, the median step time of the
 1.0 = free), and the median of the pairs with a bootstrap 95% interval.
 What it measures is the cost of journaling the seals (with their rows):
 the records the other arm never writes. What it leaves out: anything
-the journal costs whether or not seals flow (its thread asleep, the
+the journal costs whether or not seals flow (its writer idle, the
 finalize and step records, the journal's segment start and rotations).
+The writer is the recipe's (a process since stop 43); ``--set
+rollout_checkpointing.journal.writer=thread`` measures the thread writer.
 
 A measurement aid only: it replaces a method of this process's class before the
 runs, so the run's durability in its "off" blocks is not the recipe's.

@@ -1,14 +1,15 @@
 """The journal's writer in a child process: the caller's interpreter does none of its work.
 
 :class:`JournalProcessWriter` offers :class:`~rollvault.durable.journal_writer.JournalWriter`'s
-interface, and a ``JournalWriter`` does the work, in a ``spawn`` child process
-of its own. The caller only hands each batch of records' bytes to a pipe (one
-``write``) and reads the durable sequence number from memory the child
-shares. Why a process: in the caller's process the writer thread frames,
-CRCs, writes and flushes under the same GIL as the event loop that appends,
-and every one of its GIL-releasing calls ends with a hand-back the loop is
-forced to make (see BENCHMARKS.md, "Issue 16"); a child has an interpreter of
-its own.
+interface, and a ``JournalWriter`` does the work, in a child process of its
+own (``python -m rollvault.durable.journal_process``: a fresh interpreter
+that imports the durable layer alone). The caller only hands each batch of
+records' bytes to a pipe (one ``write``) and reads the durable sequence
+number from memory the child shares. Why a process: in the caller's process
+the writer thread frames, CRCs, writes and flushes under the same GIL as the
+event loop that appends, and every one of its GIL-releasing calls ends with a
+hand-back the loop is forced to make (see BENCHMARKS.md, "Issue 16"); a child
+has an interpreter of its own.
 
 Durability is the thread's: a record is durable once the child's group
 ``fsync`` returned, and the child publishes the sequence number after that.
@@ -28,15 +29,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import multiprocessing
+import mmap
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 
@@ -64,6 +66,7 @@ _F_SETPIPE_SZ: Final = 1031  # linux/fcntl.h; the fcntl module names it only fro
 
 # The shared counters' slots.
 _DURABLE, _FSYNCS, _BYTES, _FAILED = range(4)
+_COUNTER_BYTES: Final = 4 * 8
 
 
 class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
@@ -143,25 +146,31 @@ class JournalProcessWriter:
         a message larger than a pipe's atomic write must not interleave with another."""
         self._request_lock = threading.Lock()
         """One request waits for its reply at a time: replies come in order, unlabelled."""
-        context = multiprocessing.get_context("spawn")
-        self._counters: Any = context.RawArray("q", 4)
-        self._counters[_DURABLE] = first_seq - 1
-        child_commands, self._commands = context.Pipe(duplex=False)
-        self._replies, child_replies = context.Pipe(duplex=False)
-        _widen(self._commands)
+        self._counters = _Counters.create()
+        self._counters.set(_DURABLE, first_seq - 1)
+        child_commands, commands = os.pipe()
+        replies, child_replies = os.pipe()
+        self._commands = Connection(commands, readable=False)
+        self._replies = Connection(replies, writable=False)
+        _widen(commands)
+        child_fds = (child_commands, child_replies, self._counters.fd)
+        try:
+            # A fresh interpreter that imports this module alone (~25 MB, ~0.1 s), not the
+            # caller's __main__ as multiprocessing's spawn would (torch and all).
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__, *map(str, child_fds)],
+                stdin=subprocess.DEVNULL,
+                pass_fds=child_fds,
+                env=_child_environment(),
+            )
+        finally:
+            # Only the child holds its ends: its death is EOF (or EPIPE) at ours.
+            os.close(child_commands)
+            os.close(child_replies)
         settings = _Settings(
             str(directory), first_seq, commit_interval_s, commit_max_records, lazy_interval_s
         )
-        self._process: BaseProcess = context.Process(
-            target=_serve,
-            args=(child_commands, child_replies, self._counters, _ENCODER.encode(settings)),
-            name="journal-writer",
-            daemon=True,
-        )
-        self._process.start()
-        # Only the child holds its ends: its death is EOF (or EPIPE) at ours.
-        child_commands.close()
-        child_replies.close()
+        self._send(settings)
         reply = self._receive(START_TIMEOUT_S)
         if isinstance(reply, _Failed):
             self._stop_process()
@@ -208,15 +217,20 @@ class JournalProcessWriter:
     @property
     def durable_seq(self) -> int:
         """Every record up to this sequence number is on disk."""
-        return int(self._counters[_DURABLE])
+        return self._counters.get(_DURABLE)
+
+    @property
+    def pid(self) -> int:
+        """The writer process's id."""
+        return self._process.pid
 
     def stats(self) -> JournalStats:
         counters = self._counters
         return JournalStats(
             self._next_seq - 1,
-            int(counters[_DURABLE]),
-            int(counters[_FSYNCS]),
-            int(counters[_BYTES]),
+            counters.get(_DURABLE),
+            counters.get(_FSYNCS),
+            counters.get(_BYTES),
         )
 
     def wait_durable(self, seq: int, timeout: float | None = None) -> bool:
@@ -256,12 +270,12 @@ class JournalProcessWriter:
     def _raise_if_stopped(self) -> None:
         if self._closed:
             raise ValueError(f"journal {self.directory}: the writer was closed")
-        if self._failure is None and self._counters[_FAILED]:
+        if self._failure is None and self._counters.get(_FAILED):
             self._request(_Describe())
         if self._failure is not None:
             raise self._failure
 
-    def _send(self, command: _Command) -> None:
+    def _send(self, command: _Command | _Settings) -> None:
         data = _ENCODER.encode(command)
         try:
             with self._send_lock:
@@ -293,7 +307,7 @@ class JournalProcessWriter:
         if self._failure is None:
             self._failure = JournalWriteError(
                 f"journal {self.directory}: the writer process stopped answering "
-                f"(exit code {self._process.exitcode}); records after "
+                f"(exit code {self._process.poll()}); records after "
                 f"{self.durable_seq} may not be on disk: {exc!r}"
             )
         return self._failure
@@ -301,37 +315,90 @@ class JournalProcessWriter:
     def _stop_process(self) -> None:
         # EOF first: a child that was not told to close (its writer failed) exits at it.
         self._commands.close()
-        self._process.join(STOP_TIMEOUT_S)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+        try:
+            self._process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()  # the child this writer started
+            self._process.wait()
         self._replies.close()
+        self._counters.close()
 
 
-def _widen(connection: Connection) -> None:
+class _Counters:
+    """Four int64s in memory the parent and the child share (a memfd both map); once
+    closed, the values they last held (a closed writer's stats stay readable)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._map = mmap.mmap(fd, _COUNTER_BYTES)
+        self._slots: memoryview | list[int] = memoryview(self._map).cast("q")
+
+    @classmethod
+    def create(cls) -> _Counters:
+        fd = os.memfd_create("rollvault-journal-counters", os.MFD_CLOEXEC)
+        os.ftruncate(fd, _COUNTER_BYTES)
+        return cls(fd)
+
+    def get(self, slot: int) -> int:
+        return int(self._slots[slot])
+
+    def set(self, slot: int, value: int) -> None:
+        self._slots[slot] = value
+
+    def close(self) -> None:
+        shared = self._slots
+        if isinstance(shared, memoryview):
+            self._slots = shared.tolist()
+            shared.release()
+            self._map.close()
+            os.close(self.fd)
+
+
+def _widen(fd: int) -> None:
     """Ask for a command pipe of :data:`PIPE_BYTES` (Linux; the default is kept elsewhere)."""
     with contextlib.suppress(OSError):  # a smaller pipe only makes appends wait sooner
-        fcntl.fcntl(connection.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
+
+
+def _child_environment() -> dict[str, str]:
+    """The caller's environment, with its import path: the child imports this module
+    wherever the caller found it (a source tree on ``sys.path``, not only an install)."""
+    path = [entry for entry in sys.path if entry]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 # -- the child --------------------------------------------------------------------------
 
 
-def _serve(commands: Connection, replies: Connection, counters: Any, settings: bytes) -> None:
+def _child_main(argv: list[str]) -> None:
+    """The child's entry: ``python -m rollvault.durable.journal_process COMMANDS REPLIES COUNTERS``
+    (the file descriptors its parent passed it)."""
+    commands, replies, counters = map(int, argv)
+    _serve(
+        Connection(commands, writable=False),
+        Connection(replies, readable=False),
+        _Counters(counters),
+    )
+
+
+def _serve(commands: Connection, replies: Connection, counters: _Counters) -> None:
     """The child: a JournalWriter that does what the commands say until told to close."""
     # Only the parent knows when to stop (a Ctrl-C reaches the whole process group).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     kill_with(os.getppid())  # a crash test's kill at a journal fault point kills the run
-    config = _SETTINGS.decode(settings)
+    try:
+        config = _SETTINGS.decode(commands.recv_bytes())
+    except (EOFError, OSError):
+        return  # the parent died before it said what to write
 
     def publish(stats: JournalStats, failure: JournalWriteError | None) -> None:
         # The failure flag goes last: a parent that sees it finds the counters settled.
-        counters[_DURABLE] = stats.durable_seq
-        counters[_FSYNCS] = stats.fsyncs
-        counters[_BYTES] = stats.bytes_written
+        counters.set(_DURABLE, stats.durable_seq)
+        counters.set(_FSYNCS, stats.fsyncs)
+        counters.set(_BYTES, stats.bytes_written)
         if failure is not None:
-            counters[_FAILED] = 1
+            counters.set(_FAILED, 1)
 
     try:
         writer = JournalWriter(
@@ -399,3 +466,7 @@ def _answer(
         raise AssertionError(f"journal {writer.directory}: unknown command {command!r}")
     except OSError as error:
         return _Failed(str(error))
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])
