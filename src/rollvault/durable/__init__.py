@@ -21,6 +21,8 @@ and knows nothing of the ledger or the data plane. One job per module:
   up to the first torn or damaged record.
 - ``journal_writer``: appending to a journal with group commit on a writer thread;
   repair, rotation and dropping the segments a snapshot covers.
+- ``journal_process``: the same writer in a child process of its own, fed bytes over a
+  pipe (the seal journal's default: the caller's interpreter does none of the writing).
 
 The spec-facing names are re-exported by
 :mod:`rollvault.rollout_checkpointing.manifest`.

@@ -4,11 +4,14 @@ Snapshots are seconds apart; without the journal everything sealed since the
 last one is generated again after a kill. The rollout pump, the finalizer and
 the train pump hand a record of each applied change to a
 :class:`~rollvault.durable.journal_writer.JournalWriter` (CRC-framed
-segments, group commit on a writer thread, :mod:`rollvault.durable`), *after*
-the change was applied and *outside* the mutation cut: the journal encodes
-each record on the event loop (:func:`encode_entry`, right after it was built)
-and queues its bytes; the writer thread frames each group of records into one
-buffer, writes it and flushes it with one ``fsync``, at most once per
+segments, group commit on a writer thread, :mod:`rollvault.durable`), by
+default one in a child process of its own
+(:class:`~rollvault.durable.journal_process.JournalProcessWriter`,
+``rollout_checkpointing.journal.writer``), *after* the change was applied and
+*outside* the mutation cut: the journal encodes each record on the event loop
+(:func:`encode_entry`, right after it was built) and hands its bytes over; the
+writer frames each group of records into one buffer, writes it and flushes
+it with one ``fsync``, at most once per
 ``rollout_checkpointing.journal.commit_interval_ms`` (or per
 ``max_batch_records``). A seal is *kept* once its record is durable.
 
@@ -418,7 +421,7 @@ class SealJournalCounters:
 
 
 class SealJournal:
-    """The run's seal journal: encodes records and hands their bytes to the writer thread."""
+    """The run's seal journal: encodes records and hands their bytes to its writer."""
 
     def __init__(self, writer: JournalWriter | JournalProcessWriter, repair: JournalRepair) -> None:
         self._writer = writer
@@ -610,7 +613,7 @@ class SealJournal:
         try:
             # Encoded here, on the event loop, right after the records were built (warm,
             # and they die at once instead of living in the queue for a commit interval,
-            # where the collector would walk them); the writer thread gets bytes.
+            # where the collector would walk them); the writer gets bytes.
             seqs = self._writer.append_many([*held, *payloads], lazy=lazy)
         except ValueError as error:  # a record larger than a record may be
             self._stopped(JournalEncodeError(str(error)))
@@ -654,7 +657,7 @@ class SealJournal:
     def covered(self, snapshot_seq: int) -> None:
         """A committed snapshot reflects every record below ``snapshot_seq``: rotate, drop.
 
-        Blocking (the rotation waits for the writer thread's flush): call it
+        Blocking (the rotation waits for the writer's flush): call it
         in a worker thread. Only what the newest snapshot covers goes; a
         restore that falls back to an older snapshot replays what is left
         (seals whose records went are then generated again, never wrongly
@@ -691,7 +694,7 @@ class SealJournal:
         }
 
     def close(self) -> None:
-        """Append the held finalizations, flush what is queued and stop the writer thread
+        """Append the held finalizations, flush what is queued and stop the writer
         (from the thread that journals, or once it journals no more: :meth:`aclose`).
 
         A writer that failed does not fail the close, for the reason a failed
