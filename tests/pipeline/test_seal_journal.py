@@ -49,6 +49,11 @@ _PLACEMENTS = pytest.mark.parametrize("placement", list(JournalWriterPlacement))
 """The seal journal's contract holds whether its writer is a thread or a process."""
 
 
+def _open_placed(tmp_path: Path, placement: JournalWriterPlacement) -> SealJournal:
+    """A journal in ``tmp_path`` whose writer is at ``placement``, each seal flushed at once."""
+    return SealJournal.open(tmp_path, SealJournalConfig(writer=placement, commit_interval_ms=0.0))
+
+
 def _seal(rows: dict[str, dict[str, object]] | None = None) -> SealRecord:
     row = {
         "input_ids": np.arange(7, dtype=np.int64),
@@ -155,15 +160,14 @@ def test_decode_replay_names_where_each_record_is(tmp_path: Path) -> None:
 def test_a_torn_tail_is_cut_off_when_the_journal_opens(
     tmp_path: Path, placement: JournalWriterPlacement
 ) -> None:
-    settings = SealJournalConfig(writer=placement, commit_interval_ms=0.0)
-    journal = SealJournal.open(tmp_path, settings)
+    journal = _open_placed(tmp_path, placement)
     for version in range(3):
         journal.step(version, ["g"])
     journal.close()
     (segment,) = (tmp_path / SEAL_JOURNAL_DIRNAME).iterdir()
     data = segment.read_bytes()
     segment.write_bytes(data[:-3])  # the last record torn by a kill
-    reopened = SealJournal.open(tmp_path, settings)
+    reopened = _open_placed(tmp_path, placement)
     try:
         assert reopened.repair.truncated is not None
         assert "torn" in reopened.repair.truncated.describe()
@@ -219,9 +223,7 @@ def test_metrics_count_seals_kept_once_durable(
 def test_finalize_and_step_records_ride_on_the_next_seal_s_group(
     tmp_path: Path, placement: JournalWriterPlacement
 ) -> None:
-    journal = SealJournal.open(
-        tmp_path, SealJournalConfig(writer=placement, commit_interval_ms=0.0)
-    )
+    journal = _open_placed(tmp_path, placement)
     writer = journal._writer
     try:
         journal.finalized("g0", target_step=3, gate_rollout_ids=["a"])
@@ -245,9 +247,7 @@ def test_finalize_and_step_records_ride_on_the_next_seal_s_group(
 def test_covered_rotates_and_drops_only_segments_the_snapshot_covers(
     tmp_path: Path, placement: JournalWriterPlacement
 ) -> None:
-    journal = SealJournal.open(
-        tmp_path, SealJournalConfig(writer=placement, commit_interval_ms=0.0)
-    )
+    journal = _open_placed(tmp_path, placement)
     try:
         for version in range(3):
             journal.step(version, [])
@@ -429,9 +429,7 @@ def test_a_batch_of_staged_seals_is_one_record_that_replays_as_its_seals(
     tmp_path: Path, placement: JournalWriterPlacement
 ) -> None:
     staged = [_staged(index, length) for index, length in enumerate((3, 5, 0))]
-    journal = SealJournal.open(
-        tmp_path, SealJournalConfig(writer=placement, commit_interval_ms=0.0)
-    )
+    journal = _open_placed(tmp_path, placement)
     try:
         assert journal.step(1, []) == 0
         seqs = journal.seal_many(list(staged))
